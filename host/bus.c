@@ -1,0 +1,137 @@
+/* The event bus: ordered fan-out with a queue per subscriber.
+ *
+ * emit() copies nothing but a reference to the data and appends it to the queue of every matching active
+ * subscriber; the host's pump delivers on later loop turns, one event per subscriber per pass, so one
+ * subscriber's callback can unsubscribe (itself or others) or emit without disturbing another's order.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+bool ah__pattern_match(const char *pattern, const char *name) {
+  if (strcmp(pattern, "*") == 0)
+    return true;
+  size_t n = strlen(pattern);
+  if (n >= 2 && pattern[n - 1] == '*' && pattern[n - 2] == '.')
+    return strncmp(pattern, name, n - 1) == 0;
+  return strcmp(pattern, name) == 0;
+}
+
+static bool valid_pattern(const char *p) {
+  if (!p || !*p)
+    return false;
+  if (strcmp(p, "*") == 0)
+    return true;
+  size_t n = strlen(p);
+  if (n > 2 && p[n - 1] == '*' && p[n - 2] == '.') {
+    char buf[160];
+    if (n - 2 >= sizeof buf)
+      return false;
+    memcpy(buf, p, n - 2);
+    buf[n - 2] = '\0';
+    /* "session.*" has one segment before the wildcard; accept any dotted prefix. */
+    for (size_t i = 0; i < n - 2; i++)
+      if (!((buf[i] >= 'a' && buf[i] <= 'z') || (buf[i] >= '0' && buf[i] <= '9') || buf[i] == '.' ||
+            buf[i] == '_' || buf[i] == '-'))
+        return false;
+    return buf[0] >= 'a' && buf[0] <= 'z';
+  }
+  return ah__valid_event_name(p);
+}
+
+int ah__bus_emit(ah_host *h, ah_mount *m, const char *name, json_t *data) {
+  if (!name) {
+    json_decref(data);
+    return AH_EINVAL;
+  }
+  ah__entry *e = ah__registry_find(&h->reg, AH__ENTRY_EVENT, name);
+  if (!e || e->mount != m || e->state != AH__ST_ACTIVE) {
+    json_decref(data);
+    return e && e->mount == m ? AH_EUNAVAILABLE : AH_ENOENT;
+  }
+  if (!data)
+    data = json_object();
+  AH__LIST_EACH(it, &h->subs) {
+    ah_sub *s = AH__CONTAINER(it, ah_sub, host_link);
+    if (!s->active || !ah__pattern_match(s->pattern, name))
+      continue;
+    json_t *item = json_pack("[sO]", name, data);
+    if (item)
+      json_array_append_new(s->queue, item);
+  }
+  json_decref(data);
+  ah__host_kick(h);
+  return 0;
+}
+
+int ah__bus_subscribe(ah_host *h, ah_mount *m, const char *pattern, ah_event_fn fn, void *arg, ah_sub **out) {
+  if (!fn || !valid_pattern(pattern))
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_MOUNTING)
+    return AH_ESTATE;
+  ah_sub *s = calloc(1, sizeof *s);
+  if (!s)
+    return AH_ENOMEM;
+  s->host = h;
+  s->mount = m;
+  s->pattern = strdup(pattern);
+  s->queue = json_array();
+  if (!s->pattern || !s->queue) {
+    free(s->pattern);
+    json_decref(s->queue);
+    free(s);
+    return AH_ENOMEM;
+  }
+  s->fn = fn;
+  s->arg = arg;
+  s->active = true;
+  ah__list_push(&h->subs, &s->host_link);
+  ah__list_push(&m->subs, &s->mount_link);
+  if (out)
+    *out = s;
+  return 0;
+}
+
+void ah__bus_unsubscribe(ah_sub *s) {
+  if (!s)
+    return;
+  ah__list_remove(&s->host_link);
+  ah__list_remove(&s->mount_link);
+  json_decref(s->queue);
+  free(s->pattern);
+  free(s);
+}
+
+bool ah__bus_pending(ah_host *h) {
+  AH__LIST_EACH(it, &h->subs) {
+    ah_sub *s = AH__CONTAINER(it, ah_sub, host_link);
+    if (s->active && json_array_size(s->queue) > 0)
+      return true;
+  }
+  return false;
+}
+
+void ah__bus_deliver(ah_host *h) {
+  /* One event per subscriber per pass. A callback may unsubscribe any subscriber (freeing it), so no
+   * list pointer is held across a callback: each step scans from the head for the next subscriber that
+   * has not been served in this pass. */
+  uint64_t pass = ++h->bus_pass;
+  for (;;) {
+    ah_sub *s = NULL;
+    AH__LIST_EACH(it, &h->subs) {
+      ah_sub *c = AH__CONTAINER(it, ah_sub, host_link);
+      if (c->active && c->pass != pass && json_array_size(c->queue) > 0) {
+        s = c;
+        break;
+      }
+    }
+    if (!s)
+      return;
+    s->pass = pass;
+    json_t *item = json_incref(json_array_get(s->queue, 0));
+    json_array_remove(s->queue, 0);
+    s->fn(json_string_value(json_array_get(item, 0)), json_array_get(item, 1), s->arg);
+    json_decref(item);
+  }
+}

@@ -1,0 +1,1088 @@
+/* agenthost — configuration: defaults, INI file (libinih), environment, command line. See config.h.
+ *
+ * Layers are applied in order defaults → file → environment → command line, each one overwriting what
+ * the one before set; within a layer the last occurrence of a key wins. Defaults that depend on other
+ * settings (runtime_dir on state_dir, a plugin's path on plugin_dir) are filled in last.
+ *
+ * Line numbers. Debian's libinih is built without INI_HANDLER_LINENO, so the handler is not told the
+ * line. The file is therefore read into memory and fed to ini_parse_stream() by our own reader, one line
+ * per call; inih calls the handler for a line before it asks for the next one, so the reader's line
+ * counter is the line of the pair being handled. The reader also
+ *  - strips leading blanks, which turns off inih's multi-line continuation (an indented "key = value"
+ *    after another key would otherwise be glued to the previous value);
+ *  - refuses a line longer than inih's line buffer (inih would silently cut it and parse the rest as a
+ *    new line), a section name longer than inih's section buffer (49 bytes; inih would cut it);
+ *  - sees section headers, so an empty [plugin.NAME] section still names a plugin and an unknown or bad
+ *    section is reported at its own line.
+ * Before parsing, the whole file is checked for NUL bytes, control characters and invalid UTF-8 (jansson
+ * strings must be UTF-8, and the values end up in logs and JSON).
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ini.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "agenthost/errors.h"
+
+/* Fallbacks so that this file compiles on its own; the meson build defines all three. */
+#ifndef AH_INSTALL_PLUGIN_DIR
+#define AH_INSTALL_PLUGIN_DIR "/usr/local/lib/agenthost/plugins"
+#endif
+#ifndef AH_BUILD_HOST_DIR
+#define AH_BUILD_HOST_DIR ""
+#endif
+#ifndef AH_BUILD_PLUGIN_DIR
+#define AH_BUILD_PLUGIN_DIR ""
+#endif
+
+#define CONFIG_LOG "config"
+/* Plugin and provider names: [a-z][a-z0-9-]*, at most this long ("provider." + name fits inih's 49-byte
+ * section buffer). */
+#define NAME_MAX_LEN 40
+#define SECTION_MAX_LEN 49
+#define KEY_MAX_LEN 64
+#define FILE_MAX_BYTES (4u * 1024u * 1024u)
+/* Longest user-supplied text quoted in a message (escaped). */
+#define QUOTE_MAX 96
+
+typedef enum section_kind {
+  SECTION_INVALID = 0,
+  SECTION_HOST,
+  SECTION_PLUGIN,
+  SECTION_PROVIDER,
+  SECTION_UNKNOWN, /* warned about once, its keys ignored */
+} section_kind;
+
+typedef struct loader {
+  ah_config *cfg;
+  char *const *envp;
+  int rc;    /* 0, AH_ECONFIG or AH_ENOMEM */
+  char *err; /* the first error */
+
+  /* Which defaults still apply when all layers are read. */
+  bool plugin_dir_set;
+  /* Where default_provider was set ("" = the default) and where each provider was first named. */
+  char *default_provider_where;
+  json_t *provider_where;
+
+  /* The file being parsed. */
+  const char *file;
+  const char *buf;
+  size_t len;
+  size_t pos;
+  int lineno;
+  char *section; /* as inih reports it */
+  section_kind kind;
+  const char *name; /* plugin or provider name inside `section` */
+
+  /* Warnings are logged only when the load succeeds: after an error (say a syntax error that leaves
+   * inih in the previous section) they would be noise. */
+  json_t *warnings;
+} loader;
+
+static const char *const mode_names[] = {"serve", "sdk", "acp"};
+static const char *const provider_types[] = {"echo", "acp", "openai"};
+static const char *const default_plugins[] = {"browser", "remote"};
+
+/* ---- small helpers ---------------------------------------------------------------------------------- */
+
+static void fail(loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void fail(loader *L, const char *fmt, ...) {
+  if (L->rc)
+    return; /* the first error is the one reported */
+  va_list ap;
+  va_start(ap, fmt);
+  char *msg = NULL;
+  if (vasprintf(&msg, fmt, ap) < 0) {
+    L->rc = AH_ENOMEM;
+    L->err = NULL;
+  } else {
+    L->rc = AH_ECONFIG;
+    L->err = msg;
+  }
+  va_end(ap);
+}
+
+static void warn(loader *L, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void warn(loader *L, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *msg = NULL;
+  if (vasprintf(&msg, fmt, ap) >= 0) {
+    json_t *s = json_string(msg);
+    if (!s || json_array_append_new(L->warnings, s) != 0) /* a message that is not UTF-8 is dropped */
+      AH_LOG_W(CONFIG_LOG, "%s", msg);
+    free(msg);
+  }
+  va_end(ap);
+}
+
+static void fail_nomem(loader *L) {
+  if (L->rc)
+    return;
+  L->rc = AH_ENOMEM;
+  L->err = strdup("out of memory");
+}
+
+/* `s` escaped for a message (log.h rules) into `buf`, cut at `cap` bytes. */
+static const char *esc(char *buf, size_t cap, const char *s) {
+  ah__log_escape(buf, cap, s ? s : "", s ? strlen(s) : 0);
+  return buf;
+}
+
+/* A key whose value may be a credential: its value is never quoted in a message or a log. */
+static bool key_is_secret(const char *key) {
+  static const char *const words[] = {"token", "key", "secret", "password"};
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++)
+    if (strcasestr(key, words[i]))
+      return true;
+  return false;
+}
+
+/* " \"value\"" for a message, or "" when the key is secret-like. */
+static const char *quote_value(char *buf, size_t cap, const char *key, const char *value) {
+  if (key_is_secret(key)) {
+    buf[0] = '\0';
+    return buf;
+  }
+  char tmp[QUOTE_MAX];
+  snprintf(buf, cap, " \"%s\"", esc(tmp, sizeof tmp, value));
+  return buf;
+}
+
+static bool name_valid(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > NAME_MAX_LEN || s[0] < 'a' || s[0] > 'z')
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static bool key_valid(const char *s) {
+  size_t n = strlen(s);
+  if (n == 0 || n > KEY_MAX_LEN || s[0] < 'a' || s[0] > 'z')
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
+      return false;
+  return true;
+}
+
+/* Length of the valid UTF-8 sequence at `s` (at most `n` bytes), 0 when invalid (overlong, surrogate,
+ * above U+10FFFF, cut short). */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned char c = s[0];
+  size_t len = c < 0x80                   ? 1
+               : (c >= 0xc2 && c <= 0xdf) ? 2
+               : (c >= 0xe0 && c <= 0xef) ? 3
+               : (c >= 0xf0 && c <= 0xf4) ? 4
+                                          : 0;
+  if (len == 0 || n < len)
+    return 0;
+  for (size_t i = 1; i < len; i++)
+    if ((s[i] & 0xc0) != 0x80)
+      return 0;
+  if (c == 0xe0 && s[1] < 0xa0)
+    return 0; /* overlong */
+  if (c == 0xed && s[1] >= 0xa0)
+    return 0; /* surrogate */
+  if (c == 0xf0 && s[1] < 0x90)
+    return 0; /* overlong */
+  if (c == 0xf4 && s[1] >= 0x90)
+    return 0; /* above U+10FFFF */
+  return len;
+}
+
+/* NULL when `s` is valid UTF-8 without control characters (tab allowed), else what is wrong. */
+static const char *text_problem(const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  size_t n = strlen(s);
+  for (size_t i = 0; i < n;) {
+    if ((p[i] < 0x20 && p[i] != '\t') || p[i] == 0x7f)
+      return "a control character";
+    size_t len = utf8_len(p + i, n - i);
+    if (len == 0)
+      return "invalid UTF-8";
+    i += len;
+  }
+  return NULL;
+}
+
+static const char *env_get(char *const *envp, const char *name) {
+  size_t n = strlen(name);
+  const char *found = NULL;
+  for (char *const *e = envp; e && *e; e++)
+    if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
+      found = *e + n + 1; /* the last one, as with duplicate keys */
+  return found;
+}
+
+/* The value of an XDG base directory variable, or NULL when unset, empty or relative (the XDG spec says
+ * to ignore a relative one). */
+static const char *env_abs(char *const *envp, const char *name) {
+  const char *v = env_get(envp, name);
+  return v && v[0] == '/' ? v : NULL;
+}
+
+/* `dir` + "/" + `rest` without doubling slashes; NULL on OOM. */
+static char *path_join(const char *dir, const char *rest) {
+  size_t n = strlen(dir);
+  while (n > 1 && dir[n - 1] == '/')
+    n--;
+  char *out = NULL;
+  if (asprintf(&out, "%.*s%s%s", (int)n, dir, n == 1 && dir[0] == '/' ? "" : "/", rest) < 0)
+    return NULL;
+  return out;
+}
+
+static bool replace_str(loader *L, char **slot, const char *value) {
+  char *copy = strdup(value);
+  if (!copy) {
+    fail_nomem(L);
+    return false;
+  }
+  free(*slot);
+  *slot = copy;
+  return true;
+}
+
+static bool obj_set_new(loader *L, json_t *obj, const char *key, json_t *value) {
+  if (!value || json_object_set_new(obj, key, value) != 0) {
+    fail_nomem(L);
+    return false;
+  }
+  return true;
+}
+
+/* ---- plugin and provider entries ------------------------------------------------------------------- */
+
+/* The entry of plugin `name`, created with enabled = false and modes = ["serve"] on first mention. */
+static json_t *plugin_entry(loader *L, const char *name) {
+  json_t *p = json_object_get(L->cfg->plugins, name);
+  if (p)
+    return p;
+  p = json_pack("{s:b, s:[s]}", "enabled", 0, "modes", "serve");
+  if (!p || json_object_set_new(L->cfg->plugins, name, p) != 0) {
+    fail_nomem(L);
+    return NULL;
+  }
+  return p;
+}
+
+/* The entry of provider `name`, created empty on first mention; `where` is remembered for messages. */
+static json_t *provider_entry(loader *L, const char *name, const char *where) {
+  json_t *p = json_object_get(L->cfg->providers, name);
+  if (p)
+    return p;
+  p = json_object();
+  if (!p || json_object_set_new(L->cfg->providers, name, p) != 0 ||
+      json_object_set_new(L->provider_where, name, json_string(where)) != 0) {
+    fail_nomem(L);
+    return NULL;
+  }
+  return p;
+}
+
+/* ---- values ---------------------------------------------------------------------------------------- */
+
+static int parse_bool(const char *s) {
+  static const char *const yes[] = {"true", "yes", "on", "1"};
+  static const char *const no[] = {"false", "no", "off", "0"};
+  for (size_t i = 0; i < 4; i++) {
+    if (strcasecmp(s, yes[i]) == 0)
+      return 1;
+    if (strcasecmp(s, no[i]) == 0)
+      return 0;
+  }
+  return -1;
+}
+
+/* "serve, sdk" → ["serve", "sdk"] (blanks trimmed, duplicates dropped) into *out. Returns 0, -1 with
+ * the offending item (escaped) in `bad` when an item is not a mode, or AH_ENOMEM. */
+static int parse_modes(const char *s, json_t **out, char *bad, size_t badcap) {
+  json_t *arr = json_array();
+  if (!arr)
+    return AH_ENOMEM;
+  const char *p = s;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    size_t n = end ? (size_t)(end - p) : strlen(p);
+    const char *a = p;
+    while (n && (*a == ' ' || *a == '\t')) {
+      a++;
+      n--;
+    }
+    while (n && (a[n - 1] == ' ' || a[n - 1] == '\t'))
+      n--;
+    const char *mode = NULL;
+    for (size_t i = 0; i < sizeof mode_names / sizeof mode_names[0]; i++)
+      if (strlen(mode_names[i]) == n && strncmp(a, mode_names[i], n) == 0)
+        mode = mode_names[i];
+    if (!mode) {
+      ah__log_escape(bad, badcap, a, n);
+      json_decref(arr);
+      return -1;
+    }
+    bool dup = false;
+    size_t i = 0;
+    json_t *v = NULL;
+    json_array_foreach(arr, i, v) {
+      dup |= strcmp(json_string_value(v), mode) == 0;
+    }
+    if (!dup && json_array_append_new(arr, json_string(mode)) != 0) {
+      json_decref(arr);
+      return AH_ENOMEM;
+    }
+    if (!end)
+      break;
+    p = end + 1;
+  }
+  *out = arr;
+  return 0;
+}
+
+static bool check_abs_path(loader *L, const char *where, const char *key, const char *value) {
+  if (value[0] == '/')
+    return true;
+  char q[QUOTE_MAX + 8];
+  fail(L, "%s: must be an absolute path, got%s (relative paths and ~ are not expanded)", where,
+       value[0] ? quote_value(q, sizeof q, key, value) : " an empty value");
+  return false;
+}
+
+/* Apply one setting from any layer. `where` names it for messages: "FILE:LINE: [section] key",
+ * "AGENTHOST_X" or "--flag". */
+static void apply(loader *L, section_kind kind, const char *name, const char *key, const char *value,
+                  const char *where) {
+  char q[QUOTE_MAX + 8];
+  const char *problem = text_problem(value);
+  if (problem) {
+    fail(L, "%s: value contains %s", where, problem);
+    return;
+  }
+
+  if (kind == SECTION_HOST) {
+    ah_config *cfg = L->cfg;
+    if (strcmp(key, "state_dir") == 0 || strcmp(key, "runtime_dir") == 0 || strcmp(key, "plugin_dir") == 0) {
+      if (!check_abs_path(L, where, key, value))
+        return;
+      char **slot = key[0] == 's' ? &cfg->state_dir : key[0] == 'r' ? &cfg->runtime_dir : &cfg->plugin_dir;
+      if (replace_str(L, slot, value) && key[0] == 'p')
+        L->plugin_dir_set = true;
+    } else if (strcmp(key, "log_level") == 0) {
+      ah_log_level level = ah__log_level_parse(value);
+      if (level == AH_LOG_INVALID) {
+        fail(L, "%s: unknown log level%s (expected error, warn, info or debug)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      cfg->log_level = level;
+    } else if (strcmp(key, "default_provider") == 0) {
+      if (!name_valid(value)) {
+        fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
+             quote_value(q, sizeof q, key, value), NAME_MAX_LEN);
+        return;
+      }
+      if (replace_str(L, &cfg->default_provider, value))
+        replace_str(L, &L->default_provider_where, where);
+    } else {
+      /* Only the key's name is logged: an unknown key may well hold a secret. */
+      warn(L, "%s: unknown key ignored", where);
+    }
+    return;
+  }
+
+  if (!key_valid(key)) {
+    fail(L, "%s: bad key name (expected [a-z][a-z0-9_]*, at most %d characters)", where, KEY_MAX_LEN);
+    return;
+  }
+
+  if (kind == SECTION_PLUGIN) {
+    json_t *p = plugin_entry(L, name);
+    if (!p)
+      return;
+    if (strcmp(key, "enabled") == 0) {
+      int b = parse_bool(value);
+      if (b < 0) {
+        fail(L, "%s: not a boolean%s (expected true/false, yes/no, on/off or 1/0)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      obj_set_new(L, p, "enabled", json_boolean(b));
+    } else if (strcmp(key, "modes") == 0) {
+      char bad[QUOTE_MAX] = "";
+      json_t *modes = NULL;
+      int r = parse_modes(value, &modes, bad, sizeof bad);
+      if (r == AH_ENOMEM)
+        fail_nomem(L);
+      else if (r < 0)
+        fail(L, "%s: unknown mode \"%s\" (expected a comma-separated list of serve, sdk, acp)", where, bad);
+      else
+        obj_set_new(L, p, "modes", modes);
+    } else if (strcmp(key, "path") == 0) {
+      if (check_abs_path(L, where, key, value))
+        obj_set_new(L, p, "path", json_string(value));
+    } else {
+      obj_set_new(L, p, key, json_string(value));
+    }
+    return;
+  }
+
+  if (kind == SECTION_PROVIDER) {
+    json_t *p = provider_entry(L, name, where);
+    if (!p)
+      return;
+    if (strcmp(key, "type") == 0) {
+      bool ok = false;
+      for (size_t i = 0; i < sizeof provider_types / sizeof provider_types[0]; i++)
+        ok |= strcmp(value, provider_types[i]) == 0;
+      if (!ok) {
+        fail(L, "%s: unknown provider type%s (expected echo, acp or openai)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+    }
+    obj_set_new(L, p, key, json_string(value));
+  }
+}
+
+/* ---- the file -------------------------------------------------------------------------------------- */
+
+/* Classify `section` (as inih will report it) at the current line: warn about an unknown one, refuse a
+ * bad plugin or provider name, and make the plugin or provider exist. */
+static void begin_section(loader *L, const char *section) {
+  char *copy = strdup(section);
+  if (!copy) {
+    fail_nomem(L);
+    return;
+  }
+  free(L->section);
+  L->section = copy;
+  L->name = NULL;
+  L->kind = SECTION_UNKNOWN;
+
+  char f[512];
+  char s[QUOTE_MAX];
+  char where[1024];
+  esc(f, sizeof f, L->file);
+  esc(s, sizeof s, section);
+  snprintf(where, sizeof where, "%s:%d: [%s]", f, L->lineno, s);
+
+  bool is_plugin = strncmp(section, "plugin", 6) == 0 && (section[6] == '.' || section[6] == '\0');
+  bool is_provider = strncmp(section, "provider", 8) == 0 && (section[8] == '.' || section[8] == '\0');
+  if (strcmp(section, "host") == 0) {
+    L->kind = SECTION_HOST;
+  } else if (is_plugin || is_provider) {
+    const char *name = section[is_plugin ? 6 : 8] ? section + (is_plugin ? 7 : 9) : "";
+    if (!name_valid(name)) {
+      fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", where,
+           is_plugin ? "plugin" : "provider", NAME_MAX_LEN);
+      return;
+    }
+    L->name = name;
+    L->kind = is_plugin ? SECTION_PLUGIN : SECTION_PROVIDER;
+    if (is_plugin)
+      plugin_entry(L, name);
+    else
+      provider_entry(L, name, where);
+  } else if (section[0]) {
+    warn(L, "%s: unknown section ignored (expected host, plugin.NAME or provider.NAME)", where);
+  }
+}
+
+/* inih's scan for a section's ']' or a key's '='/':': stops at one of `chars` or at an inline comment
+ * (';' after a blank). */
+static const char *find_chars_or_comment(const char *s, const char *end, const char *chars) {
+  bool was_space = false;
+  while (s < end && !strchr(chars, *s) && !(was_space && *s == ';')) {
+    was_space = *s == ' ' || *s == '\t' || *s == '\r';
+    s++;
+  }
+  return s;
+}
+
+/* ini_reader: hand inih the next line of the in-memory file, counting lines. */
+static char *read_line(char *str, int num, void *stream) {
+  loader *L = stream;
+  if (L->rc || L->pos >= L->len)
+    return NULL;
+  const char *start = L->buf + L->pos;
+  const char *nl = memchr(start, '\n', L->len - L->pos);
+  size_t n = nl ? (size_t)(nl - start) : L->len - L->pos;
+  L->pos += n + (nl ? 1 : 0);
+  L->lineno++;
+
+  char f[512];
+  if (L->lineno == 1 && n >= 3 && memcmp(start, "\xef\xbb\xbf", 3) == 0) {
+    start += 3; /* a UTF-8 byte order mark */
+    n -= 3;
+  }
+  while (n && (*start == ' ' || *start == '\t')) {
+    start++;
+    n--;
+  }
+  if (num < 3 || n > (size_t)num - 3) {
+    fail(L, "%s:%d: line too long (the limit is %d bytes)", esc(f, sizeof f, L->file), L->lineno, num - 3);
+    return NULL;
+  }
+  memcpy(str, start, n);
+  str[n] = '\n';
+  str[n + 1] = '\0';
+
+  if (n && start[0] == '[') {
+    const char *end = find_chars_or_comment(start + 1, start + n, "]");
+    if (end < start + n && *end == ']') {
+      size_t sn = (size_t)(end - start - 1);
+      if (sn > SECTION_MAX_LEN) {
+        char s[QUOTE_MAX];
+        char head[SECTION_MAX_LEN + 1];
+        snprintf(head, sizeof head, "%.*s", SECTION_MAX_LEN, start + 1);
+        fail(L, "%s:%d: [%s...]: section name too long (at most %d bytes)", esc(f, sizeof f, L->file),
+             L->lineno, esc(s, sizeof s, head), SECTION_MAX_LEN);
+        return NULL;
+      }
+      char section[SECTION_MAX_LEN + 1];
+      memcpy(section, start + 1, sn);
+      section[sn] = '\0';
+      begin_section(L, section);
+      if (L->rc)
+        return NULL;
+    }
+  }
+  return str;
+}
+
+/* ini_handler: one "key = value" of the current line. Always returns 1: our own errors are recorded in
+ * the loader (with a better message than inih's line number) and stop the reader. */
+static int on_pair(void *user, const char *section, const char *key, const char *value) {
+  loader *L = user;
+  if (L->rc)
+    return 1;
+  if (!L->section || strcmp(section, L->section) != 0) {
+    begin_section(L, section);
+    if (L->rc)
+      return 1;
+  }
+  char f[512];
+  char s[QUOTE_MAX];
+  char k[QUOTE_MAX];
+  char where[1024];
+  snprintf(where, sizeof where, "%s:%d: [%s] %s", esc(f, sizeof f, L->file), L->lineno,
+           esc(s, sizeof s, section), esc(k, sizeof k, key));
+  if (L->kind == SECTION_UNKNOWN) {
+    if (!section[0])
+      warn(L, "%s:%d: key %s outside any section ignored", f, L->lineno, k);
+    return 1;
+  }
+  apply(L, L->kind, L->name, key, value ? value : "", where);
+  return 1;
+}
+
+/* Read `path` whole (a regular file of at most FILE_MAX_BYTES). `src` names where the path came from. */
+static char *slurp(loader *L, const char *path, const char *src, size_t *len) {
+  char f[512];
+  char ebuf[128];
+  esc(f, sizeof f, path);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    fail(L, "%s%s%s: cannot read: %s", src, src[0] ? ": " : "", f, strerror_r(errno, ebuf, sizeof ebuf));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    fail(L, "%s%s%s: cannot read: not a regular file", src, src[0] ? ": " : "", f);
+    close(fd);
+    return NULL;
+  }
+  size_t cap = st.st_size > 0 && (uintmax_t)st.st_size < FILE_MAX_BYTES ? (size_t)st.st_size + 1 : 4096;
+  size_t n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    if (n == cap) {
+      if (cap > FILE_MAX_BYTES) {
+        fail(L, "%s%s%s: too large (the limit is %u bytes)", src, src[0] ? ": " : "", f, FILE_MAX_BYTES);
+        break;
+      }
+      char *nb = realloc(buf, cap * 2);
+      if (!nb)
+        break;
+      buf = nb;
+      cap *= 2;
+    }
+    ssize_t r = read(fd, buf + n, cap - n);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0) {
+      fail(L, "%s%s%s: cannot read: %s", src, src[0] ? ": " : "", f, strerror_r(errno, ebuf, sizeof ebuf));
+      break;
+    }
+    if (r == 0) {
+      if (n > FILE_MAX_BYTES) {
+        fail(L, "%s%s%s: too large (the limit is %u bytes)", src, src[0] ? ": " : "", f, FILE_MAX_BYTES);
+        break;
+      }
+      close(fd);
+      *len = n;
+      return buf;
+    }
+    n += (size_t)r;
+  }
+  if (!buf || !L->rc)
+    fail_nomem(L);
+  free(buf);
+  close(fd);
+  return NULL;
+}
+
+static void parse_file(loader *L, const char *path, const char *src) {
+  size_t len = 0;
+  char *buf = slurp(L, path, src, &len);
+  if (!buf)
+    return;
+  L->file = path;
+  L->buf = buf;
+  L->len = len;
+  char f[512];
+  esc(f, sizeof f, path);
+
+  /* NUL bytes, control characters and invalid UTF-8 are refused at their line before inih sees them. A
+   * CR is allowed only as part of a CRLF line end. */
+  int line = 1;
+  for (size_t i = 0; i < len;) {
+    const unsigned char c = (unsigned char)buf[i];
+    const char *problem = NULL;
+    if (c == '\n') {
+      line++;
+      i++;
+      continue;
+    }
+    if (c == '\r' && (i + 1 == len || buf[i + 1] == '\n')) {
+      i++;
+      continue;
+    }
+    if (c == 0)
+      problem = "NUL byte";
+    else if ((c < 0x20 && c != '\t') || c == 0x7f)
+      problem = "control character";
+    else if (utf8_len((const unsigned char *)buf + i, len - i) == 0)
+      problem = "invalid UTF-8";
+    if (problem) {
+      fail(L, "%s:%d: %s", f, line, problem);
+      break;
+    }
+    i += utf8_len((const unsigned char *)buf + i, len - i);
+  }
+
+  if (!L->rc) {
+    if (!replace_str(L, &L->cfg->file, path)) {
+      free(buf);
+      return;
+    }
+    int r = ini_parse_stream(read_line, L, on_pair, L);
+    if (r == -2) {
+      fail_nomem(L);
+    } else if (r > 0) {
+      /* Our reader stops at our first error, so a syntax error inih reports comes before it. */
+      free(L->err);
+      L->err = NULL;
+      L->rc = 0;
+      fail(L, "%s:%d: syntax error (expected [section] or key = value)", f, r);
+    }
+  }
+  free(buf);
+  L->buf = NULL;
+  L->file = NULL;
+}
+
+/* The file to read: --config, else AGENTHOST_CONFIG (both must exist), else the XDG one if it exists. */
+static void load_file(loader *L, const ah_cli_overrides *cli) {
+  if (cli && cli->config_file) {
+    if (!cli->config_file[0])
+      fail(L, "--config: empty file name");
+    else
+      parse_file(L, cli->config_file, "--config");
+    return;
+  }
+  const char *env = env_get(L->envp, "AGENTHOST_CONFIG");
+  if (env && env[0]) {
+    parse_file(L, env, "AGENTHOST_CONFIG");
+    return;
+  }
+  const char *xdg = env_abs(L->envp, "XDG_CONFIG_HOME");
+  const char *home = env_abs(L->envp, "HOME");
+  char *path = xdg    ? path_join(xdg, "agenthost/agenthost.ini")
+               : home ? path_join(home, ".config/agenthost/agenthost.ini")
+                      : NULL;
+  if (!path) {
+    if (xdg || home)
+      fail_nomem(L);
+    return;
+  }
+  struct stat st;
+  if (stat(path, &st) == 0 || (errno != ENOENT && errno != ENOTDIR))
+    parse_file(L, path, "");
+  free(path);
+}
+
+/* ---- the environment ------------------------------------------------------------------------------- */
+
+/* "MY_PLUGIN" → "my-plugin" (n bytes of `s`). */
+static char *env_to_name(const char *s, size_t n) {
+  char *out = malloc(n + 1);
+  if (!out)
+    return NULL;
+  for (size_t i = 0; i < n; i++)
+    out[i] = s[i] == '_' ? '-' : (char)(s[i] >= 'A' && s[i] <= 'Z' ? s[i] - 'A' + 'a' : s[i]);
+  out[n] = '\0';
+  return out;
+}
+
+static char *env_to_key(const char *s) {
+  char *out = strdup(s);
+  for (char *p = out; p && *p; p++)
+    if (*p >= 'A' && *p <= 'Z')
+      *p = (char)(*p - 'A' + 'a');
+  return out;
+}
+
+/* Split the <NAME>_<KEY> part of AGENTHOST_PLUGIN_… / AGENTHOST_PROVIDER_… (see config.h). */
+static void env_entry(loader *L, section_kind kind, const char *var, const char *rest, const char *value,
+                      json_t *known) {
+  const char *what = kind == SECTION_PLUGIN ? "plugin" : "provider";
+  if (!rest[0]) {
+    fail(L, "%s: expected AGENTHOST_%s_<NAME>_<KEY>", var, kind == SECTION_PLUGIN ? "PLUGIN" : "PROVIDER");
+    return;
+  }
+  size_t split = 0;
+  int matches = 0;
+  char *first_match = NULL;
+  for (size_t i = 1; rest[i]; i++) {
+    if (rest[i] != '_' || !rest[i + 1])
+      continue;
+    char *cand = env_to_name(rest, i);
+    if (!cand) {
+      free(first_match);
+      fail_nomem(L);
+      return;
+    }
+    if (json_object_get(known, cand)) {
+      if (++matches == 1) {
+        split = i;
+        first_match = cand;
+        continue;
+      }
+      fail(L, "%s: ambiguous: %s \"%s\" or \"%s\" (set it in the file)", var, what, first_match, cand);
+      free(cand);
+      free(first_match);
+      return;
+    }
+    free(cand);
+  }
+  free(first_match);
+  if (matches == 0) {
+    const char *u = strchr(rest, '_');
+    split = u ? (size_t)(u - rest) : 0;
+  }
+  if (split == 0 || !rest[split + 1]) {
+    fail(L, "%s: expected AGENTHOST_%s_<NAME>_<KEY>", var, kind == SECTION_PLUGIN ? "PLUGIN" : "PROVIDER");
+    return;
+  }
+  char *name = env_to_name(rest, split);
+  char *key = env_to_key(rest + split + 1);
+  if (!name || !key)
+    fail_nomem(L);
+  else if (!name_valid(name))
+    fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", var, what, NAME_MAX_LEN);
+  else
+    apply(L, kind, name, key, value, var);
+  free(name);
+  free(key);
+}
+
+static void load_env(loader *L) {
+  /* Names known before the environment is read decide how AGENTHOST_PLUGIN_A_B_C splits; names the
+   * environment itself creates are not used, so the result does not depend on the variables' order. */
+  json_t *known_plugins = json_copy(L->cfg->plugins);
+  json_t *known_providers = json_copy(L->cfg->providers);
+  if (!known_plugins || !known_providers)
+    fail_nomem(L);
+  for (char *const *e = L->envp; e && *e && !L->rc; e++) {
+    if (strncmp(*e, "AGENTHOST_", 10) != 0)
+      continue;
+    const char *eq = strchr(*e, '=');
+    if (!eq)
+      continue;
+    char var[128];
+    char v[QUOTE_MAX];
+    size_t vn = (size_t)(eq - *e);
+    if (vn >= sizeof var) {
+      warn(L, "%s: variable name too long, ignored", esc(v, sizeof v, *e));
+      continue;
+    }
+    memcpy(var, *e, vn);
+    var[vn] = '\0';
+    const char *value = eq + 1;
+    if (strcmp(var, "AGENTHOST_CONFIG") == 0)
+      continue;
+    const char *rest = var + 10;
+    bool upper = rest[0] != '\0';
+    for (const char *p = rest; *p; p++)
+      upper &= (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_';
+    if (upper && strncmp(rest, "HOST_", 5) == 0 && rest[5]) {
+      char *key = env_to_key(rest + 5);
+      if (!key)
+        fail_nomem(L);
+      else
+        apply(L, SECTION_HOST, NULL, key, value, var);
+      free(key);
+    } else if (upper && strncmp(rest, "PLUGIN_", 7) == 0) {
+      env_entry(L, SECTION_PLUGIN, var, rest + 7, value, known_plugins);
+    } else if (upper && strncmp(rest, "PROVIDER_", 9) == 0) {
+      env_entry(L, SECTION_PROVIDER, var, rest + 9, value, known_providers);
+    } else {
+      warn(L,
+           "%s: not a configuration variable (expected AGENTHOST_HOST_<KEY>, "
+           "AGENTHOST_PLUGIN_<NAME>_<KEY> or AGENTHOST_PROVIDER_<NAME>_<KEY>), ignored",
+           esc(v, sizeof v, var));
+    }
+  }
+  json_decref(known_plugins);
+  json_decref(known_providers);
+}
+
+/* ---- the command line ------------------------------------------------------------------------------ */
+
+static void load_cli(loader *L, const ah_cli_overrides *cli) {
+  if (!cli)
+    return;
+  struct {
+    const char *value;
+    section_kind kind;
+    const char *name;
+    const char *key;
+    const char *flag;
+  } flags[] = {
+      {cli->state_dir, SECTION_HOST, NULL, "state_dir", "--state-dir"},
+      {cli->runtime_dir, SECTION_HOST, NULL, "runtime_dir", "--runtime-dir"},
+      {cli->plugin_dir, SECTION_HOST, NULL, "plugin_dir", "--plugin-dir"},
+      {cli->log_level, SECTION_HOST, NULL, "log_level", "--log-level"},
+      {cli->listen, SECTION_PLUGIN, "browser", "listen", "--listen"},
+      {cli->token_file, SECTION_PLUGIN, "browser", "token_file", "--token-file"},
+  };
+  for (size_t i = 0; i < sizeof flags / sizeof flags[0] && !L->rc; i++)
+    if (flags[i].value)
+      apply(L, flags[i].kind, flags[i].name, flags[i].key, flags[i].value, flags[i].flag);
+}
+
+/* ---- defaults -------------------------------------------------------------------------------------- */
+
+static void load_defaults(loader *L) {
+  ah_config *cfg = L->cfg;
+  cfg->log_level = AH_LOG_INFO;
+  cfg->default_provider = strdup("echo");
+  L->default_provider_where = strdup("");
+  cfg->plugins = json_object();
+  cfg->providers = json_object();
+  L->provider_where = json_object();
+  if (!cfg->default_provider || !L->default_provider_where || !cfg->plugins || !cfg->providers ||
+      !L->provider_where) {
+    fail_nomem(L);
+    return;
+  }
+  for (size_t i = 0; i < sizeof default_plugins / sizeof default_plugins[0]; i++) {
+    json_t *p = plugin_entry(L, default_plugins[i]);
+    if (!p || !obj_set_new(L, p, "enabled", json_true()))
+      return;
+  }
+  json_t *echo = provider_entry(L, "echo", "the default provider");
+  if (echo)
+    obj_set_new(L, echo, "type", json_string("echo"));
+}
+
+/* True when the running executable sits in the build tree's host directory. */
+static bool running_from_build_tree(void) {
+  if (!AH_BUILD_HOST_DIR[0] || !AH_BUILD_PLUGIN_DIR[0])
+    return false;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0)
+    return false;
+  exe[n] = '\0';
+  char *slash = strrchr(exe, '/');
+  if (!slash)
+    return false;
+  *slash = '\0';
+  if (strcmp(exe, AH_BUILD_HOST_DIR) == 0)
+    return true;
+  char *real = realpath(AH_BUILD_HOST_DIR, NULL);
+  bool same = real && strcmp(exe, real) == 0;
+  free(real);
+  return same;
+}
+
+static void finish(loader *L) {
+  ah_config *cfg = L->cfg;
+  if (!cfg->state_dir) {
+    const char *xdg = env_abs(L->envp, "XDG_STATE_HOME");
+    const char *home = env_abs(L->envp, "HOME");
+    if (!xdg && !home) {
+      fail(L, "cannot choose state_dir: neither XDG_STATE_HOME nor HOME is an absolute path "
+              "(set [host] state_dir or --state-dir)");
+      return;
+    }
+    cfg->state_dir = xdg ? path_join(xdg, "agenthost") : path_join(home, ".local/state/agenthost");
+    if (!cfg->state_dir) {
+      fail_nomem(L);
+      return;
+    }
+  }
+  if (!cfg->runtime_dir) {
+    const char *xdg = env_abs(L->envp, "XDG_RUNTIME_DIR");
+    cfg->runtime_dir = xdg ? path_join(xdg, "agenthost") : path_join(cfg->state_dir, "run");
+    if (!cfg->runtime_dir) {
+      fail_nomem(L);
+      return;
+    }
+  }
+  /* In the build tree each plugin lives in plugins/NAME/NAME.so (meson.build); installed, in one dir. */
+  bool build_layout = false;
+  if (!cfg->plugin_dir) {
+    build_layout = running_from_build_tree();
+    cfg->plugin_dir = strdup(build_layout ? AH_BUILD_PLUGIN_DIR : AH_INSTALL_PLUGIN_DIR);
+    if (!cfg->plugin_dir) {
+      fail_nomem(L);
+      return;
+    }
+  }
+
+  const char *name = NULL;
+  json_t *p = NULL;
+  json_object_foreach(cfg->plugins, name, p) {
+    if (json_object_get(p, "path"))
+      continue;
+    char *file = NULL;
+    int r = build_layout ? asprintf(&file, "%s/%s.so", name, name) : asprintf(&file, "%s.so", name);
+    char *path = r < 0 ? NULL : path_join(cfg->plugin_dir, file);
+    free(file);
+    bool ok = path && obj_set_new(L, p, "path", json_string(path));
+    free(path);
+    if (!ok) {
+      fail_nomem(L);
+      return;
+    }
+  }
+
+  json_object_foreach(cfg->providers, name, p) {
+    if (json_object_get(p, "type"))
+      continue;
+    /* A provider named after a type needs no type line ([provider.acp] is an ACP agent). */
+    bool named_type = false;
+    for (size_t i = 0; i < sizeof provider_types / sizeof provider_types[0]; i++)
+      named_type |= strcmp(name, provider_types[i]) == 0;
+    if (!named_type) {
+      fail(L, "%s: provider \"%s\" needs type = echo, acp or openai",
+           json_string_value(json_object_get(L->provider_where, name)), name);
+      return;
+    }
+    if (!obj_set_new(L, p, "type", json_string(name)))
+      return;
+  }
+
+  if (!json_object_get(cfg->providers, cfg->default_provider))
+    fail(L, "%s: no provider named \"%s\" is configured", L->default_provider_where, cfg->default_provider);
+}
+
+/* ---- public ---------------------------------------------------------------------------------------- */
+
+int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *envp, char **err) {
+  extern char **environ;
+  if (err)
+    *err = NULL;
+  if (!cfg)
+    return AH_EINVAL;
+  memset(cfg, 0, sizeof *cfg);
+  loader L = {.cfg = cfg, .envp = envp ? envp : environ, .warnings = json_array()};
+  if (!L.warnings)
+    fail_nomem(&L);
+
+  if (!L.rc)
+    load_defaults(&L);
+  if (!L.rc)
+    load_file(&L, cli);
+  if (!L.rc)
+    load_env(&L);
+  if (!L.rc)
+    load_cli(&L, cli);
+  if (!L.rc)
+    finish(&L);
+
+  size_t i = 0;
+  json_t *w = NULL;
+  json_array_foreach(L.warnings, i, w) {
+    if (!L.rc)
+      AH_LOG_W(CONFIG_LOG, "%s", json_string_value(w));
+  }
+  json_decref(L.warnings);
+  free(L.section);
+  free(L.default_provider_where);
+  json_decref(L.provider_where);
+  if (L.rc) {
+    ah__config_free(cfg);
+    if (err)
+      *err = L.err;
+    else
+      free(L.err);
+    return L.rc;
+  }
+  return 0;
+}
+
+void ah__config_free(ah_config *cfg) {
+  if (!cfg)
+    return;
+  free(cfg->file);
+  free(cfg->state_dir);
+  free(cfg->runtime_dir);
+  free(cfg->plugin_dir);
+  free(cfg->default_provider);
+  json_decref(cfg->plugins);
+  json_decref(cfg->providers);
+  memset(cfg, 0, sizeof *cfg);
+}
+
+json_t *ah__config_plugins_for_mode(const ah_config *cfg, const char *mode) {
+  json_t *out = json_array();
+  if (!out || !cfg || !cfg->plugins || !mode)
+    return out;
+  const char *name = NULL;
+  json_t *p = NULL;
+  json_object_foreach(cfg->plugins, name, p) {
+    if (!json_is_true(json_object_get(p, "enabled")))
+      continue;
+    size_t i = 0;
+    json_t *m = NULL;
+    bool in_mode = false;
+    json_array_foreach(json_object_get(p, "modes"), i, m) {
+      in_mode |= json_is_string(m) && strcmp(json_string_value(m), mode) == 0;
+    }
+    if (in_mode && json_array_append_new(out, json_string(name)) != 0) {
+      json_decref(out);
+      return NULL;
+    }
+  }
+  return out;
+}

@@ -1,0 +1,115 @@
+/* The core's own mount: its methods (host.describe, plugin.*) and the eleven allowlisted events
+ * (DECISIONS.md "Event allowlist"). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *const core_events[] = {
+    "session.created",  "session.closed",    "session.status",      "session.event",
+    "subagent.started", "subagent.finished", "request.pending",     "request.resolved",
+    "plugin.mounted",   "plugin.withdrawn",  "host.config-changed",
+};
+
+static void m_describe(ah_call *call, const json_t *params, void *data) {
+  (void)params;
+  ah__call_reply(call, ah__host_describe(data));
+}
+
+static void m_plugin_list(ah_call *call, const json_t *params, void *data) {
+  (void)params;
+  ah__call_reply(call, json_pack("{s:o}", "plugins", ah__host_plugin_list(data)));
+}
+
+static void m_plugin_load(ah_call *call, const json_t *params, void *data) {
+  ah_host *h = data;
+  const char *path = json_string_value(json_object_get(params, "path"));
+  json_t *config = json_object_get(params, "config");
+  if (!path || path[0] != '/') {
+    ah__call_error(call, AH_EINVAL, "params.path: an absolute path to a plugin module is required", NULL);
+    return;
+  }
+  if (config && !json_is_object(config)) {
+    ah__call_error(call, AH_EINVAL, "params.config: must be an object", NULL);
+    return;
+  }
+  char *name = NULL;
+  char *why = NULL;
+  int rc = ah__host_load(h, path, config, &name, &why);
+  if (rc)
+    ah__call_error(call, rc, why ? why : ah_strerror(rc), json_pack("{s:s}", "name", ah_err_name(rc)));
+  else
+    ah__call_reply(call, json_pack("{s:s}", "name", name));
+  free(name);
+  free(why);
+}
+
+static void unload_done(int status, void *arg) {
+  ah_call *call = arg;
+  if (status)
+    ah__call_error(call, status, ah_strerror(status), NULL);
+  else
+    ah__call_reply(call, json_object());
+}
+
+static void m_plugin_unload(ah_call *call, const json_t *params, void *data) {
+  ah_host *h = data;
+  const char *name = json_string_value(json_object_get(params, "name"));
+  if (!name) {
+    ah__call_error(call, AH_EINVAL, "params.name: a plugin name is required", NULL);
+    return;
+  }
+  int rc = ah__host_unload(h, name, unload_done, call);
+  if (rc)
+    ah__call_error(call, rc,
+                   rc == AH_ENOENT  ? "no such plugin is mounted"
+                   : rc == AH_EPERM ? "the core cannot be unloaded"
+                                    : ah_strerror(rc),
+                   NULL);
+}
+
+static void m_plugin_reload(ah_call *call, const json_t *params, void *data) {
+  ah_host *h = data;
+  const char *name = json_string_value(json_object_get(params, "name"));
+  if (!name) {
+    ah__call_error(call, AH_EINVAL, "params.name: a plugin name is required", NULL);
+    return;
+  }
+  if (strcmp(name, "core") == 0) {
+    ah__call_error(call, AH_EPERM, "the core cannot be reloaded", NULL);
+    return;
+  }
+  int rc = ah__host_reload(h, name, unload_done, call);
+  if (rc)
+    ah__call_error(call, rc, rc == AH_ENOENT ? "no such plugin is mounted" : ah_strerror(rc), NULL);
+}
+
+int ah__core_register(ah_host *h, ah_mount *m) {
+  const struct {
+    const char *name;
+    ah_method_fn fn;
+    uint32_t flags;
+  } methods[] = {
+      {"host.describe", m_describe, AH_METHOD_PUBLIC},
+      {"plugin.list", m_plugin_list, AH_METHOD_PUBLIC},
+      {"plugin.load", m_plugin_load, AH_METHOD_PRIVILEGED},
+      {"plugin.unload", m_plugin_unload, AH_METHOD_PRIVILEGED},
+      {"plugin.reload", m_plugin_reload, AH_METHOD_PRIVILEGED},
+  };
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+    ah_method_def def = {.struct_size = sizeof def,
+                         .name = methods[i].name,
+                         .handler = methods[i].fn,
+                         .flags = methods[i].flags,
+                         .data = h};
+    int rc = ah__api_table.register_method(m, &def);
+    if (rc)
+      return rc;
+  }
+  for (size_t i = 0; i < sizeof core_events / sizeof core_events[0]; i++) {
+    int rc = ah__api_table.register_event(m, core_events[i], AH_EVENT_ALLOWLISTED);
+    if (rc)
+      return rc;
+  }
+  return 0;
+}

@@ -1,0 +1,342 @@
+/* agenthost — structures shared by the core's translation units (internal; never installed). */
+#ifndef AGENTHOST_HOST_INTERNAL_H
+#define AGENTHOST_HOST_INTERNAL_H
+
+#include <ffi.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "agenthost/plugin.h"
+#include "host.h"
+#include "log.h"
+
+/* An intrusive doubly linked list (libuv's QUEUE idea, written out plainly). */
+typedef struct ah__link {
+  struct ah__link *prev;
+  struct ah__link *next;
+} ah__link;
+
+void ah__list_init(ah__link *head);
+bool ah__list_empty(const ah__link *head);
+void ah__list_push(ah__link *head, ah__link *node); /* at the tail */
+void ah__list_remove(ah__link *node);               /* safe on a node that is not linked */
+#define AH__CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+#define AH__LIST_EACH(it, head) for (ah__link *it = (head)->next; it != (head); it = it->next)
+
+char *ah__strdup(const char *s); /* NULL-safe */
+
+/* ---- cancellation (cancel.c) ---------------------------------------------------------------------- */
+
+struct ah_cancel {
+  ah_cancel *parent;
+  ah__link children;
+  ah__link sibling;
+  ah__link watches;
+  atomic_bool tripped;
+  bool fired;      /* watches and children processed */
+  ah_mount *owner; /* set for tokens a plugin made with token_new (freed at withdraw if left) */
+  ah__link owner_link;
+};
+
+struct ah_cancel_watch {
+  ah_cancel *token;
+  ah_cancel_fn fn;
+  void *arg;
+  ah__link link;
+};
+
+ah_cancel *ah__cancel_new(ah_cancel *parent);
+void ah__cancel_trip(ah_cancel *t);
+void ah__cancel_free(ah_cancel *t); /* detaches children; deferred while a trip is running */
+bool ah__cancel_tripped(const ah_cancel *t);
+int ah__cancel_watch(ah_cancel *t, ah_cancel_fn fn, void *arg, ah_cancel_watch **out);
+void ah__cancel_unwatch(ah_cancel_watch *w);
+
+/* ---- registry (registry.c) ------------------------------------------------------------------------ */
+
+typedef enum ah__entry_kind {
+  AH__ENTRY_INVALID = 0,
+  AH__ENTRY_METHOD,
+  AH__ENTRY_EVENT,
+  AH__ENTRY_REMOTE,
+  AH__ENTRY_NAMESPACE, /* a remote namespace, owned by the first mount that uses it */
+} ah__entry_kind;
+
+typedef enum ah__entry_state {
+  AH__ST_INVALID = 0,
+  AH__ST_STAGED,
+  AH__ST_ACTIVE,
+  AH__ST_WITHDRAWN,
+} ah__entry_state;
+
+typedef struct ah__remote {
+  char *ns;
+  char *method;
+  ah_remote_param *params; /* names copied */
+  size_t nparams;
+  ah_type result;
+  bool result_optional;
+  uint32_t flags;
+  ah_lookup lookup;
+  ah_remote_fn fn;
+  ffi_cif cif;
+  ffi_type **arg_types; /* nparams + 2 (call, out) */
+  unsigned nargs;
+} ah__remote;
+
+typedef struct ah__entry {
+  ah__entry_kind kind;
+  ah__entry_state state;
+  char *name; /* method name, event name, "ns.method" for a remote, ns for a namespace */
+  ah_mount *mount;
+  uint32_t flags;
+  ah_method_fn handler;
+  void *data;
+  ah__remote *remote;
+  ah__link journal; /* in the mount's journal, registration order */
+  struct ah__entry *hash_next;
+} ah__entry;
+
+typedef struct ah__registry {
+  ah__entry **buckets;
+  size_t nbuckets;
+  json_t *tombstones; /* {"kind:name": true}: withdrawn names that fail closed until registered again */
+} ah__registry;
+
+int ah__registry_init(ah__registry *r);
+void ah__registry_free(ah__registry *r);
+ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *name);
+bool ah__registry_tombstoned(ah__registry *r, ah__entry_kind kind, const char *name);
+/* Stage an entry for `m` (journal + table). Returns AH_EEXIST / AH_ENOMEM. */
+int ah__registry_stage(ah__registry *r, ah_mount *m, ah__entry *e);
+void ah__registry_publish(ah__registry *r, ah_mount *m);  /* STAGED → ACTIVE, tombstones cleared */
+void ah__registry_withdraw(ah__registry *r, ah_mount *m); /* ACTIVE → WITHDRAWN */
+void ah__registry_remove(ah__registry *r, ah_mount *m, bool tombstone); /* reverse order, freed */
+void ah__entry_free(ah__entry *e);
+
+bool ah__valid_method_name(const char *s);
+bool ah__valid_event_name(const char *s);
+bool ah__valid_plugin_name(const char *s);
+int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out);
+void ah__remote_free(ah__remote *r);
+const char *ah__type_name(ah_type t);
+
+/* ---- mounts (mount.c, plugins.c) ------------------------------------------------------------------ */
+
+typedef enum ah__mount_state {
+  AH__MOUNT_INVALID = 0,
+  AH__MOUNT_MOUNTING, /* inside mount(): registrations allowed */
+  AH__MOUNT_ACTIVE,
+  AH__MOUNT_WITHDRAWING,
+  AH__MOUNT_GONE,   /* withdrawn and unloaded */
+  AH__MOUNT_ZOMBIE, /* withdrawn, kept mapped */
+} ah__mount_state;
+
+typedef struct ah__range {
+  uintptr_t start;
+  uintptr_t end;
+} ah__range;
+
+typedef struct ah__waiter {
+  ah__done_fn cb;
+  void *arg;
+  ah__link link;
+} ah__waiter;
+
+struct ah_mount {
+  ah_host *host;
+  ah__mount_state state;
+  char *name;
+  char *version;
+  char *description;
+  char *path; /* NULL for the core */
+  json_t *config;
+  bool from_config; /* mounted by the configuration (SIGHUP manages it) */
+  void *dl;
+  int (*mount_fn)(ah_mount *, const ah_host_api *, const json_t *, void **);
+  void (*withdraw_fn)(ah_mount *, void *, ah_withdraw_done_fn);
+  int (*may_withdraw_fn)(void *);
+  void *state_ptr;
+  bool registration_failed;
+  bool used_raw_loop;
+  ah__range *ranges; /* code and data of the module and of the libraries it brought in */
+  size_t nranges;
+  ah__link journal;
+  ah_cancel *token;
+  ah__link calls; /* in-flight ah_call (not yet finished by the plugin) */
+  size_t ncalls;
+  ah__link subs;
+  ah__link timers;
+  ah__link works; /* queued or running pool work */
+  size_t nworks;
+  ah__link procs;
+  ah__link tokens; /* tokens made with token_new */
+  ah__link posts;
+  size_t closing; /* host handles of this mount whose close callback is pending */
+  /* withdraw */
+  uv_timer_t phase_timer;
+  uv_timer_t deadline_timer;
+  int phase;
+  bool drain_timed_out;
+  bool done_called;
+  bool call_withdraw; /* the plugin's withdraw() runs (not after a mount() that returned an error) */
+  bool published;     /* its registrations became visible (plugin.withdrawn is emitted for it) */
+  ah__link waiters;
+  ah__link link; /* in the host's mounts or zombies */
+};
+
+/* ---- calls (calls.c) ------------------------------------------------------------------------------ */
+
+struct ah_call {
+  ah_host *host;
+  ah_mount *mount;
+  ah__entry *entry;
+  ah_caller caller; /* surface copied below */
+  char *surface;
+  char *method;
+  json_t *params;
+  ah_cancel *token;
+  ah_cancel_watch *parent_watch;
+  bool cancellable;
+  ah_reply_fn cb;
+  void *arg;
+  bool answered; /* the caller got (or is about to get) its outcome */
+  bool finished; /* the plugin answered */
+  ah__link link; /* in the mount's calls */
+};
+
+typedef struct ah__completion {
+  ah_reply_fn cb;
+  void *arg;
+  int status;
+  json_t *result;
+  char *message;
+  json_t *data;
+  ah__link link;
+} ah__completion;
+
+/* Queue a caller's outcome for delivery on a later loop turn. `result`/`data` stolen. */
+void ah__complete(ah_host *h, ah_reply_fn cb, void *arg, int status, json_t *result, const char *message,
+                  json_t *data);
+int ah__call_reply(ah_call *c, json_t *result);
+int ah__call_error(ah_call *c, int status, const char *message, json_t *data);
+/* Answer every unanswered call of `m` with `cancelled`. */
+void ah__calls_cancel_mount(ah_mount *m);
+
+/* ---- bus (bus.c) ---------------------------------------------------------------------------------- */
+
+struct ah_sub {
+  ah_host *host;
+  ah_mount *mount;
+  char *pattern;
+  ah_event_fn fn;
+  void *arg;
+  bool active;
+  uint64_t pass; /* the last delivery pass that served it */
+  json_t *queue; /* [[name, data], ...] */
+  ah__link host_link;
+  ah__link mount_link;
+};
+
+int ah__bus_emit(ah_host *h, ah_mount *m, const char *name, json_t *data);
+int ah__bus_subscribe(ah_host *h, ah_mount *m, const char *pattern, ah_event_fn fn, void *arg, ah_sub **out);
+void ah__bus_unsubscribe(ah_sub *s);
+void ah__bus_deliver(ah_host *h); /* one delivery pass (the pump) */
+bool ah__bus_pending(ah_host *h);
+bool ah__pattern_match(const char *pattern, const char *name);
+
+/* ---- services (services.c, process.c) ------------------------------------------------------------- */
+
+struct ah_timer {
+  uv_timer_t handle;
+  ah_mount *mount;
+  ah_timer_fn fn;
+  void *arg;
+  bool stopped;
+  bool in_callback;
+  ah__link link;
+};
+
+typedef struct ah__post {
+  ah_mount *mount;
+  ah_task_fn fn;
+  void *arg;
+  ah__link link; /* in the host's queue */
+  ah__link mount_link;
+} ah__post;
+
+typedef struct ah__work {
+  uv_work_t req;
+  ah_mount *mount;
+  ah_work_fn work;
+  ah_after_fn after;
+  void *arg;
+  ah__link link;
+} ah__work;
+
+struct ah_process {
+  uv_process_t handle;
+  uv_pipe_t pipes[3];
+  bool has_pipe[3];
+  ah_mount *mount;
+  ah_exit_fn on_exit;
+  void *arg;
+  int pid;
+  bool exited;
+  int64_t exit_status;
+  int term_signal;
+  int open_handles; /* process + pipes not yet closed */
+  bool orphaned;    /* the mount is gone: never call on_exit */
+  uv_timer_t kill_timer;
+  bool kill_timer_used;
+  ah__link link;
+};
+
+extern ah_host_api ah__api_table; /* .rpc is filled by ah__host_new() */
+
+void ah__services_withdraw(ah_mount *m); /* stop what the plugin left: timers, posts, processes, tokens */
+void ah__services_cancel_work(ah_mount *m);
+int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out);
+int ah__process_kill(ah_process *p, uint64_t grace_ms);
+/* Build the child environment: allowlist from `parent` plus `extra`; NULL-terminated, malloc'ed. */
+char **ah__child_env(char *const *parent, const char *const *extra);
+void ah__child_env_free(char **env);
+
+/* ---- host (host.c) -------------------------------------------------------------------------------- */
+
+struct ah_host {
+  uv_loop_t *loop;
+  const ah_config *config;
+  char *mode;
+  uint64_t drain_ms;
+  bool stopping;
+  bool keep_mapped;
+  ah__registry reg;
+  ah_cancel *token; /* root: host → mount → call */
+  ah_mount *core;
+  ah__link mounts; /* mount order */
+  ah__link zombies;
+  ah__link subs;
+  ah__link completions;
+  ah__link posts;
+  uv_idle_t pump;
+  bool pump_active;
+  size_t inflight;
+  uint64_t bus_pass;
+};
+
+void ah__host_kick(ah_host *h); /* make sure the pump runs on the next loop turn */
+ah_mount *ah__host_find_mount(ah_host *h, const char *name);
+int ah__host_register_core(ah_host *h);    /* core_methods.c */
+void ah__mount_call_finished(ah_mount *m); /* a call or work of a withdrawing mount ended */
+void ah__mount_closing_done(ah_mount *m);
+bool ah__mount_in_module(const ah_mount *m, const void *addr);
+/* Record the address ranges of `dl` and of the objects that appeared since `before` (a JSON array of
+ * object names from ah__loaded_objects()). */
+int ah__mount_record_ranges(ah_mount *m, json_t *before);
+json_t *ah__loaded_objects(void);
+int ah__mount_begin_withdraw(ah_mount *m, ah__done_fn cb, void *arg);
+void ah__mount_free(ah_mount *m);
+
+#endif

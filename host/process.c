@@ -1,0 +1,214 @@
+/* Child processes for plugins and tools: one environment policy (an allowlist plus explicit variables,
+ * SECURITY.md G10), an own process group, pipes owned by the host, and a kill that escalates from SIGTERM
+ * to SIGKILL on the whole group and is done only when the exit has been observed. */
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+extern char **environ;
+
+static const char *const allow_names[] = {"HOME", "LOGNAME", "PATH", "SHELL", "TERM",
+                                          "USER", "LANG",    "TZ",   "TMPDIR"};
+
+static bool allowed(const char *entry) {
+  const char *eq = strchr(entry, '=');
+  if (!eq || eq == entry)
+    return false;
+  size_t n = (size_t)(eq - entry);
+  if (strncmp(eq + 1, "()", 2) == 0)
+    return false; /* an exported shell function */
+  if (n > 3 && strncmp(entry, "LC_", 3) == 0)
+    return true;
+  for (size_t i = 0; i < sizeof allow_names / sizeof allow_names[0]; i++)
+    if (strlen(allow_names[i]) == n && strncmp(entry, allow_names[i], n) == 0)
+      return true;
+  return false;
+}
+
+static bool same_name(const char *a, const char *b) {
+  const char *ea = strchr(a, '=');
+  const char *eb = strchr(b, '=');
+  size_t na = ea ? (size_t)(ea - a) : strlen(a);
+  size_t nb = eb ? (size_t)(eb - b) : strlen(b);
+  return na == nb && strncmp(a, b, na) == 0;
+}
+
+char **ah__child_env(char *const *parent, const char *const *extra) {
+  if (!parent)
+    parent = environ;
+  size_t n = 0;
+  for (char *const *p = parent; p && *p; p++)
+    n++;
+  for (const char *const *p = extra; p && *p; p++)
+    n++;
+  char **env = calloc(n + 1, sizeof *env);
+  if (!env)
+    return NULL;
+  size_t k = 0;
+  for (char *const *p = parent; p && *p; p++) {
+    if (!allowed(*p))
+      continue;
+    bool overridden = false;
+    for (const char *const *x = extra; x && *x; x++)
+      if (same_name(*p, *x))
+        overridden = true;
+    if (!overridden && !(env[k++] = strdup(*p)))
+      goto nomem;
+  }
+  for (const char *const *x = extra; x && *x; x++) {
+    const char *eq = strchr(*x, '=');
+    if (!eq || eq == *x || strncmp(eq + 1, "()", 2) == 0)
+      continue; /* malformed or a shell function: dropped */
+    if (!(env[k++] = strdup(*x)))
+      goto nomem;
+  }
+  return env;
+nomem:
+  ah__child_env_free(env);
+  return NULL;
+}
+
+void ah__child_env_free(char **env) {
+  for (char **p = env; p && *p; p++)
+    free(*p);
+  free(env);
+}
+
+static void maybe_finish(ah_process *p) {
+  if (p->open_handles > 0)
+    return;
+  ah_mount *m = p->mount;
+  if (!p->orphaned && p->on_exit)
+    p->on_exit(p, p->exit_status, p->term_signal, p->arg);
+  ah__list_remove(&p->link);
+  free(p);
+  ah__mount_closing_done(m);
+}
+
+static void handle_closed(uv_handle_t *h) {
+  ah_process *p = h->data;
+  p->open_handles--;
+  maybe_finish(p);
+}
+
+static void proc_exited(uv_process_t *h, int64_t status, int sig) {
+  ah_process *p = h->data;
+  p->exited = true;
+  p->exit_status = status;
+  p->term_signal = sig;
+  if (p->kill_timer_used)
+    uv_timer_stop(&p->kill_timer);
+  /* Pipes are closed after the exit so that output already in them is not lost to readers that are
+   * still draining; a reader must have consumed EOF by now or accepts losing the tail. */
+  for (int i = 0; i < 3; i++)
+    if (p->has_pipe[i] && !uv_is_closing((uv_handle_t *)&p->pipes[i]))
+      uv_close((uv_handle_t *)&p->pipes[i], handle_closed);
+  uv_close((uv_handle_t *)&p->handle, handle_closed);
+  if (p->kill_timer_used)
+    uv_close((uv_handle_t *)&p->kill_timer, handle_closed);
+}
+
+int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out) {
+  if (!opts || opts->struct_size < offsetof(ah_process_opts, reserved) || !opts->file || !opts->args ||
+      !opts->args[0] || !opts->on_exit || !out)
+    return AH_EINVAL;
+  if (opts->cwd && opts->cwd[0] != '/')
+    return AH_EINVAL;
+  ah_process *p = calloc(1, sizeof *p);
+  if (!p)
+    return AH_ENOMEM;
+  char **env = ah__child_env(NULL, opts->env);
+  if (!env) {
+    free(p);
+    return AH_ENOMEM;
+  }
+  p->mount = m;
+  p->on_exit = opts->on_exit;
+  p->arg = opts->arg;
+  uv_stdio_container_t stdio[3];
+  bool want[3] = {opts->pipe_stdin, opts->pipe_stdout, opts->pipe_stderr};
+  for (int i = 0; i < 3; i++) {
+    if (want[i]) {
+      uv_pipe_init(h->loop, &p->pipes[i], 0);
+      p->pipes[i].data = p;
+      p->has_pipe[i] = true;
+      stdio[i].flags = UV_CREATE_PIPE | (i == 0 ? UV_READABLE_PIPE : UV_WRITABLE_PIPE);
+      stdio[i].data.stream = (uv_stream_t *)&p->pipes[i];
+    } else if (i == 2) {
+      stdio[i].flags = UV_INHERIT_FD;
+      stdio[i].data.fd = 2;
+    } else {
+      stdio[i].flags = UV_IGNORE;
+    }
+  }
+  uv_process_options_t po;
+  memset(&po, 0, sizeof po);
+  po.exit_cb = proc_exited;
+  po.file = opts->file;
+  po.args = (char **)opts->args;
+  po.env = env;
+  po.cwd = opts->cwd;
+  po.stdio_count = 3;
+  po.stdio = stdio;
+  po.flags = UV_PROCESS_DETACHED; /* setsid(): its own session and process group */
+  p->handle.data = p;
+  int rc = uv_spawn(h->loop, &p->handle, &po);
+  ah__child_env_free(env);
+  if (rc) {
+    AH_LOG_W("process", "cannot start %s: %s", opts->file, uv_strerror(rc));
+    /* uv_spawn initialised the handle; close it and the pipes, then free in the callbacks. */
+    p->orphaned = true;
+    p->open_handles = 1;
+    for (int i = 0; i < 3; i++)
+      if (p->has_pipe[i]) {
+        p->open_handles++;
+        uv_close((uv_handle_t *)&p->pipes[i], handle_closed);
+      }
+    uv_close((uv_handle_t *)&p->handle, handle_closed);
+    ah__list_init(&p->link);
+    m->closing++;
+    return rc == UV_ENOENT ? AH_ENOENT : AH_EIO;
+  }
+  p->pid = p->handle.pid;
+  p->open_handles = 1;
+  for (int i = 0; i < 3; i++)
+    if (p->has_pipe[i])
+      p->open_handles++;
+  ah__list_push(&m->procs, &p->link);
+  m->closing++; /* released when the process and its pipes are closed */
+  *out = p;
+  return 0;
+}
+
+static void kill_escalate(uv_timer_t *t) {
+  ah_process *p = t->data;
+  if (!p->exited)
+    kill(-p->pid, SIGKILL);
+}
+
+int ah__process_kill(ah_process *p, uint64_t grace_ms) {
+  if (!p)
+    return AH_EINVAL;
+  if (p->exited)
+    return 0;
+  if (grace_ms == 0) {
+    kill(-p->pid, SIGKILL);
+    return 0;
+  }
+  kill(-p->pid, SIGTERM);
+  if (!p->kill_timer_used) {
+    uv_timer_init(p->handle.loop, &p->kill_timer);
+    p->kill_timer.data = p;
+    p->kill_timer_used = true;
+    p->open_handles++;
+  }
+  uv_timer_start(&p->kill_timer, kill_escalate, grace_ms, 0);
+  return 0;
+}
+
+void ah__process_close_stdin(ah_process *p) {
+  if (p && p->has_pipe[0] && !uv_is_closing((uv_handle_t *)&p->pipes[0]))
+    uv_close((uv_handle_t *)&p->pipes[0], handle_closed);
+}

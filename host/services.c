@@ -1,0 +1,456 @@
+/* The host API table handed to plugins: registration, calls, tokens, bus, and the work the host tracks
+ * for a mount (timers, posted tasks, pool work) so that withdraw can count and stop it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- logging ------------------------------------------------------------------------------------- */
+
+static void api_log(ah_mount *m, int level, const char *fmt, ...) {
+  if (level < AH_PLOG_ERROR || level > AH_PLOG_DEBUG)
+    level = AH_PLOG_INFO;
+  char comp[48];
+  snprintf(comp, sizeof comp, "plugin.%s", m && m->name ? m->name : "?");
+  va_list ap;
+  va_start(ap, fmt);
+  ah__logv((ah_log_level)level, comp, fmt, ap);
+  va_end(ap);
+}
+
+/* ---- registration --------------------------------------------------------------------------------- */
+
+static int refuse(ah_mount *m, const char *what, const char *name, const char *field, int rc,
+                  const char *why) {
+  AH_LOG_E("registry", "plugin %s (%s): refused %s '%s': field %s: %s", m->name, m->path ? m->path : "core",
+           what, name ? name : "(null)", field, why);
+  if (m->state == AH__MOUNT_MOUNTING)
+    m->registration_failed = true;
+  return rc;
+}
+
+static int gate(ah_mount *m, const char *what, const char *name) {
+  if (!m)
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_MOUNTING) {
+    AH_LOG_E("registry", "plugin %s: refused %s '%s' outside mount()", m->name, what, name ? name : "(null)");
+    return AH_ESTATE;
+  }
+  return 0;
+}
+
+static int api_register_method(ah_mount *m, const ah_method_def *def) {
+  const char *name = def ? def->name : NULL;
+  int rc = gate(m, "method", name);
+  if (rc)
+    return rc;
+  if (!def || def->struct_size < offsetof(ah_method_def, reserved))
+    return refuse(m, "method", name, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
+  if (!ah__valid_method_name(def->name))
+    return refuse(m, "method", name, "name", AH_EINVAL,
+                  "must be dot-separated segments of [a-z][a-z0-9_-]*, at least two, at most 128 bytes");
+  if (!def->handler)
+    return refuse(m, "method", name, "handler", AH_EINVAL, "missing handler");
+  uint32_t vis = def->flags & (AH_METHOD_PUBLIC | AH_METHOD_PRIVILEGED);
+  if (vis != AH_METHOD_PUBLIC && vis != AH_METHOD_PRIVILEGED)
+    return refuse(m, "method", name, "flags", AH_EINVAL, "exactly one of PUBLIC or PRIVILEGED is required");
+  if (def->flags & ~(uint32_t)(AH_METHOD_PUBLIC | AH_METHOD_PRIVILEGED | AH_METHOD_CANCELLABLE))
+    return refuse(m, "method", name, "flags", AH_EINVAL, "unknown flag bits");
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(def->name))) {
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_METHOD;
+  e->flags = def->flags;
+  e->handler = def->handler;
+  e->data = def->data;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "method", name, "name", rc, "already registered (live or staged)");
+  }
+  return 0;
+}
+
+static int api_register_event(ah_mount *m, const char *name, uint32_t flags) {
+  int rc = gate(m, "event", name);
+  if (rc)
+    return rc;
+  if (!ah__valid_event_name(name))
+    return refuse(m, "event", name, "name", AH_EINVAL,
+                  "must be dot-separated segments of [a-z][a-z0-9_-]*, at least two");
+  if (flags & ~(uint32_t)AH_EVENT_ALLOWLISTED)
+    return refuse(m, "event", name, "flags", AH_EINVAL, "unknown flag bits");
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(name))) {
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_EVENT;
+  e->flags = flags;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "event", name, "name", rc, "already registered (live or staged)");
+  }
+  return 0;
+}
+
+static int api_register_remote(ah_mount *m, const ah_remote_def *def) {
+  char full[160] = "";
+  if (def && def->ns && def->method)
+    snprintf(full, sizeof full, "%s.%s", def->ns, def->method);
+  int rc = gate(m, "descriptor", full);
+  if (rc)
+    return rc;
+  if (!def)
+    return refuse(m, "descriptor", NULL, "def", AH_EINVAL, "NULL descriptor");
+  ah__remote *r = NULL;
+  rc = ah__remote_prepare(m, def, &r);
+  if (rc) {
+    m->registration_failed = true;
+    return rc;
+  }
+  ah__registry *reg = &m->host->reg;
+  ah__entry *ns = ah__registry_find(reg, AH__ENTRY_NAMESPACE, r->ns);
+  if (ns && ns->mount != m) {
+    ah__remote_free(r);
+    return refuse(m, "descriptor", full, "ns", AH_EEXIST, "namespace belongs to another plugin");
+  }
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(full))) {
+    free(e);
+    ah__remote_free(r);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_REMOTE;
+  e->flags = r->flags;
+  e->remote = r;
+  if (ah__registry_find(reg, AH__ENTRY_REMOTE, full)) {
+    ah__entry_free(e);
+    return refuse(m, "descriptor", full, "method", AH_EEXIST, "already registered (live or staged)");
+  }
+  if (!ns) {
+    ah__entry *n = calloc(1, sizeof *n);
+    if (!n || !(n->name = strdup(r->ns))) {
+      free(n);
+      ah__entry_free(e);
+      m->registration_failed = true;
+      return AH_ENOMEM;
+    }
+    n->kind = AH__ENTRY_NAMESPACE;
+    ah__registry_stage(reg, m, n);
+  }
+  ah__registry_stage(reg, m, e);
+  return 0;
+}
+
+/* ---- calls ---------------------------------------------------------------------------------------- */
+
+ah_cancel *ah__call_cancel_token(ah_call *c);
+const ah_caller *ah__call_caller(ah_call *c);
+
+static int api_dispatch(ah_mount *m, const ah_caller *caller, const char *method, json_t *params,
+                        ah_cancel *parent, ah_reply_fn cb, void *arg) {
+  if (!m) {
+    json_decref(params);
+    return AH_EINVAL;
+  }
+  return ah__host_dispatch(m->host, caller, method, params, parent, cb, arg);
+}
+
+/* ---- tokens --------------------------------------------------------------------------------------- */
+
+static int api_token_new(ah_mount *m, ah_cancel *parent, ah_cancel **out) {
+  if (!m || !out)
+    return AH_EINVAL;
+  ah_cancel *t = ah__cancel_new(parent ? parent : m->token);
+  if (!t)
+    return AH_ENOMEM;
+  t->owner = m;
+  ah__list_push(&m->tokens, &t->owner_link);
+  *out = t;
+  return 0;
+}
+
+static void api_token_trip(ah_cancel *t) {
+  ah__cancel_trip(t);
+}
+static void api_token_free(ah_cancel *t) {
+  ah__cancel_free(t);
+}
+static bool api_token_tripped(const ah_cancel *t) {
+  return ah__cancel_tripped(t);
+}
+static int api_token_watch(ah_cancel *t, ah_cancel_fn fn, void *arg, ah_cancel_watch **out) {
+  return ah__cancel_watch(t, fn, arg, out);
+}
+static void api_token_unwatch(ah_cancel_watch *w) {
+  ah__cancel_unwatch(w);
+}
+
+/* ---- bus ------------------------------------------------------------------------------------------ */
+
+static int api_emit(ah_mount *m, const char *name, json_t *data) {
+  if (!m) {
+    json_decref(data);
+    return AH_EINVAL;
+  }
+  return ah__bus_emit(m->host, m, name, data);
+}
+
+static int api_subscribe(ah_mount *m, const char *pattern, ah_event_fn fn, void *arg, ah_sub **out) {
+  if (!m)
+    return AH_EINVAL;
+  return ah__bus_subscribe(m->host, m, pattern, fn, arg, out);
+}
+
+/* ---- timers --------------------------------------------------------------------------------------- */
+
+static void timer_closed(uv_handle_t *h) {
+  ah_timer *t = h->data;
+  ah_mount *m = t->mount;
+  free(t);
+  ah__mount_closing_done(m);
+}
+
+static void timer_release(ah_timer *t) {
+  if (t->stopped)
+    return;
+  t->stopped = true;
+  ah__list_remove(&t->link);
+  uv_timer_stop(&t->handle);
+  t->mount->closing++;
+  uv_close((uv_handle_t *)&t->handle, timer_closed);
+}
+
+static void timer_fired(uv_timer_t *h) {
+  ah_timer *t = h->data;
+  t->in_callback = true;
+  t->fn(t, t->arg);
+  t->in_callback = false;
+  if (!t->stopped && uv_timer_get_repeat(&t->handle) == 0)
+    timer_release(t);
+}
+
+static int api_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms, ah_timer_fn fn, void *arg,
+                           ah_timer **out) {
+  if (!m || !fn)
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING)
+    return AH_ESTATE;
+  ah_timer *t = calloc(1, sizeof *t);
+  if (!t)
+    return AH_ENOMEM;
+  t->mount = m;
+  t->fn = fn;
+  t->arg = arg;
+  uv_timer_init(m->host->loop, &t->handle);
+  t->handle.data = t;
+  uv_timer_start(&t->handle, timer_fired, timeout_ms, repeat_ms);
+  ah__list_push(&m->timers, &t->link);
+  if (out)
+    *out = t;
+  return 0;
+}
+
+static void api_timer_stop(ah_timer *t) {
+  if (t)
+    timer_release(t);
+}
+
+/* ---- posted tasks --------------------------------------------------------------------------------- */
+
+static int api_post(ah_mount *m, ah_task_fn fn, void *arg) {
+  if (!m || !fn)
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING)
+    return AH_ESTATE;
+  ah__post *p = calloc(1, sizeof *p);
+  if (!p)
+    return AH_ENOMEM;
+  p->mount = m;
+  p->fn = fn;
+  p->arg = arg;
+  ah__list_push(&m->host->posts, &p->link);
+  ah__list_push(&m->posts, &p->mount_link);
+  ah__host_kick(m->host);
+  return 0;
+}
+
+/* ---- pool work ------------------------------------------------------------------------------------ */
+
+static void work_run(uv_work_t *req) {
+  ah__work *w = req->data;
+  w->work(w->arg);
+}
+
+static void work_after(uv_work_t *req, int status) {
+  ah__work *w = req->data;
+  ah_mount *m = w->mount;
+  ah__list_remove(&w->link);
+  m->nworks--;
+  if (w->after)
+    w->after(w->arg, status == UV_ECANCELED ? AH_ECANCELED : 0);
+  free(w);
+  ah__mount_call_finished(m);
+}
+
+static int api_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void *arg) {
+  if (!m || !work)
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE)
+    return AH_ESTATE;
+  ah__work *w = calloc(1, sizeof *w);
+  if (!w)
+    return AH_ENOMEM;
+  w->mount = m;
+  w->work = work;
+  w->after = after;
+  w->arg = arg;
+  w->req.data = w;
+  int rc = uv_queue_work(m->host->loop, &w->req, work_run, work_after);
+  if (rc) {
+    free(w);
+    return AH_EIO;
+  }
+  ah__list_push(&m->works, &w->link);
+  m->nworks++;
+  return 0;
+}
+
+void ah__services_cancel_work(ah_mount *m) {
+  /* Work that has not started is cancelled (its `after` gets AH_ECANCELED); running work is drained. */
+  AH__LIST_EACH(it, &m->works) {
+    ah__work *w = AH__CONTAINER(it, ah__work, link);
+    uv_cancel((uv_req_t *)&w->req);
+  }
+}
+
+/* ---- processes (process.c) ------------------------------------------------------------------------ */
+
+static int api_spawn(ah_mount *m, const ah_process_opts *opts, ah_process **out) {
+  if (!m)
+    return AH_EINVAL;
+  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE)
+    return AH_ESTATE;
+  return ah__spawn(m->host, m, opts, out);
+}
+
+static int api_process_kill(ah_process *p, uint64_t grace_ms) {
+  return ah__process_kill(p, grace_ms);
+}
+static int api_process_pid(const ah_process *p) {
+  return p ? p->pid : 0;
+}
+static uv_stream_t *proc_stream(ah_process *p, int i) {
+  return p && p->has_pipe[i] ? (uv_stream_t *)&p->pipes[i] : NULL;
+}
+static uv_stream_t *api_process_stdin(ah_process *p) {
+  return proc_stream(p, 0);
+}
+static uv_stream_t *api_process_stdout(ah_process *p) {
+  return proc_stream(p, 1);
+}
+static uv_stream_t *api_process_stderr(ah_process *p) {
+  return proc_stream(p, 2);
+}
+void ah__process_close_stdin(ah_process *p);
+
+/* ---- information ---------------------------------------------------------------------------------- */
+
+static uv_loop_t *api_loop(ah_mount *m) {
+  if (!m)
+    return NULL;
+  if (!m->used_raw_loop)
+    AH_LOG_D("services", "plugin %s took the raw loop", m->name);
+  m->used_raw_loop = true;
+  return m->host->loop;
+}
+
+static const char *api_mount_name(ah_mount *m) {
+  return m ? m->name : NULL;
+}
+static const char *api_host_version(void) {
+  return AH_VERSION;
+}
+static const char *api_state_dir(ah_mount *m) {
+  return m && m->host->config ? m->host->config->state_dir : NULL;
+}
+static const char *api_runtime_dir(ah_mount *m) {
+  return m && m->host->config ? m->host->config->runtime_dir : NULL;
+}
+
+/* ---- withdraw's clean-up of what the plugin left ---------------------------------------------------- */
+
+void ah__services_withdraw(ah_mount *m) {
+  while (!ah__list_empty(&m->timers)) {
+    ah_timer *t = AH__CONTAINER(m->timers.next, ah_timer, link);
+    AH_LOG_W("services", "plugin %s left a timer running at withdraw; stopped by the host", m->name);
+    timer_release(t);
+  }
+  while (!ah__list_empty(&m->posts)) {
+    ah__post *p = AH__CONTAINER(m->posts.next, ah__post, mount_link);
+    ah__list_remove(&p->mount_link);
+    ah__list_remove(&p->link);
+    free(p);
+  }
+  while (!ah__list_empty(&m->subs))
+    ah__bus_unsubscribe(AH__CONTAINER(m->subs.next, ah_sub, mount_link));
+  while (!ah__list_empty(&m->procs)) {
+    ah_process *p = AH__CONTAINER(m->procs.next, ah_process, link);
+    AH_LOG_W("services", "plugin %s left child process %d at withdraw; killed by the host", m->name, p->pid);
+    ah__list_remove(&p->link);
+    p->orphaned = true;
+    ah__process_kill(p, 0);
+  }
+  while (!ah__list_empty(&m->tokens)) {
+    ah_cancel *t = AH__CONTAINER(m->tokens.next, ah_cancel, owner_link);
+    ah__cancel_free(t);
+  }
+}
+
+ah_host_api ah__api_table = {
+    .struct_size = sizeof(ah_host_api),
+    .abi = AH_ABI_VERSION,
+    .log = api_log,
+    .register_method = api_register_method,
+    .register_event = api_register_event,
+    .register_remote = api_register_remote,
+    .call_reply = ah__call_reply,
+    .call_error = ah__call_error,
+    .call_cancel_token = ah__call_cancel_token,
+    .call_caller = ah__call_caller,
+    .dispatch = api_dispatch,
+    .token_new = api_token_new,
+    .token_trip = api_token_trip,
+    .token_free = api_token_free,
+    .token_tripped = api_token_tripped,
+    .token_watch = api_token_watch,
+    .token_unwatch = api_token_unwatch,
+    .emit = api_emit,
+    .subscribe = api_subscribe,
+    .unsubscribe = ah__bus_unsubscribe,
+    .timer_start = api_timer_start,
+    .timer_stop = api_timer_stop,
+    .post = api_post,
+    .queue_work = api_queue_work,
+    .spawn = api_spawn,
+    .process_kill = api_process_kill,
+    .process_pid = api_process_pid,
+    .process_stdin = api_process_stdin,
+    .process_stdout = api_process_stdout,
+    .process_stderr = api_process_stderr,
+    .process_close_stdin = ah__process_close_stdin,
+    .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
+    .loop = api_loop,
+    .mount_name = api_mount_name,
+    .host_version = api_host_version,
+    .state_dir = api_state_dir,
+    .runtime_dir = api_runtime_dir,
+};

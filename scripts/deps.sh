@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Install the Debian 12 (bookworm) packages agenthost needs to build and test.
+#
+#   all present            -> prints nothing, exits 0
+#   missing, running as root -> apt-get update (once) + apt-get install of the missing ones
+#   missing, not root      -> prints the sudo command to run, exits 1
+#
+# Never reads stdin (CI runs with none). AH_SKIP_DEPS=1 skips the check entirely (for machines that
+# provide the libraries some other way; meson then reports anything still missing).
+set -euo pipefail
+
+# The one list. Keep one package per line, with what needs it.
+PACKAGES=(
+  build-essential        # gcc, make, libc headers
+  pkg-config             # meson finds every library below through it
+  meson                  # build system (meson.build needs >= 1.0; bookworm has 1.0.1)
+  ninja-build            # meson's backend
+  git                    # `make format` / `make format-check` list files with git ls-files
+  python3                # scripts/test-summary.py; meson itself
+  libuv1-dev             # the event loop the host and every plugin run on
+  libjansson-dev         # JSON values across the plugin API and JSON-RPC
+  libffi-dev             # remote gateway: calling registered descriptors
+  libsqlite3-dev         # durable store (WAL)
+  libinih-dev            # INI config file parsing
+  libcriterion-dev       # unit tests (tests/unit)
+  clang-format           # `make format` / `make format-check`
+  libwebsockets-dev      # browser plugin: HTTP + WebSocket carrier
+  libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
+)
+
+if [[ "${AH_SKIP_DEPS:-0}" == 1 ]]; then
+  exit 0
+fi
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "deps.sh: dpkg-query not found (not a Debian system?); not checking packages." >&2
+  echo "deps.sh: agenthost needs the equivalents of: ${PACKAGES[*]}" >&2
+  exit 0
+fi
+
+installed() {
+  # Multi-arch packages may print one status per architecture; any "install ok installed" will do.
+  local status
+  status="$(dpkg-query -W -f='${Status}\n' "$1" 2>/dev/null || true)"
+  [[ "$status" == *"install ok installed"* ]]
+}
+
+missing_packages() {
+  local pkg
+  for pkg in "${PACKAGES[@]}"; do
+    installed "$pkg" || printf '%s\n' "$pkg"
+  done
+}
+
+mapfile -t missing < <(missing_packages)
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+if [[ "$(id -u)" != 0 ]]; then
+  echo "deps.sh: missing Debian packages: ${missing[*]}" >&2
+  echo "Install them with:" >&2
+  echo "  sudo apt-get install -y ${missing[*]}"
+  exit 1
+fi
+
+echo "deps.sh: installing missing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get -q update </dev/null
+apt-get -q install -y --no-install-recommends "${missing[@]}" </dev/null
+
+mapfile -t still_missing < <(missing_packages)
+if ((${#still_missing[@]} != 0)); then
+  echo "deps.sh: still missing after apt-get install: ${still_missing[*]}" >&2
+  exit 1
+fi

@@ -1,0 +1,292 @@
+#include "support.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+char *ts_mkdtemp(void) {
+  const char *base = getenv("TMPDIR");
+  char *tmpl = NULL;
+  if (asprintf(&tmpl, "%s/agenthost-test-XXXXXX", base && *base ? base : "/tmp") < 0)
+    return NULL;
+  if (!mkdtemp(tmpl)) {
+    free(tmpl);
+    return NULL;
+  }
+  chmod(tmpl, 0700);
+  return tmpl;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+void ts_rmtree(const char *path) {
+  if (path)
+    nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+char *ts_write_file(const char *dir, const char *name, const char *text) {
+  char *path = NULL;
+  if (asprintf(&path, "%s/%s", dir, name) < 0)
+    return NULL;
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    free(path);
+    return NULL;
+  }
+  fputs(text, f);
+  fclose(f);
+  return path;
+}
+
+uint64_t ts_now_ms(void) {
+  struct timespec ts = {0};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static bool flag_pred(void *arg) {
+  return *(volatile bool *)arg;
+}
+
+bool ts_run_until(uv_loop_t *loop, volatile bool *flag, uint64_t timeout_ms) {
+  return ts_run_until_pred(loop, flag_pred, (void *)flag, timeout_ms);
+}
+
+static void noop_timer(uv_timer_t *t) {
+  (void)t;
+}
+
+bool ts_run_until_pred(uv_loop_t *loop, bool (*pred)(void *arg), void *arg, uint64_t timeout_ms) {
+  /* A repeating 5 ms timer keeps UV_RUN_ONCE from blocking forever when nothing else is pending. */
+  uv_timer_t tick;
+  uv_timer_init(loop, &tick);
+  uv_timer_start(&tick, noop_timer, 5, 5);
+  uint64_t deadline = ts_now_ms() + timeout_ms;
+  bool ok = pred(arg);
+  while (!ok && ts_now_ms() < deadline) {
+    uv_run(loop, UV_RUN_ONCE);
+    ok = pred(arg);
+  }
+  uv_close((uv_handle_t *)&tick, NULL);
+  uv_run(loop, UV_RUN_NOWAIT);
+  return ok;
+}
+
+int ts_loop_close(uv_loop_t *loop) {
+  /* Let pending close callbacks and requests finish, but close nothing on the code's behalf: a handle
+   * left open is a bug the test must see as uv_loop_close() == UV_EBUSY. */
+  uint64_t deadline = ts_now_ms() + 2000;
+  while (uv_loop_alive(loop) && ts_now_ms() < deadline)
+    uv_run(loop, UV_RUN_NOWAIT);
+  return uv_loop_close(loop);
+}
+
+const char *ts_plugin(const char *name) {
+  static char buf[4096];
+  const char *dir = getenv("AH_TEST_PLUGIN_DIR");
+  snprintf(buf, sizeof buf, "%s/%s.so", dir && *dir ? dir : AH_TEST_PLUGIN_DIR, name);
+  return buf;
+}
+
+int ts_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e = NULL;
+  while ((e = readdir(d)))
+    if (e->d_name[0] != '.')
+      n++;
+  closedir(d);
+  return n - 1; /* the directory's own fd */
+}
+
+/* ---- child processes --------------------------------------------------------------------------------- */
+
+#define TS_MAX_CHILDREN 64
+static pid_t ts_children[TS_MAX_CHILDREN];
+
+static void child_forget(pid_t pid) {
+  for (int i = 0; i < TS_MAX_CHILDREN; i++)
+    if (ts_children[i] == pid)
+      ts_children[i] = 0;
+}
+
+static int open_or_null(const char *path) {
+  return path ? open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)
+              : open("/dev/null", O_WRONLY | O_CLOEXEC);
+}
+
+/* Fork and exec `argv` with stdout/stderr on `out_fd`/`err_fd`. Only async-signal-safe calls in the child. */
+static pid_t spawn_fds(char *const argv[], int out_fd, int err_fd) {
+  int in_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (in_fd < 0)
+    return -1;
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid == 0) {
+    /* Die with the test process, whatever stops it (a timeout's SIGKILL included). */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+      _exit(127);
+    if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+      _exit(127);
+    close_range(3, ~0u, 0);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  close(in_fd);
+  if (pid > 0) {
+    for (int i = 0; i < TS_MAX_CHILDREN; i++) {
+      if (ts_children[i] == 0) {
+        ts_children[i] = pid;
+        break;
+      }
+    }
+  }
+  return pid;
+}
+
+pid_t ts_spawn(char *const argv[], const char *out_path, const char *err_path) {
+  int out_fd = open_or_null(out_path);
+  int err_fd = open_or_null(err_path);
+  pid_t pid = -1;
+  if (out_fd >= 0 && err_fd >= 0)
+    pid = spawn_fds(argv, out_fd, err_fd);
+  if (out_fd >= 0)
+    close(out_fd);
+  if (err_fd >= 0)
+    close(err_fd);
+  return pid;
+}
+
+bool ts_wait_exit(pid_t pid, uint64_t timeout_ms, int *status) {
+  uint64_t deadline = ts_now_ms() + timeout_ms;
+  for (;;) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) {
+      child_forget(pid);
+      if (status)
+        *status = st;
+      return true;
+    }
+    if (r < 0 && errno != EINTR)
+      return false;
+    if (ts_now_ms() >= deadline)
+      return false;
+    usleep(10 * 1000);
+  }
+}
+
+int ts_stop(pid_t pid, int sig, uint64_t grace_ms) {
+  if (pid <= 0)
+    return -1;
+  int st = 0;
+  kill(pid, sig);
+  if (ts_wait_exit(pid, grace_ms, &st))
+    return st;
+  kill(pid, SIGKILL);
+  if (ts_wait_exit(pid, 5000, &st))
+    return st;
+  return -1;
+}
+
+void ts_kill_all(void) {
+  for (int i = 0; i < TS_MAX_CHILDREN; i++) {
+    if (ts_children[i] > 0) {
+      pid_t pid = ts_children[i];
+      kill(pid, SIGKILL);
+      ts_wait_exit(pid, 5000, NULL);
+      ts_children[i] = 0;
+    }
+  }
+}
+
+static char *fd_contents(int fd, size_t *len) {
+  off_t size = lseek(fd, 0, SEEK_END);
+  if (size < 0)
+    return NULL;
+  char *buf = malloc((size_t)size + 1);
+  if (!buf)
+    return NULL;
+  size_t got = 0;
+  while (got < (size_t)size) {
+    ssize_t n = pread(fd, buf + got, (size_t)size - got, (off_t)got);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      break;
+    got += (size_t)n;
+  }
+  buf[got] = '\0';
+  if (len)
+    *len = got;
+  return buf;
+}
+
+int ts_run(char *const argv[], uint64_t timeout_ms, char **out, char **err) {
+  if (out)
+    *out = NULL;
+  if (err)
+    *err = NULL;
+  int out_fd = memfd_create("ts-run-stdout", MFD_CLOEXEC);
+  int err_fd = memfd_create("ts-run-stderr", MFD_CLOEXEC);
+  int code = -1;
+  if (out_fd >= 0 && err_fd >= 0) {
+    pid_t pid = spawn_fds(argv, out_fd, err_fd);
+    if (pid > 0) {
+      int st = 0;
+      if (!ts_wait_exit(pid, timeout_ms, &st))
+        st = ts_stop(pid, SIGKILL, 0);
+      if (st >= 0 && WIFEXITED(st))
+        code = WEXITSTATUS(st);
+    }
+    if (out)
+      *out = fd_contents(out_fd, NULL);
+    if (err)
+      *err = fd_contents(err_fd, NULL);
+  }
+  if (out_fd >= 0)
+    close(out_fd);
+  if (err_fd >= 0)
+    close(err_fd);
+  return code;
+}
+
+char *ts_read_file(const char *path, size_t *len) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  char *buf = fd_contents(fd, len);
+  close(fd);
+  return buf;
+}
+
+bool ts_wait_path(const char *path, uint64_t timeout_ms) {
+  uint64_t deadline = ts_now_ms() + timeout_ms;
+  while (access(path, F_OK) != 0) {
+    if (ts_now_ms() >= deadline)
+      return false;
+    usleep(10 * 1000);
+  }
+  return true;
+}

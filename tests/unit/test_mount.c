@@ -1,0 +1,262 @@
+/* Mount transaction: every refusal of a module and of a registration, rollback of a failed mount, and
+ * fail-closed names (PROTOCOLS.md "Core": plugin load, registration, fail closed). */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "host_support.h"
+#include "internal.h"
+#include "support.h"
+
+static uv_loop_t loop;
+static ah_host *host;
+static int log_pipe[2];
+
+static void setup(void) {
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  host = th_host_new(&loop, 500);
+  cr_assert_not_null(host);
+  cr_assert_eq(pipe(log_pipe), 0);
+  ah__log_set_fd(log_pipe[1]);
+}
+
+static void teardown(void) {
+  ah__log_set_fd(-1);
+  close(log_pipe[1]);
+  close(log_pipe[0]);
+  cr_assert_eq(th_host_stop_free(&loop, host), 0, "the loop must close cleanly");
+}
+
+/* What the host logged so far (non-blocking read of the pipe). */
+static char *logged(void) {
+  static char buf[65536];
+  size_t n = 0;
+  ah__log_set_fd(-1);
+  close(log_pipe[1]);
+  ssize_t r = 0;
+  while ((r = read(log_pipe[0], buf + n, sizeof buf - 1 - n)) > 0)
+    n += (size_t)r;
+  buf[n] = '\0';
+  close(log_pipe[0]);
+  cr_assert_eq(pipe(log_pipe), 0);
+  ah__log_set_fd(log_pipe[1]);
+  return buf;
+}
+
+static int load_why(const char *fixture, json_t *config, char **why) {
+  int rc = ah__host_load(host, ts_plugin(fixture), config, NULL, why);
+  json_decref(config);
+  return rc;
+}
+
+TestSuite(mount, .init = setup, .fini = teardown, .timeout = 60);
+
+Test(mount, ok_mounts_and_is_described) {
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert(th_described(host, "methods", "ok.echo"));
+  cr_assert(th_described(host, "events", "ok.ping"));
+  cr_assert(th_described(host, "descriptors", "ok.greet"));
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "ok.add", json_pack("{s:i,s:i}", "a", 2, "b", 40), &o), 0);
+  cr_assert(o.done);
+  cr_assert_eq(o.status, 0);
+  cr_assert_eq(json_integer_value(json_object_get(o.result, "sum")), 42);
+  th_outcome_clear(&o);
+}
+
+Test(mount, refuses_other_major) {
+  char *why = NULL;
+  cr_assert_eq(load_why("bad-abi", NULL, &why), AH_EABI);
+  cr_assert_not_null(strstr(why, "field abi"), "%s", why);
+  cr_assert_not_null(strstr(why, "major"), "%s", why);
+  free(why);
+  const char *log = logged();
+  cr_assert_not_null(strstr(log, "bad-abi.so"), "the refusal names the plugin path: %s", log);
+  cr_assert_not_null(strstr(log, "field abi"), "%s", log);
+}
+
+Test(mount, refuses_newer_minor) {
+  char *why = NULL;
+  cr_assert_eq(load_why("newer-minor", NULL, &why), AH_EABI);
+  cr_assert_not_null(strstr(why, "newer than the host"), "%s", why);
+  free(why);
+  cr_assert_not_null(strstr(logged(), "newer-minor.so"));
+}
+
+Test(mount, refuses_null_descriptor) {
+  char *why = NULL;
+  cr_assert_eq(load_why("null-desc", NULL, &why), AH_EABI);
+  cr_assert_not_null(strstr(why, "field descriptor"), "%s", why);
+  free(why);
+  cr_assert_not_null(strstr(logged(), "null-desc.so"));
+}
+
+Test(mount, refuses_missing_entry) {
+  char *why = NULL;
+  cr_assert_eq(load_why("no-entry", NULL, &why), AH_ELOAD);
+  cr_assert_not_null(strstr(why, "ah_plugin_entry_v1"), "%s", why);
+  free(why);
+  cr_assert_not_null(strstr(logged(), "no-entry.so"));
+}
+
+Test(mount, refuses_missing_mount) {
+  char *why = NULL;
+  cr_assert_eq(load_why("no-mount", NULL, &why), AH_EINVAL);
+  cr_assert_not_null(strstr(why, "field mount"), "%s", why);
+  free(why);
+  cr_assert_not_null(strstr(logged(), "no-mount.so"));
+}
+
+Test(mount, refuses_missing_file) {
+  char *why = NULL;
+  cr_assert_eq(ah__host_load(host, "/nonexistent/plugin.so", NULL, NULL, &why), AH_ELOAD);
+  cr_assert_not_null(strstr(why, "dlopen"), "%s", why);
+  free(why);
+}
+
+Test(mount, refuses_duplicate_plugin_name) {
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  char *why = NULL;
+  cr_assert_eq(load_why("dup-name", NULL, &why), AH_EEXIST);
+  cr_assert_not_null(strstr(why, "field name"), "%s", why);
+  free(why);
+  cr_assert_not_null(strstr(logged(), "dup-name.so"));
+  /* The first one is untouched. */
+  cr_assert(th_described(host, "methods", "ok.echo"));
+}
+
+Test(mount, refuses_method_registered_by_another_plugin) {
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert_eq(th_load(host, "duplicate-method", NULL), AH_EEXIST);
+  json_t *list = ah__host_plugin_list(host);
+  char *text = json_dumps(list, 0);
+  cr_assert_null(strstr(text, "duplicate-method\""), "%s", text);
+  free(text);
+  json_decref(list);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "ok.echo", json_pack("{s:i}", "x", 1), &o), 0);
+  cr_assert_eq(o.status, 0, "ok.echo still belongs to ok");
+  th_outcome_clear(&o);
+}
+
+Test(mount, registration_failure_fails_mount_even_if_ignored) {
+  /* duplicate-method in "self" mode registers dup.one twice, ignores AH_EEXIST and returns 0. */
+  cr_assert_eq(th_load(host, "duplicate-method", json_pack("{s:s}", "mode", "self")), AH_EINVAL);
+  cr_assert_not(th_described(host, "methods", "dup.one"));
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_ADMIN, "dup.one", NULL, &o), AH_ENOMETHOD);
+  const char *log = logged();
+  cr_assert_not_null(strstr(log, "dup.one"), "%s", log);
+}
+
+Test(mount, refuses_bad_method_name_and_missing_visibility) {
+  cr_assert_eq(th_load(host, "bad-method-name", NULL), AH_EINVAL);
+  cr_assert_not_null(strstr(logged(), "NoDots"));
+  cr_assert_eq(th_load(host, "no-visibility", NULL), AH_EINVAL);
+  cr_assert_not_null(strstr(logged(), "PUBLIC or PRIVILEGED"));
+}
+
+Test(mount, fails_midway_leaves_nothing_and_ok_still_mounts) {
+  cr_assert_eq(th_load(host, "fails-midway", NULL), AH_EIO);
+  cr_assert_not(th_described(host, "methods", "midway.method"));
+  cr_assert_not(th_described(host, "events", "midway.event"));
+  cr_assert_not(th_described(host, "descriptors", "midway.thing"));
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_ADMIN, "midway.method", NULL, &o), AH_ENOMETHOD,
+               "a never-published name is unknown, not withdrawn");
+  /* Its names are free again: nothing was left staged. */
+  cr_assert_null(ah__registry_find(&host->reg, AH__ENTRY_METHOD, "midway.method"));
+  cr_assert_null(ah__registry_find(&host->reg, AH__ENTRY_EVENT, "midway.event"));
+  cr_assert_null(ah__registry_find(&host->reg, AH__ENTRY_REMOTE, "midway.thing"));
+  cr_assert_null(ah__registry_find(&host->reg, AH__ENTRY_NAMESPACE, "midway"));
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert(th_described(host, "methods", "ok.echo"));
+  /* The failed module is unloaded on later loop turns without disturbing anything. */
+  uv_run(&loop, UV_RUN_NOWAIT);
+  cr_assert_eq(ah__host_zombie_count(host), 0);
+  const char *log = logged();
+  cr_assert_not_null(strstr(log, "fails-midway.so"), "%s", log);
+}
+
+Test(mount, registering_outside_mount_is_refused) {
+  cr_assert_eq(th_load(host, "late-register", NULL), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "late.trigger", NULL, &o), 0);
+  cr_assert_eq(o.status, 0);
+  cr_assert_eq(json_integer_value(json_object_get(o.result, "status")), AH_ESTATE);
+  th_outcome_clear(&o);
+  cr_assert_not(th_described(host, "methods", "late.other"));
+}
+
+Test(mount, unload_then_call_fails_closed_until_remounted) {
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert_eq(th_unload(&loop, host, "ok"), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "ok.echo", NULL, &o), AH_EUNAVAILABLE);
+  cr_assert(ah__registry_tombstoned(&host->reg, AH__ENTRY_REMOTE, "ok.greet"));
+  cr_assert_not(th_described(host, "methods", "ok.echo"));
+  /* A remount of the same module starts fresh and serves the name again. */
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "ok.echo", json_pack("{s:s}", "v", "x"), &o), 0);
+  cr_assert_eq(o.status, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(o.result, "v")), "x");
+  th_outcome_clear(&o);
+}
+
+Test(mount, withdrawn_name_never_falls_back) {
+  /* ok.echo withdrawn, then duplicate-method (which registers ok.echo) mounts: the name is served by
+   * the new mount only because it registered it, and unloading that one fails closed again. */
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  cr_assert_eq(th_unload(&loop, host, "ok"), 0);
+  cr_assert_eq(th_load(host, "duplicate-method", NULL), 0);
+  cr_assert(th_described(host, "methods", "ok.echo"));
+  cr_assert_eq(th_unload(&loop, host, "duplicate-method"), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "ok.echo", NULL, &o), AH_EUNAVAILABLE);
+}
+
+Test(mount, may_withdraw_veto) {
+  cr_assert_eq(th_load(host, "veto", NULL), 0);
+  cr_assert_eq(ah__host_unload(host, "veto", NULL, NULL), AH_EBUSY);
+  json_t *list = ah__host_plugin_list(host);
+  char *text = json_dumps(list, 0);
+  cr_assert_not_null(strstr(text, "\"veto\""), "%s", text);
+  free(text);
+  json_decref(list);
+  cr_assert_eq(th_unload(&loop, host, "core"), AH_EPERM);
+  cr_assert_eq(th_unload(&loop, host, "nope"), AH_ENOENT);
+}
+
+static void reload_done(int status, void *arg) {
+  int *out = arg;
+  *out = status;
+}
+
+static bool reload_finished(void *arg) {
+  return *(int *)arg != 1;
+}
+
+Test(mount, reload_remounts_the_same_path) {
+  cr_assert_eq(th_load(host, "ok", NULL), 0);
+  int status = 1;
+  cr_assert_eq(ah__host_reload(host, "ok", reload_done, &status), 0);
+  cr_assert(ts_run_until_pred(&loop, reload_finished, &status, 5000));
+  cr_assert_eq(status, 0);
+  cr_assert(th_described(host, "methods", "ok.echo"));
+  cr_assert_eq(ah__host_reload(host, "nope", reload_done, &status), AH_ENOENT);
+}
+
+Test(mount, core_methods_and_events_described) {
+  json_t *d = ah__host_describe(host);
+  cr_assert_str_eq(json_string_value(json_object_get(d, "version")), AH_VERSION);
+  cr_assert_eq(json_integer_value(json_object_get(d, "protocol")), AH_PROTOCOL_VERSION);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(d, "abi"), "major")), AH_ABI_MAJOR);
+  json_decref(d);
+  const char *events[] = {"session.created",  "session.closed",    "session.status",     "session.event",
+                          "subagent.started", "subagent.finished", "request.pending",    "request.resolved",
+                          "plugin.mounted",   "plugin.withdrawn",  "host.config-changed"};
+  for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
+    cr_assert(th_described(host, "events", events[i]), "%s", events[i]);
+  cr_assert(th_described(host, "methods", "plugin.load"));
+}
