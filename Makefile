@@ -95,11 +95,13 @@ test: deps build minimal
 unit-asan: deps
 	$(UNIT_ASAN)
 
-# The host alone, every optional feature (plugins, tests) disabled: it must compile and start.
+# The host alone, every optional feature (plugins, tests) disabled: it must compile, and `serve` must
+# run with no plugins and stop cleanly.
 minimal: deps
 	@$(call meson-setup,$(MINIMAL_DIR),$(MINIMAL_OPTS))
 	$(NINJA) -C $(MINIMAL_DIR)
 	./$(MINIMAL_DIR)/host/agenthost version
+	bash scripts/smoke-serve.sh ./$(MINIMAL_DIR)/host/agenthost
 
 bench: build
 	$(MESON) test -C $(BUILD_DIR) --benchmark --verbose

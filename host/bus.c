@@ -18,6 +18,8 @@ bool ah__pattern_match(const char *pattern, const char *name) {
   return strcmp(pattern, name) == 0;
 }
 
+/* "*", an event name, or "prefix.*" where prefix is one or more dot-separated segments of
+ * [a-z][a-z0-9_-]* (so "ok..*", ".*" and "ok.*.x" are refused). */
 static bool valid_pattern(const char *p) {
   if (!p || !*p)
     return false;
@@ -26,16 +28,12 @@ static bool valid_pattern(const char *p) {
   size_t n = strlen(p);
   if (n > 2 && p[n - 1] == '*' && p[n - 2] == '.') {
     char buf[160];
-    if (n - 2 >= sizeof buf)
+    if (n - 2 + sizeof ".x" > sizeof buf)
       return false;
+    /* prefix + ".x" is a valid event name exactly when the prefix is a valid sequence of segments. */
     memcpy(buf, p, n - 2);
-    buf[n - 2] = '\0';
-    /* "session.*" has one segment before the wildcard; accept any dotted prefix. */
-    for (size_t i = 0; i < n - 2; i++)
-      if (!((buf[i] >= 'a' && buf[i] <= 'z') || (buf[i] >= '0' && buf[i] <= '9') || buf[i] == '.' ||
-            buf[i] == '_' || buf[i] == '-'))
-        return false;
-    return buf[0] >= 'a' && buf[0] <= 'z';
+    memcpy(buf + n - 2, ".x", sizeof ".x");
+    return ah__valid_event_name(buf);
   }
   return ah__valid_event_name(p);
 }

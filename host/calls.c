@@ -56,6 +56,8 @@ static void answer_caller(ah_call *c, int status, json_t *result, const char *me
   }
   c->answered = true;
   c->host->inflight--;
+  if (c->entry->flags & AH_METHOD_PRIVILEGED)
+    ah__audit(c->host, c->method, &c->caller, status);
   ah__complete(c->host, c->cb, c->arg, status, result, message, data);
 }
 
@@ -154,6 +156,7 @@ int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, j
     AH_LOG_W("calls", "refused privileged method %s to a %s caller on %s", method,
              caller->authority == AH_AUTH_LAN ? "LAN" : "non-privileged",
              caller->surface ? caller->surface : "?");
+    ah__audit(h, method, caller, AH_EPERM);
     rc = AH_EPERM;
     goto out;
   }

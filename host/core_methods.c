@@ -44,12 +44,29 @@ static void m_plugin_load(ah_call *call, const json_t *params, void *data) {
   free(why);
 }
 
+typedef struct unload_ctx {
+  ah_call *call;
+  ah_host *host;
+  size_t zombies_before;
+} unload_ctx;
+
 static void unload_done(int status, void *arg) {
-  ah_call *call = arg;
+  unload_ctx *u = arg;
   if (status)
-    ah__call_error(call, status, ah_strerror(status), NULL);
+    ah__call_error(u->call, status, ah_strerror(status), NULL);
   else
-    ah__call_reply(call, json_object());
+    ah__call_reply(u->call, json_pack("{s:b}", "zombie", ah__host_zombie_count(u->host) > u->zombies_before));
+  free(u);
+}
+
+static unload_ctx *unload_ctx_new(ah_call *call, ah_host *h) {
+  unload_ctx *u = calloc(1, sizeof *u);
+  if (u) {
+    u->call = call;
+    u->host = h;
+    u->zombies_before = ah__host_zombie_count(h);
+  }
+  return u;
 }
 
 static void m_plugin_unload(ah_call *call, const json_t *params, void *data) {
@@ -59,7 +76,10 @@ static void m_plugin_unload(ah_call *call, const json_t *params, void *data) {
     ah__call_error(call, AH_EINVAL, "params.name: a plugin name is required", NULL);
     return;
   }
-  int rc = ah__host_unload(h, name, unload_done, call);
+  unload_ctx *u = unload_ctx_new(call, h);
+  int rc = u ? ah__host_unload(h, name, unload_done, u) : AH_ENOMEM;
+  if (rc)
+    free(u);
   if (rc)
     ah__call_error(call, rc,
                    rc == AH_ENOENT  ? "no such plugin is mounted"
@@ -79,7 +99,10 @@ static void m_plugin_reload(ah_call *call, const json_t *params, void *data) {
     ah__call_error(call, AH_EPERM, "the core cannot be reloaded", NULL);
     return;
   }
-  int rc = ah__host_reload(h, name, unload_done, call);
+  unload_ctx *u = unload_ctx_new(call, h);
+  int rc = u ? ah__host_reload(h, name, unload_done, u) : AH_ENOMEM;
+  if (rc)
+    free(u);
   if (rc)
     ah__call_error(call, rc, rc == AH_ENOENT ? "no such plugin is mounted" : ah_strerror(rc), NULL);
 }

@@ -1,7 +1,12 @@
 /* The host: one loop, the core mount, the mounted plugins in order, the pump that delivers outcomes,
  * posted tasks and bus events on later loop turns, and the start/stop order. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -57,6 +62,75 @@ void ah__host_kick(ah_host *h) {
   uv_idle_start(&h->pump, pump_cb);
 }
 
+/* ---- audit -----------------------------------------------------------------------------------------------
+ */
+
+static int mkdirs(const char *dir) {
+  char *copy = strdup(dir);
+  if (!copy)
+    return -1;
+  for (char *p = copy + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    mkdir(copy, 0700);
+    *p = '/';
+  }
+  free(copy);
+  return mkdir(dir, 0700) == 0 || errno == EEXIST ? 0 : -1;
+}
+
+static void audit_open(ah_host *h) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/audit.log", h->config->state_dir);
+  if (mkdirs(h->config->state_dir) == 0)
+    h->audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (h->audit_fd < 0)
+    AH_LOG_W("host", "cannot open the audit log %s: %s", path, strerror(errno));
+}
+
+static const char *authority_name(ah_authority a) {
+  switch (a) {
+  case AH_AUTH_LAN:
+    return "lan";
+  case AH_AUTH_LOOPBACK:
+    return "loopback";
+  case AH_AUTH_STDIO_OWNER:
+    return "stdio-owner";
+  case AH_AUTH_ADMIN:
+    return "admin";
+  default:
+    return "invalid";
+  }
+}
+
+void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int status) {
+  if (!h || h->audit_fd < 0)
+    return;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[80];
+  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000));
+  /* JSON escapes whatever a method name or surface contains, so a record is always one line. */
+  json_t *rec =
+      json_pack("{s:s, s:s, s:s, s:s, s:I, s:s}", "time", when, "method", method, "surface",
+                caller->surface ? caller->surface : "", "authority", authority_name(caller->authority),
+                "connection", (json_int_t)caller->connection_id, "outcome", ah_err_name(status));
+  char *line = rec ? json_dumps(rec, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
+  json_decref(rec);
+  if (!line)
+    return;
+  size_t n = strlen(line);
+  line[n] = '\n';
+  /* One write of a line opened O_APPEND: records never interleave. */
+  if (write(h->audit_fd, line, n + 1) < 0)
+    AH_LOG_W("host", "cannot write the audit log: %s", strerror(errno));
+  free(line);
+}
+
 int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   if (!opts || !opts->loop || !out)
     return AH_EINVAL;
@@ -83,6 +157,9 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
     free(h);
     return AH_ENOMEM;
   }
+  h->audit_fd = -1;
+  if (h->config && h->config->state_dir)
+    audit_open(h);
   uv_idle_init(h->loop, &h->pump);
   h->pump.data = h;
   int rc = ah__mount_core(h, &h->core, ah__core_register);
@@ -330,12 +407,19 @@ static int mount_one(ah_host *h, const char *name, const json_t *pc, bool requir
     return AH_ENOENT;
   }
   char *why = NULL;
-  int rc = ah__host_load(h, path, pc, NULL, &why);
-  if (rc == 0) {
-    ah_mount *m = ah__host_find_mount(h, name);
-    if (m)
-      m->from_config = true;
+  char *loaded = NULL;
+  int rc = ah__host_load(h, path, pc, &loaded, &why);
+  if (rc == 0 && strcmp(loaded, name) != 0) {
+    /* The config manages plugins by name: a module that calls itself something else would be loaded
+     * again at every SIGHUP. */
+    AH_LOG_E("host", "refused %s: field name: the module calls itself '%s' but is configured as [plugin.%s]",
+             path, loaded, name);
+    ah__host_unload(h, loaded, NULL, NULL);
+    rc = AH_EINVAL;
+  } else if (rc == 0) {
+    ah__host_find_mount(h, name)->from_config = true;
   }
+  free(loaded);
   free(why);
   free(path);
   return rc;
@@ -544,6 +628,8 @@ void ah__host_free(ah_host *h) {
   }
   ah__registry_free(&h->reg);
   ah__cancel_free(h->token);
+  if (h->audit_fd >= 0)
+    close(h->audit_fd);
   free(h->mode);
   free(h);
 }

@@ -324,9 +324,12 @@ struct ah_host {
   bool pump_active;
   size_t inflight;
   uint64_t bus_pass;
+  int audit_fd; /* state_dir/audit.log, append-only; -1 without a configuration */
 };
 
 void ah__host_kick(ah_host *h); /* make sure the pump runs on the next loop turn */
+/* Append one audit record for a privileged call: method, caller and outcome, never values. */
+void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int status);
 ah_mount *ah__host_find_mount(ah_host *h, const char *name);
 int ah__host_register_core(ah_host *h);    /* core_methods.c */
 void ah__mount_call_finished(ah_mount *m); /* a call or work of a withdrawing mount ended */
@@ -338,5 +341,11 @@ int ah__mount_record_ranges(ah_mount *m, json_t *before);
 json_t *ah__loaded_objects(void);
 int ah__mount_begin_withdraw(ah_mount *m, ah__done_fn cb, void *arg);
 void ah__mount_free(ah_mount *m);
+
+/* ---- JSON-RPC peers (jsonrpc.c) --------------------------------------------------------------------- */
+
+/* The number of live peers (not yet freed) with a callback for which `inside(addr, arg)` is true: the
+ * zombie check asks whether a plugin left a peer whose callbacks point into its module. */
+size_t ah__rpc_peers_referencing(bool (*inside)(const void *addr, void *arg), void *arg);
 
 #endif

@@ -61,6 +61,9 @@ struct ah_rpc_peer {
   bool discard_no_memory;   /* ... because its buffer could not grow (else: over max_line) */
   bool reading;             /* reading was started and neither EOF, a read error nor close stopped it */
   ah_rpc_peer *next_reader; /* in this thread's list of reading peers */
+  ah_rpc_peer *live_prev;   /* in this thread's list of every peer not yet freed */
+  ah_rpc_peer *live_next;
+  bool live;
 
   /* Outbound. */
   int64_t next_id;
@@ -142,7 +145,39 @@ __attribute__((format(printf, 2, 3))) static void peer_log(ah_rpc_peer *peer, co
 
 /* ---- lifetime --------------------------------------------------------------------------------------- */
 
+static __thread ah_rpc_peer *live_peers;
+
+static void live_unlink(ah_rpc_peer *peer) {
+  if (!peer->live)
+    return;
+  if (peer->live_prev)
+    peer->live_prev->live_next = peer->live_next;
+  else
+    live_peers = peer->live_next;
+  if (peer->live_next)
+    peer->live_next->live_prev = peer->live_prev;
+  peer->live = false;
+}
+
+size_t ah__rpc_peers_referencing(bool (*inside)(const void *addr, void *arg), void *arg) {
+  size_t n = 0;
+  for (ah_rpc_peer *p = live_peers; p; p = p->live_next) {
+    const void *addrs[] = {(const void *)(uintptr_t)p->opts.on_request,
+                           (const void *)(uintptr_t)p->opts.on_notification,
+                           (const void *)(uintptr_t)p->opts.on_eof, (const void *)(uintptr_t)p->opts.on_log,
+                           (const void *)(uintptr_t)p->close_cb};
+    bool hit = false;
+    for (size_t i = 0; i < sizeof addrs / sizeof addrs[0]; i++)
+      hit = hit || inside(addrs[i], arg);
+    for (pending *q = p->pending_head; q && !hit; q = q->next)
+      hit = inside((const void *)(uintptr_t)q->cb, arg);
+    n += hit;
+  }
+  return n;
+}
+
 static void peer_free(ah_rpc_peer *peer) {
+  live_unlink(peer);
   free(peer->rbuf);
   free(peer->line);
   free(peer);
@@ -740,6 +775,11 @@ int ah_rpc_open(uv_stream_t *in, uv_stream_t *out, const ah_rpc_opts *opts, ah_r
   peer->reading = true;
   peer->next_reader = reading_peers;
   reading_peers = peer;
+  peer->live = true;
+  peer->live_next = live_peers;
+  if (live_peers)
+    live_peers->live_prev = peer;
+  live_peers = peer;
   *out_peer = peer;
   return 0;
 }

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "admin.h"
@@ -134,6 +136,11 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
     return 2;
   }
   ah__log_set_level(s->config->log_level);
+  /* Secrets (tokens, keys) live in this process: no core dumps, and other processes of the same user
+   * cannot ptrace it or read its /proc files (SECURITY.md G10). */
+  struct rlimit no_core = {0, 0};
+  if (setrlimit(RLIMIT_CORE, &no_core) != 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0)
+    ah__log(AH_LOG_WARN, "host", "cannot disable core dumps");
   int lock_fd = -1;
   if (strcmp(mode, "serve") == 0) {
     char *why = NULL;
@@ -150,14 +157,7 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
   uv_loop_init(&s->loop);
   ah_host_opts opts = {.loop = &s->loop, .config = s->config, .mode = mode, .drain_ms = 0};
   int rc = ah__host_new(&opts, &s->host);
-  if (rc == 0 && strcmp(mode, "serve") == 0) {
-    char *why = NULL;
-    rc = ah__admin_start(s->host, s->config->runtime_dir, &s->admin, &why);
-    if (rc) {
-      ah__log(AH_LOG_ERROR, "host", "%s", why ? why : "cannot start the admin channel");
-      free(why);
-    }
-  }
+  /* Signals first: once the admin socket exists, a client may consider the daemon ready. */
   uv_signal_init(&s->loop, &s->sigint);
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sighup);
@@ -166,8 +166,17 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
     uv_signal_start(&s->sigint, on_stop_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_stop_signal, SIGTERM);
     uv_signal_start(&s->sighup, on_sighup, SIGHUP);
-    rc = ah__host_mount_configured(s->host);
   }
+  if (rc == 0 && strcmp(mode, "serve") == 0) {
+    char *why = NULL;
+    rc = ah__admin_start(s->host, s->config->runtime_dir, &s->admin, &why);
+    if (rc) {
+      ah__log(AH_LOG_ERROR, "host", "%s", why ? why : "cannot start the admin channel");
+      free(why);
+    }
+  }
+  if (rc == 0)
+    rc = ah__host_mount_configured(s->host);
   if (rc == 0) {
     ah__log(AH_LOG_INFO, "host", "agenthost %s running in %s mode (pid %ld)", AH_VERSION, mode,
             (long)getpid());
@@ -275,7 +284,10 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
   } else if (strcmp(sub, "load") == 0) {
     printf("mounted %s\n", json_string_value(json_object_get(result, "name")));
   } else {
-    printf("%s %s\n", strcmp(sub, "unload") == 0 ? "withdrew" : "reloaded", argv[1]);
+    printf("%s %s%s\n", strcmp(sub, "unload") == 0 ? "withdrew" : "reloaded", argv[1],
+           json_is_true(json_object_get(result, "zombie"))
+               ? " (the old module is kept mapped as a zombie: see the daemon's log)"
+               : "");
   }
   json_decref(result);
   return 0;

@@ -239,6 +239,9 @@ static void plugin_done(ah_mount *m) {
   if (!m || m->done_called)
     return;
   m->done_called = true;
+  /* The plugin has released its state: nothing of the host may call into it from now on (a timer, a
+   * posted task or a delivery would reach freed state), so stop what it left at once. */
+  ah__services_withdraw(m);
   if (m->phase == PHASE_PLUGIN)
     schedule(m, PHASE_REMOVE); /* never continue inside the plugin's callback */
 }
@@ -331,11 +334,20 @@ static void mount_timer_closed(uv_handle_t *h) {
   ah__mount_free(m);
 }
 
+static bool inside_module(const void *addr, void *arg) {
+  return ah__mount_in_module(arg, addr);
+}
+
 static void unmap(ah_mount *m) {
   ah_host *h = m->host;
   walk_ctx ctx = {.m = m, .hits = 0, .first = ""};
-  if (m->dl)
+  if (m->dl) {
     uv_walk(h->loop, walk_cb, &ctx);
+    size_t peers = ah__rpc_peers_referencing(inside_module, m);
+    if (peers > 0 && ctx.hits++ == 0)
+      snprintf(ctx.first, sizeof ctx.first, "a JSON-RPC peer left open");
+    ctx.hits += (int)(peers > 0 ? peers - 1 : 0);
+  }
   bool zombie = m->drain_timed_out || !m->done_called;
   if (ctx.hits > 0) {
     AH_LOG_W("plugins",

@@ -41,6 +41,7 @@ static bool in_list(json_t *list, const char *name, const char *base) {
 typedef struct range_ctx {
   json_t *before;
   ah_mount *m;
+  uintptr_t own_base; /* the module itself, recorded even when it was mapped before (a zombie, or kept) */
   int rc;
 } range_ctx;
 
@@ -49,7 +50,8 @@ static int add_ranges(struct dl_phdr_info *info, size_t size, void *arg) {
   range_ctx *ctx = arg;
   char base[64];
   snprintf(base, sizeof base, "%lx", (unsigned long)info->dlpi_addr);
-  if (in_list(ctx->before, info->dlpi_name ? info->dlpi_name : "", base))
+  if ((uintptr_t)info->dlpi_addr != ctx->own_base &&
+      in_list(ctx->before, info->dlpi_name ? info->dlpi_name : "", base))
     return 0;
   for (int i = 0; i < info->dlpi_phnum; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
@@ -69,7 +71,10 @@ static int add_ranges(struct dl_phdr_info *info, size_t size, void *arg) {
 }
 
 int ah__mount_record_ranges(ah_mount *m, json_t *before) {
-  range_ctx ctx = {.before = before, .m = m, .rc = 0};
+  range_ctx ctx = {.before = before, .m = m, .own_base = 0, .rc = 0};
+  struct link_map *lm = NULL;
+  if (m->dl && dlinfo(m->dl, RTLD_DI_LINKMAP, &lm) == 0 && lm)
+    ctx.own_base = (uintptr_t)lm->l_addr;
   dl_iterate_phdr(add_ranges, &ctx);
   return ctx.rc;
 }
@@ -144,7 +149,7 @@ int ah__plugin_open(const char *path, void **dl_out, const ah_plugin_desc **desc
     WHY("%s: field mount: missing (required)", path);
     rc = AH_EINVAL;
   } else if (!ah__valid_plugin_name(d->name)) {
-    WHY("%s: field name: must match [a-z][a-z0-9_-]{0,31}", path);
+    WHY("%s: field name: must match [a-z][a-z0-9-]{0,31}", path);
     rc = AH_EINVAL;
   }
   if (rc) {

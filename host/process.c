@@ -204,6 +204,9 @@ int ah__process_kill(ah_process *p, uint64_t grace_ms) {
     p->kill_timer_used = true;
     p->open_handles++;
   }
+  /* The loop's cached time may be stale (a long callback, or a caller outside the loop): refresh it so
+   * that the grace really lasts grace_ms. */
+  uv_update_time(p->handle.loop);
   uv_timer_start(&p->kill_timer, kill_escalate, grace_ms, 0);
   return 0;
 }

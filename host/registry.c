@@ -156,21 +156,27 @@ bool ah__valid_event_name(const char *s) {
   return dotted_name(s, 2);
 }
 
+/* [a-z][a-z0-9-]{0,31}: the same rule as a [plugin.NAME] section, so every plugin can be configured. */
 bool ah__valid_plugin_name(const char *s) {
   if (!s || !*s || strlen(s) > 32)
     return false;
   for (const char *p = s; *p; p++)
-    if (!seg_char(*p, p == s))
+    if (*p == '_' || !seg_char(*p, p == s))
       return false;
   return true;
 }
 
-static bool ident(const char *s, bool allow_dash) {
+/* A namespace is [a-z][a-z0-9_-]* (no capitals); a method or parameter name is [a-z][A-Za-z0-9_]*. */
+static bool ident(const char *s, bool is_namespace) {
   if (!s || !*s || strlen(s) > 64 || !(s[0] >= 'a' && s[0] <= 'z'))
     return false;
-  for (const char *p = s + 1; *p; p++)
-    if (!(isalnum((unsigned char)*p) || *p == '_' || (allow_dash && *p == '-')))
+  for (const char *p = s + 1; *p; p++) {
+    char c = *p;
+    bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' ||
+              (is_namespace ? c == '-' : (c >= 'A' && c <= 'Z'));
+    if (!ok)
       return false;
+  }
   return true;
 }
 

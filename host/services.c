@@ -242,7 +242,8 @@ static int api_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms,
                            ah_timer **out) {
   if (!m || !fn)
     return AH_EINVAL;
-  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING)
+  if ((m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING) ||
+      m->done_called)
     return AH_ESTATE;
   ah_timer *t = calloc(1, sizeof *t);
   if (!t)
@@ -269,7 +270,8 @@ static void api_timer_stop(ah_timer *t) {
 static int api_post(ah_mount *m, ah_task_fn fn, void *arg) {
   if (!m || !fn)
     return AH_EINVAL;
-  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING)
+  if ((m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING) ||
+      m->done_called)
     return AH_ESTATE;
   ah__post *p = calloc(1, sizeof *p);
   if (!p)

@@ -71,7 +71,7 @@ typedef void (*ah_withdraw_done_fn)(ah_mount *m);
 typedef struct ah_plugin_desc {
   uint32_t struct_size; /* sizeof(ah_plugin_desc) of the plugin's build */
   uint32_t abi;         /* AH_ABI_VERSION of the plugin's build */
-  const char *name;     /* [a-z][a-z0-9_-]{0,31}; unique among mounted plugins */
+  const char *name;     /* [a-z][a-z0-9-]{0,31}; unique among mounted plugins; its [plugin.NAME] */
   const char *version;  /* free text, e.g. "1.2.0" */
   const char *description;
   /* Required. Register methods, events and descriptors; start work. `config` is the plugin's config

@@ -1,7 +1,9 @@
 /* Fixture "slow-call": a cancellable method that takes 10 s, for the withdraw and cancellation tests.
  *
  * Methods: slow.wait (public, cancellable; {"done": true} after 10 s unless its token trips, then
- * `cancelled`), slow.pending (public; {"pending": N}, the number of slow.wait calls not yet answered).
+ * `cancelled`), slow.pending (public; {"pending": N}, the number of slow.wait calls not yet answered),
+ * slow.stuck (public, not cancellable; never answered before withdraw(), which answers it late — a call
+ * the drain cannot finish).
  *
  * Config: "report" (optional) — a file path. withdraw() writes {"withdraw_ns": uv_hrtime() when withdraw
  * ran, "pending_at_withdraw": N} there (atomically: a temporary file, then rename), so that a test can
@@ -33,6 +35,8 @@ struct slow_call_state {
   char *report; /* copy of config "report", or NULL */
   size_t pending;
   slow_call_pending *calls; /* the unanswered calls, most recent first */
+  ah_call *stuck[64];       /* slow.stuck calls, answered only in withdraw() */
+  size_t nstuck;
 };
 
 static void slow_call_link(slow_call_pending *pc) {
@@ -134,6 +138,16 @@ static void slow_call_wait(ah_call *call, const json_t *params, void *data) {
   slow_call_link(pc);
 }
 
+static void slow_call_stuck(ah_call *call, const json_t *params, void *data) {
+  slow_call_state *st = data;
+  (void)params;
+  if (st->nstuck == sizeof st->stuck / sizeof st->stuck[0]) {
+    st->api->call_error(call, AH_EBUSY, "too many stuck calls", NULL);
+    return;
+  }
+  st->stuck[st->nstuck++] = call;
+}
+
 static void slow_call_pending_method(ah_call *call, const json_t *params, void *data) {
   slow_call_state *st = data;
   json_t *result = json_pack("{s:I}", "pending", (json_int_t)st->pending);
@@ -200,9 +214,19 @@ static int slow_call_mount(ah_mount *m, const ah_host_api *api, const json_t *co
       .flags = AH_METHOD_PUBLIC,
       .data = st,
   };
+  const ah_method_def stuck = {
+      .struct_size = sizeof(ah_method_def),
+      .name = "slow.stuck",
+      .handler = slow_call_stuck,
+      .flags = AH_METHOD_PUBLIC,
+      .data = st,
+  };
   rc = api->register_method(m, &wait);
   if (rc == 0) {
     rc = api->register_method(m, &pending);
+  }
+  if (rc == 0) {
+    rc = api->register_method(m, &stuck);
   }
   if (rc != 0) {
     /* withdraw() is not called after a failed mount. */
@@ -238,6 +262,9 @@ static void slow_call_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn don
     }
     (void)api->call_error(pc->call, AH_ECANCELED, "cancelled", NULL);
     slow_call_finish(pc);
+  }
+  for (size_t i = 0; i < st->nstuck; i++) {
+    (void)api->call_reply(st->stuck[i], json_pack("{s:b}", "late", 1));
   }
   free(st->report);
   free(st);

@@ -4,6 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <uv.h>
 
 /* A fresh directory under $TMPDIR (or /tmp), mode 0700; the caller frees the string. The directory and
@@ -34,8 +35,6 @@ uint64_t ts_now_ms(void);
 int ts_count_fds(void);
 
 /* ---- child processes (integration tests that drive the agenthost binary) ---------------------------- */
-
-#include <sys/types.h>
 
 /* Start argv[0] (a path) with `argv`: stdin is /dev/null, stdout and stderr go to the files `out_path` and
  * `err_path` (created or appended; NULL = /dev/null), every other descriptor is closed. The child gets

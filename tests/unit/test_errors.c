@@ -22,8 +22,9 @@ static const err_row rows[] = {
 #define NROWS (sizeof rows / sizeof rows[0])
 
 /* DECISIONS.md, the wire categories `CAT`. */
-static const char *const categories[] = {"bad-request", "unauthorized", "forbidden", "not-found", "unavailable",
-                                         "cancelled",   "agent-busy",   "timeout",   "internal"};
+static const char *const categories[] = {"bad-request", "unauthorized", "forbidden",
+                                         "not-found",   "unavailable",  "cancelled",
+                                         "agent-busy",  "timeout",      "internal"};
 
 static bool known_category(const char *c) {
   for (size_t i = 0; i < sizeof categories / sizeof categories[0]; i++)

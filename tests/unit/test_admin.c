@@ -1,0 +1,785 @@
+/* Integration tests of the admin channel: the real agenthost binary ($AH_TEST_AGENTHOST) started as a
+ * daemon in a private state and runtime directory, driven with its own CLI (`agenthost plugins ...`), with
+ * ah__admin_call() and with a raw Unix socket. Every test starts the processes it needs and stops them. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "support.h"
+
+/* The daemon's default plugins (browser, remote) are not built yet; a config that does not mention them
+ * leaves them enabled, and the daemon warns and goes on. The tests name them only where it matters. */
+#define NO_DEFAULT_PLUGINS "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n"
+
+typedef struct test_daemon {
+  char *dir;    /* private root, removed at the end */
+  char *state;  /* --state-dir */
+  char *run;    /* --runtime-dir */
+  char *config; /* --config */
+  char *log;    /* the daemon's stderr */
+  char *out;    /* the daemon's stdout */
+  char *sock;   /* run/admin.sock */
+  pid_t pid;
+} test_daemon;
+
+/* Every daemon of the running test, so that the .fini can clean up after a failed assertion. */
+static test_daemon *live[4];
+
+static void cleanup(void) {
+  ts_kill_all();
+  for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
+    test_daemon *d = live[i];
+    if (!d)
+      continue;
+    ts_rmtree(d->dir);
+    free(d->dir);
+    free(d->state);
+    free(d->run);
+    free(d->config);
+    free(d->log);
+    free(d->out);
+    free(d->sock);
+    free(d);
+    live[i] = NULL;
+  }
+}
+
+static const char *env_path(const char *name) {
+  const char *v = getenv(name);
+  cr_assert(v && *v, "%s is not set (run the tests through meson test)", name);
+  return v;
+}
+
+static char *join(const char *a, const char *b) {
+  char *s = NULL;
+  cr_assert_geq(asprintf(&s, "%s/%s", a, b), 0);
+  return s;
+}
+
+static test_daemon *d_new(const char *config_text) {
+  test_daemon *d = calloc(1, sizeof *d);
+  cr_assert_not_null(d);
+  size_t i = 0;
+  while (i < sizeof live / sizeof live[0] && live[i])
+    i++;
+  cr_assert_lt(i, sizeof live / sizeof live[0]);
+  live[i] = d;
+  d->dir = ts_mkdtemp();
+  cr_assert_not_null(d->dir);
+  d->state = join(d->dir, "state");
+  d->run = join(d->dir, "run");
+  d->log = join(d->dir, "daemon.log");
+  d->out = join(d->dir, "daemon.out");
+  d->sock = join(d->run, "admin.sock");
+  d->config = ts_write_file(d->dir, "agenthost.ini", config_text);
+  cr_assert_not_null(d->config);
+  return d;
+}
+
+static void d_write_config(test_daemon *d, const char *config_text) {
+  char *tmp = ts_write_file(d->dir, "agenthost.ini.new", config_text);
+  cr_assert_not_null(tmp);
+  cr_assert_eq(rename(tmp, d->config), 0);
+  free(tmp);
+}
+
+/* `agenthost --config C --state-dir S --runtime-dir R --log-level debug serve`, stderr to `log`. */
+static pid_t d_spawn_serve(test_daemon *d, const char *log) {
+  char *argv[] = {(char *)env_path("AH_TEST_AGENTHOST"),
+                  "--config",
+                  d->config,
+                  "--state-dir",
+                  d->state,
+                  "--runtime-dir",
+                  d->run,
+                  "--log-level",
+                  "debug",
+                  "serve",
+                  NULL};
+  pid_t pid = ts_spawn(argv, d->out, log);
+  cr_assert_gt(pid, 0, "cannot start %s", argv[0]);
+  return pid;
+}
+
+static char *d_log(test_daemon *d) {
+  char *text = ts_read_file(d->log, NULL);
+  return text ? text : strdup("");
+}
+
+static bool d_log_has(test_daemon *d, const char *needle) {
+  char *text = d_log(d);
+  bool has = strstr(text, needle) != NULL;
+  free(text);
+  return has;
+}
+
+/* Poll the log for `needle` (it is written by another process). */
+static bool d_log_wait(test_daemon *d, const char *needle, uint64_t timeout_ms) {
+  uint64_t deadline = ts_now_ms() + timeout_ms;
+  while (!d_log_has(d, needle)) {
+    if (ts_now_ms() >= deadline)
+      return false;
+    usleep(20 * 1000);
+  }
+  return true;
+}
+
+/* Start the daemon and wait until it answers on the admin socket. An answer means the loop runs, so the
+ * signal handlers are installed too (they are started before the loop, after the socket is bound). */
+static void d_start(test_daemon *d) {
+  d->pid = d_spawn_serve(d, d->log);
+  cr_assert(ts_wait_path(d->sock, 10000), "no admin socket after 10 s; log:\n%s", d_log(d));
+  uint64_t deadline = ts_now_ms() + 10000;
+  for (;;) {
+    json_t *result = NULL;
+    json_t *error = NULL;
+    int rc = ah__admin_call(d->run, "plugin.list", NULL, 2000, &result, &error);
+    json_decref(result);
+    json_decref(error);
+    if (rc == 0)
+      break;
+    cr_assert_lt(ts_now_ms(), deadline, "the daemon does not answer: %s; log:\n%s", ah_strerror(rc),
+                 d_log(d));
+    usleep(20 * 1000);
+  }
+}
+
+/* SIGTERM and wait (bounded); returns the waitpid status. */
+static int d_stop(test_daemon *d) {
+  cr_assert_gt(d->pid, 0);
+  int st = ts_stop(d->pid, SIGTERM, 10000);
+  d->pid = 0;
+  return st;
+}
+
+static void assert_clean_exit(test_daemon *d, int st) {
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the daemon did not exit 0 (status %#x); log:\n%s", st,
+            d_log(d));
+  cr_assert(d_log_has(d, "stopped"), "no \"stopped\" in the log:\n%s", d_log(d));
+  cr_assert(!d_log_has(d, "did not close cleanly"), "the loop did not close cleanly:\n%s", d_log(d));
+}
+
+/* Run `agenthost --config C --state-dir S --runtime-dir R ARGS...` (NULL-terminated); returns the exit
+ * code, *out and *err its output (freed by the caller). */
+static int d_cli(test_daemon *d, char **out, char **err, ...) {
+  char *argv[16] = {(char *)env_path("AH_TEST_AGENTHOST"),
+                    "--config",
+                    d->config,
+                    "--state-dir",
+                    d->state,
+                    "--runtime-dir",
+                    d->run};
+  size_t n = 7;
+  va_list ap;
+  va_start(ap, err);
+  for (char *a = va_arg(ap, char *); a; a = va_arg(ap, char *)) {
+    cr_assert_lt(n, sizeof argv / sizeof argv[0] - 1);
+    argv[n++] = a;
+  }
+  va_end(ap);
+  argv[n] = NULL;
+  char *o = NULL;
+  char *e = NULL;
+  int code = ts_run(argv, 30000, &o, &e);
+  cr_assert_not_null(o);
+  cr_assert_not_null(e);
+  *out = o;
+  *err = e;
+  return code;
+}
+
+/* Call `method` through the admin socket and assert success; returns the result. `params` is stolen. */
+static json_t *d_call_ok(test_daemon *d, const char *method, json_t *params) {
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(d->run, method, params, 10000, &result, &error);
+  char *text = error ? json_dumps(error, JSON_COMPACT) : NULL;
+  cr_assert_eq(rc, 0, "%s failed: %s %s", method, ah_strerror(rc), text ? text : "");
+  free(text);
+  cr_assert_not_null(result);
+  return result;
+}
+
+static bool str_is(json_t *v, const char *s) {
+  const char *t = json_string_value(v);
+  return t && strcmp(t, s) == 0;
+}
+
+/* The plugin `name` of host.describe's value, or NULL. Borrowed from `desc`. */
+static json_t *described_plugin(json_t *desc, const char *name) {
+  size_t i = 0;
+  json_t *p = NULL;
+  json_array_foreach(json_object_get(desc, "plugins"), i, p) {
+    if (str_is(json_object_get(p, "name"), name))
+      return p;
+  }
+  return NULL;
+}
+
+static json_t *plugin_method(json_t *plugin, const char *method) {
+  size_t i = 0;
+  json_t *m = NULL;
+  json_array_foreach(json_object_get(plugin, "methods"), i, m) {
+    if (str_is(json_object_get(m, "name"), method))
+      return m;
+  }
+  return NULL;
+}
+
+static bool d_describes(test_daemon *d, const char *plugin) {
+  json_t *desc = d_call_ok(d, "host.describe", NULL);
+  bool has = described_plugin(desc, plugin) != NULL;
+  json_decref(desc);
+  return has;
+}
+
+/* Poll host.describe until it lists `plugin` (want) or no longer does (!want). */
+static bool d_describes_wait(test_daemon *d, const char *plugin, bool want, uint64_t timeout_ms) {
+  uint64_t deadline = ts_now_ms() + timeout_ms;
+  while (d_describes(d, plugin) != want) {
+    if (ts_now_ms() >= deadline)
+      return false;
+    usleep(20 * 1000);
+  }
+  return true;
+}
+
+/* ---- plugins list ---------------------------------------------------------------------------------- */
+
+Test(admin, plugins_list_shows_the_core, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "list", NULL);
+  cr_assert_eq(code, 0, "plugins list exited %d: %s", code, err);
+  cr_assert(strncmp(out, "core ", 5) == 0, "the first line is not the core:\n%s", out);
+  cr_assert(strstr(out, "active"), "the core is not active:\n%s", out);
+  cr_assert(strstr(out, "(built in)"), "the core has no \"(built in)\" path:\n%s", out);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "list", "--json", NULL);
+  cr_assert_eq(code, 0, "plugins list --json exited %d: %s", code, err);
+  json_error_t jerr;
+  json_t *list = json_loads(out, 0, &jerr);
+  cr_assert_not_null(list, "plugins list --json is not JSON (%s):\n%s", jerr.text, out);
+  json_t *plugins = json_object_get(list, "plugins");
+  cr_assert_eq(json_array_size(plugins), 1, "only the core was expected:\n%s", out);
+  json_t *core = json_array_get(plugins, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(core, "name")), "core");
+  cr_assert_str_eq(json_string_value(json_object_get(core, "state")), "active");
+  json_decref(list);
+  free(out);
+  free(err);
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- an out-of-tree plugin, built with pkg-config only ------------------------------------------------- */
+
+/* Build tests/outoftree/hello.c into dir/hello.so exactly as a third party would. */
+static char *build_hello(const char *dir) {
+  const char *build_root = env_path("AH_TEST_BUILD_ROOT");
+  const char *source_root = env_path("AH_TEST_SOURCE_ROOT");
+  char *pc_path = join(build_root, "meson-uninstalled");
+  cr_assert_eq(setenv("PKG_CONFIG_PATH", pc_path, 1), 0);
+  unsetenv("PKG_CONFIG_DISABLE_UNINSTALLED");
+  unsetenv("PKG_CONFIG_LIBDIR");
+
+  /* meson writes only agenthost-plugin-uninstalled.pc there: pkg-config must pick that variant for the
+   * plain name (its prefix is the build root; the installed file's is the install prefix). */
+  char *argv_prefix[] = {"/bin/sh", "-c", "pkg-config --variable=prefix agenthost-plugin", NULL};
+  char *out = NULL;
+  char *err = NULL;
+  int code = ts_run(argv_prefix, 30000, &out, &err);
+  cr_assert_eq(code, 0, "pkg-config does not find agenthost-plugin in %s: %s", pc_path, err);
+  out[strcspn(out, "\n")] = '\0';
+  cr_assert_str_eq(out, build_root,
+                   "pkg-config did not resolve agenthost-plugin to the -uninstalled variant");
+  free(out);
+  free(err);
+
+  char *so = join(dir, "hello.so");
+  char *cmd = NULL;
+  cr_assert_geq(asprintf(&cmd,
+                         "cc -shared -fPIC $(pkg-config --cflags agenthost-plugin) -o '%s' "
+                         "'%s/tests/outoftree/hello.c'",
+                         so, source_root),
+                0);
+  char *argv_cc[] = {"/bin/sh", "-c", cmd, NULL};
+  char *argv_cflags[] = {"/bin/sh", "-c", "pkg-config --cflags agenthost-plugin", NULL};
+  char *cflags = NULL;
+  ts_run(argv_cflags, 30000, &cflags, NULL);
+  code = ts_run(argv_cc, 60000, &out, &err);
+  cr_assert_eq(code, 0,
+               "the out-of-tree plugin does not build with pkg-config only (cflags \"%s\" from %s):\n%s\n%s",
+               cflags ? cflags : "?", pc_path, cmd, err);
+  cr_assert_eq(access(so, R_OK), 0);
+  free(cflags);
+  free(out);
+  free(err);
+  free(cmd);
+  free(pc_path);
+  return so;
+}
+
+static json_t *call_greet(test_daemon *d, int *rc, json_t **error) {
+  json_t *result = NULL;
+  *rc = ah__admin_call(d->run, "hello.greet", json_object(), 10000, &result, error);
+  return result;
+}
+
+static void assert_greets(test_daemon *d) {
+  int rc = 0;
+  json_t *error = NULL;
+  json_t *result = call_greet(d, &rc, &error);
+  cr_assert_eq(rc, 0, "hello.greet failed: %s", ah_strerror(rc));
+  json_t *want = json_pack("{s:s}", "greeting", "hello");
+  char *got = json_dumps(result, JSON_COMPACT);
+  cr_assert(json_equal(result, want), "hello.greet answered %s", got);
+  free(got);
+  json_decref(want);
+  json_decref(result);
+  json_decref(error);
+}
+
+static void assert_describes_hello(test_daemon *d) {
+  json_t *desc = d_call_ok(d, "host.describe", NULL);
+  json_t *hello = described_plugin(desc, "hello");
+  char *text = json_dumps(desc, JSON_COMPACT);
+  cr_assert_not_null(hello, "host.describe does not list hello: %s", text);
+  cr_assert_not_null(plugin_method(hello, "hello.greet"), "hello has no hello.greet: %s", text);
+  free(text);
+  json_decref(desc);
+}
+
+Test(admin, out_of_tree_plugin_load_unload_reload, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  char *so = build_hello(d->dir);
+  d_start(d);
+  char *out = NULL;
+  char *err = NULL;
+
+  int code = d_cli(d, &out, &err, "plugins", "load", so, NULL);
+  cr_assert_eq(code, 0, "plugins load exited %d: %s", code, err);
+  cr_assert(strstr(out, "mounted hello"), "unexpected output: %s", out);
+  free(out);
+  free(err);
+  assert_describes_hello(d);
+  assert_greets(d);
+
+  code = d_cli(d, &out, &err, "plugins", "unload", "hello", NULL);
+  cr_assert_eq(code, 0, "plugins unload exited %d: %s", code, err);
+  free(out);
+  free(err);
+  cr_assert_not(d_describes(d, "hello"), "hello is still described after the unload");
+
+  /* Fail closed: the withdrawn method is `unavailable`, not "no such method" and not answered. */
+  int rc = 0;
+  json_t *error = NULL;
+  json_t *result = call_greet(d, &rc, &error);
+  cr_assert_null(result);
+  cr_assert_eq(rc, AH_EPROTO, "hello.greet after the unload: %s", ah_strerror(rc));
+  cr_assert_not_null(error);
+  char *etext = json_dumps(error, JSON_COMPACT);
+  const char *category = json_string_value(json_object_get(json_object_get(error, "data"), "category"));
+  cr_assert(category && strcmp(category, "unavailable") == 0, "error without category unavailable: %s",
+            etext);
+  free(etext);
+  json_decref(error);
+
+  /* The same path mounts again. */
+  code = d_cli(d, &out, &err, "plugins", "load", so, NULL);
+  cr_assert_eq(code, 0, "the second plugins load exited %d: %s", code, err);
+  cr_assert(strstr(out, "mounted hello"), "unexpected output: %s", out);
+  free(out);
+  free(err);
+  assert_describes_hello(d);
+  assert_greets(d);
+
+  code = d_cli(d, &out, &err, "plugins", "reload", "hello", NULL);
+  cr_assert_eq(code, 0, "plugins reload exited %d: %s", code, err);
+  cr_assert(strstr(out, "reloaded hello"), "unexpected output: %s", out);
+  free(out);
+  free(err);
+  assert_describes_hello(d);
+  assert_greets(d);
+
+  assert_clean_exit(d, d_stop(d));
+  free(so);
+}
+
+/* ---- refusals -------------------------------------------------------------------------------------------
+ */
+
+Test(admin, cli_refusals, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *out = NULL;
+  char *err = NULL;
+
+  int code = d_cli(d, &out, &err, "plugins", "load", ts_plugin("bad-abi"), NULL);
+  cr_assert_eq(code, 1, "loading bad-abi exited %d: %s", code, err);
+  cr_assert(strstr(err, "field abi"), "the refusal does not name the field abi: %s", err);
+  cr_assert_str_empty(out);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "load", ts_plugin("ok"), NULL);
+  cr_assert_eq(code, 0, "loading ok exited %d: %s", code, err);
+  free(out);
+  free(err);
+  code = d_cli(d, &out, &err, "plugins", "load", ts_plugin("ok"), NULL);
+  cr_assert_eq(code, 1, "loading ok twice exited %d: %s", code, err);
+  cr_assert(strstr(err, "already mounted"), "the refusal does not say \"already mounted\": %s", err);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "unload", "no-such-plugin", NULL);
+  cr_assert_eq(code, 1, "unloading an unknown plugin exited %d: %s", code, err);
+  cr_assert(strstr(err, "no such plugin"), "unexpected message: %s", err);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "unload", "core", NULL);
+  cr_assert_eq(code, 1, "unloading the core exited %d: %s", code, err);
+  cr_assert(strstr(err, "core cannot be unloaded"), "unexpected message: %s", err);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "reload", "core", NULL);
+  cr_assert_eq(code, 1, "reloading the core exited %d: %s", code, err);
+  free(out);
+  free(err);
+
+  /* Nothing of that disturbed the daemon: the core and ok are still there. */
+  cr_assert(d_describes(d, "core"));
+  cr_assert(d_describes(d, "ok"));
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- one daemon per runtime directory --------------------------------------------------------------------
+ */
+
+Test(admin, second_serve_is_refused_with_the_running_pid, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *log2 = join(d->dir, "second.log");
+  pid_t second = d_spawn_serve(d, log2);
+  int st = 0;
+  cr_assert(ts_wait_exit(second, 10000, &st), "the second serve is still running");
+  char *text = ts_read_file(log2, NULL);
+  cr_assert_not_null(text);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) != 0, "the second serve exited with status %#x: %s", st, text);
+  char pid[32];
+  snprintf(pid, sizeof pid, "pid %ld", (long)d->pid);
+  cr_assert(strstr(text, pid), "the refusal does not name the running %s: %s", pid, text);
+  free(text);
+  free(log2);
+  /* The first one is untouched. */
+  cr_assert(ts_wait_path(d->sock, 0));
+  cr_assert(d_describes(d, "core"));
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- file modes ---------------------------------------------------------------------------------------- */
+
+Test(admin, socket_0600_in_a_0700_runtime_dir, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  /* An existing runtime dir open to others is made private. */
+  cr_assert_eq(mkdir(d->run, 0700), 0);
+  cr_assert_eq(chmod(d->run, 0755), 0);
+  d_start(d);
+  struct stat st;
+  cr_assert_eq(lstat(d->run, &st), 0);
+  cr_assert(S_ISDIR(st.st_mode));
+  cr_assert_eq(st.st_mode & 07777, 0700, "runtime dir mode %o", (unsigned)(st.st_mode & 07777));
+  cr_assert_eq(lstat(d->sock, &st), 0);
+  cr_assert(S_ISSOCK(st.st_mode));
+  cr_assert_eq(st.st_mode & 07777, 0600, "admin.sock mode %o", (unsigned)(st.st_mode & 07777));
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- SIGHUP ----------------------------------------------------------------------------------------------
+ */
+
+Test(admin, sighup_applies_the_config_again, .timeout = 60, .fini = cleanup) {
+  /* The default plugins stay enabled here: they are not built, the daemon warns and goes on. */
+  test_daemon *d = d_new("[host]\nlog_level = debug\n");
+  d_start(d);
+  cr_assert_not(d_describes(d, "ok"));
+
+  char *enabled = NULL;
+  cr_assert_geq(asprintf(&enabled, "[host]\nlog_level = debug\n[plugin.ok]\nenabled = true\npath = %s\n",
+                         ts_plugin("ok")),
+                0);
+  d_write_config(d, enabled);
+  cr_assert_eq(kill(d->pid, SIGHUP), 0);
+  cr_assert(d_describes_wait(d, "ok", true, 10000), "ok is not mounted after SIGHUP; log:\n%s", d_log(d));
+  cr_assert(d_log_has(d, "SIGHUP"));
+
+  char *disabled = NULL;
+  cr_assert_geq(asprintf(&disabled, "[host]\nlog_level = debug\n[plugin.ok]\nenabled = false\npath = %s\n",
+                         ts_plugin("ok")),
+                0);
+  d_write_config(d, disabled);
+  cr_assert_eq(kill(d->pid, SIGHUP), 0);
+  cr_assert(d_describes_wait(d, "ok", false, 10000), "ok is still mounted after SIGHUP; log:\n%s", d_log(d));
+
+  /* It is gone, not a zombie. */
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "list", NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  cr_assert_null(strstr(out, "\nok "), "ok is still listed:\n%s", out);
+  free(out);
+  free(err);
+  free(enabled);
+  free(disabled);
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- SIGTERM ---------------------------------------------------------------------------------------------
+ */
+
+Test(admin, sigterm_stops_cleanly, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "load", ts_plugin("ok"), NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  free(out);
+  free(err);
+
+  pid_t pid = d->pid;
+  cr_assert_eq(kill(pid, SIGTERM), 0);
+  int st = 0;
+  uint64_t t0 = ts_now_ms();
+  bool exited = ts_wait_exit(pid, 5000, &st);
+  if (!exited)
+    st = ts_stop(pid, SIGKILL, 0);
+  d->pid = 0;
+  cr_assert(exited, "the daemon did not exit within 5 s of SIGTERM; log:\n%s", d_log(d));
+  cr_assert_lt(ts_now_ms() - t0, 5000);
+  assert_clean_exit(d, st);
+  cr_assert(d_log_has(d, "SIGTERM"));
+  cr_assert_neq(access(d->sock, F_OK), 0, "the admin socket was left behind");
+  cr_assert_eq(errno, ENOENT);
+}
+
+/* ---- a zombie plugin over the admin channel --------------------------------------------------------------
+ */
+
+Test(admin, leaks_handle_becomes_a_zombie, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "load", ts_plugin("leaks-handle"), NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  cr_assert(strstr(out, "mounted leaks-handle"), "%s", out);
+  free(out);
+  free(err);
+
+  code = d_cli(d, &out, &err, "plugins", "unload", "leaks-handle", NULL);
+  cr_assert_eq(code, 0, "the unload of leaks-handle exited %d: %s", code, err);
+  free(out);
+  free(err);
+  cr_assert(d_log_wait(d, "zombie", 5000), "no \"zombie\" in the log:\n%s", d_log(d));
+
+  code = d_cli(d, &out, &err, "plugins", "list", NULL);
+  cr_assert_eq(code, 0, "plugins list after the zombie exited %d: %s", code, err);
+  const char *line = strstr(out, "leaks-handle");
+  cr_assert_not_null(line, "leaks-handle is not listed:\n%s", out);
+  const char *eol = strchr(line, '\n');
+  char *row = strndup(line, eol ? (size_t)(eol - line) : strlen(line));
+  cr_assert(strstr(row, " zombie "), "leaks-handle is not listed as a zombie: %s", row);
+  free(row);
+  free(out);
+  free(err);
+  cr_assert_not(d_describes(d, "leaks-handle"));
+
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- authority ------------------------------------------------------------------------------------------
+ */
+
+Test(admin, admin_caller_may_call_privileged_methods, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  json_t *desc = d_call_ok(d, "host.describe", NULL);
+  json_t *load = plugin_method(described_plugin(desc, "core"), "plugin.load");
+  cr_assert_not_null(load);
+  cr_assert(json_is_true(json_object_get(load, "privileged")), "plugin.load is not privileged");
+  json_decref(desc);
+
+  json_t *result = d_call_ok(d, "plugin.load", json_pack("{s:s}", "path", ts_plugin("ok")));
+  cr_assert_str_eq(json_string_value(json_object_get(result, "name")), "ok");
+  json_decref(result);
+
+  /* A plugin's privileged method too. */
+  result = d_call_ok(d, "ok.admin", json_object());
+  cr_assert(json_is_true(json_object_get(result, "ok")));
+  json_decref(result);
+  cr_assert_not(d_log_has(d, "refused privileged"), "a privileged call was refused:\n%s", d_log(d));
+  assert_clean_exit(d, d_stop(d));
+}
+
+/* ---- hostile input on the admin socket -------------------------------------------------------------------
+ */
+
+typedef struct raw {
+  int fd;
+  char buf[65536];
+  size_t len;
+} raw;
+
+static void raw_connect(raw *r, const char *path) {
+  r->len = 0;
+  r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  cr_assert_geq(r->fd, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  cr_assert_lt(strlen(path), sizeof sa.sun_path);
+  strcpy(sa.sun_path, path);
+  cr_assert_eq(connect(r->fd, (struct sockaddr *)&sa, sizeof sa), 0, "connect: %s", strerror(errno));
+}
+
+static void raw_send(raw *r, const char *data, size_t len) {
+  while (len > 0) {
+    ssize_t w = send(r->fd, data, len, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR)
+      continue;
+    cr_assert_gt(w, 0, "send: %s", strerror(errno));
+    data += w;
+    len -= (size_t)w;
+  }
+}
+
+/* The next line the daemon sends, parsed (at most 10 s). */
+static json_t *raw_recv(raw *r) {
+  uint64_t deadline = ts_now_ms() + 10000;
+  for (;;) {
+    char *nl = memchr(r->buf, '\n', r->len);
+    if (nl) {
+      size_t n = (size_t)(nl - r->buf);
+      json_error_t err;
+      json_t *msg = json_loadb(r->buf, n, 0, &err);
+      cr_assert_not_null(msg, "the daemon sent a line that is not JSON: %.*s", (int)n, r->buf);
+      memmove(r->buf, nl + 1, r->len - n - 1);
+      r->len -= n + 1;
+      return msg;
+    }
+    cr_assert_lt(r->len, sizeof r->buf, "an answer longer than %zu bytes", sizeof r->buf);
+    uint64_t now = ts_now_ms();
+    cr_assert_lt(now, deadline, "no answer within 10 s");
+    struct pollfd p = {.fd = r->fd, .events = POLLIN};
+    int pr = poll(&p, 1, (int)(deadline - now));
+    if (pr < 0 && errno == EINTR)
+      continue;
+    cr_assert_geq(pr, 0);
+    if (pr == 0)
+      continue;
+    ssize_t n = recv(r->fd, r->buf + r->len, sizeof r->buf - r->len, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    cr_assert_gt(n, 0, "the daemon closed the connection");
+    r->len += (size_t)n;
+  }
+}
+
+/* Send `line` and expect a JSON-RPC error with `code` (and `id`, NULL = null). */
+static void expect_error(raw *r, const char *line, size_t len, int code, json_t *id) {
+  raw_send(r, line, len);
+  json_t *msg = raw_recv(r);
+  char *text = json_dumps(msg, JSON_COMPACT);
+  json_t *error = json_object_get(msg, "error");
+  cr_assert(json_is_object(error), "not an error: %s", text);
+  cr_assert_eq(json_integer_value(json_object_get(error, "code")), code, "expected %d: %s", code, text);
+  cr_assert_str_eq(json_string_value(json_object_get(msg, "jsonrpc")), "2.0", "%s", text);
+  if (id)
+    cr_assert(json_equal(json_object_get(msg, "id"), id), "wrong id: %s", text);
+  else
+    cr_assert(json_is_null(json_object_get(msg, "id")), "the id is not null: %s", text);
+  free(text);
+  json_decref(msg);
+  json_decref(id);
+}
+
+#define LINE(s) s, sizeof(s) - 1
+
+Test(admin, hostile_input_on_the_admin_socket, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  raw r;
+  raw_connect(&r, d->sock);
+
+  expect_error(&r, LINE("this is not json\n"), -32700, NULL);
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\n"), -32700, NULL);
+  expect_error(&r, LINE("\x01\x02\xff\xfe garbage \x7f\n"), -32700, NULL);
+  expect_error(&r, LINE("[1,2,3]\n"), -32600, NULL);
+  expect_error(&r, LINE("42\n"), -32600, NULL);
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":2}\n"), -32600, NULL);
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":7}\n"), -32600, NULL);
+
+  /* 20 MiB in one line: over the admin channel's 16 MiB cap. */
+  size_t big = (size_t)20 * 1024 * 1024;
+  char *line = malloc(big + 1);
+  cr_assert_not_null(line);
+  memset(line, 'a', big);
+  line[big] = '\n';
+  expect_error(&r, line, big + 1, -32600, NULL);
+  free(line);
+
+  /* A method name that would clear a terminal and forge a log line. As a JSON escape it reaches the
+   * dispatcher: no such method (and it is not logged). As raw bytes outside a string it is invalid JSON
+   * and the parse error quotes the first byte, ESC, which the logger must escape. */
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"\\u001b[2J\\r\\nFAKE INFO x\"}\n"),
+               -32601, json_integer(4));
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":5,\"method\":\"\x1b[2J\rFAKE INFO y\"}\n"), -32700,
+               NULL);
+  expect_error(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\x1b[2J\rFAKE INFO z}\n"), -32700, NULL);
+
+  /* The connection still works, and so does a new one. */
+  raw_send(&r, LINE("{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"plugin.list\"}\n"));
+  json_t *msg = raw_recv(&r);
+  cr_assert(json_is_object(json_object_get(msg, "result")), "plugin.list on the same connection failed");
+  cr_assert_eq(json_integer_value(json_object_get(msg, "id")), 7);
+  json_decref(msg);
+  close(r.fd);
+
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "list", NULL);
+  cr_assert_eq(code, 0, "plugins list after the hostile input exited %d: %s", code, err);
+  cr_assert(strstr(out, "core"));
+  free(out);
+  free(err);
+
+  int st = d_stop(d);
+  assert_clean_exit(d, st);
+  size_t len = 0;
+  char *log = ts_read_file(d->log, &len);
+  cr_assert_not_null(log);
+  cr_assert_null(memchr(log, '\x1b', len), "a raw ESC byte reached the log");
+  cr_assert_null(memchr(log, '\r', len), "a raw CR reached the log");
+  cr_assert_null(strstr(log, "\nFAKE INFO"), "a forged log line:\n%s", log);
+  cr_assert(strstr(log, "near '\\u001b'"), "the parse error does not quote the ESC escaped:\n%s", log);
+  cr_assert(strstr(log, "near '\\u0001'"), "the parse error does not quote the byte 0x01 escaped:\n%s", log);
+  cr_assert(strstr(log, "line longer than"), "the over-long line was not logged:\n%s", log);
+  free(log);
+}
