@@ -52,7 +52,7 @@ char **ah__child_env(char *const *parent, const char *const *extra) {
       continue;
     bool overridden = false;
     for (const char *const *x = extra; x && *x; x++)
-      if (same_name(*p, *x))
+      if (strchr(*x, '=') && same_name(*p, *x))
         overridden = true;
     if (!overridden && !(env[k++] = strdup(*p)))
       goto nomem;
@@ -93,21 +93,45 @@ static void handle_closed(uv_handle_t *h) {
   maybe_finish(p);
 }
 
+static void close_pipe(ah_process *p, int i) {
+  if (p->has_pipe[i] && !uv_is_closing((uv_handle_t *)&p->pipes[i]))
+    uv_close((uv_handle_t *)&p->pipes[i], handle_closed);
+}
+
+/* After the exit, output can still sit in the pipes: a pipe that is being read stays open until its
+ * reader stops (at EOF), for at most a second, so the tail of the output is not lost. */
+static void drain_tick(uv_timer_t *t) {
+  ah_process *p = t->data;
+  bool waiting = false;
+  for (int i = 1; i < 3; i++) {
+    if (!p->has_pipe[i] || uv_is_closing((uv_handle_t *)&p->pipes[i]))
+      continue;
+    if (uv_is_active((uv_handle_t *)&p->pipes[i]) && ++p->drain_ticks < 100)
+      waiting = true;
+    else
+      close_pipe(p, i);
+  }
+  if (!waiting) {
+    uv_timer_stop(t);
+    uv_close((uv_handle_t *)t, handle_closed);
+  }
+}
+
 static void proc_exited(uv_process_t *h, int64_t status, int sig) {
   ah_process *p = h->data;
   p->exited = true;
   p->exit_status = status;
   p->term_signal = sig;
-  if (p->kill_timer_used)
-    uv_timer_stop(&p->kill_timer);
-  /* Pipes are closed after the exit so that output already in them is not lost to readers that are
-   * still draining; a reader must have consumed EOF by now or accepts losing the tail. */
-  for (int i = 0; i < 3; i++)
-    if (p->has_pipe[i] && !uv_is_closing((uv_handle_t *)&p->pipes[i]))
-      uv_close((uv_handle_t *)&p->pipes[i], handle_closed);
-  uv_close((uv_handle_t *)&p->handle, handle_closed);
-  if (p->kill_timer_used)
+  /* A kill in progress goes on: members of the group that ignore SIGTERM still get SIGKILL when the
+   * grace period ends, even though the leader is gone. */
+  if (p->kill_timer_used && !uv_is_active((uv_handle_t *)&p->kill_timer))
     uv_close((uv_handle_t *)&p->kill_timer, handle_closed);
+  close_pipe(p, 0);
+  uv_close((uv_handle_t *)&p->handle, handle_closed);
+  uv_timer_init(h->loop, &p->drain_timer);
+  p->drain_timer.data = p;
+  p->open_handles++;
+  uv_timer_start(&p->drain_timer, drain_tick, 0, 10);
 }
 
 int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out) {
@@ -184,8 +208,9 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
 
 static void kill_escalate(uv_timer_t *t) {
   ah_process *p = t->data;
-  if (!p->exited)
-    kill(-p->pid, SIGKILL);
+  kill(-p->pid, SIGKILL);
+  if (p->exited)
+    uv_close((uv_handle_t *)t, handle_closed);
 }
 
 int ah__process_kill(ah_process *p, uint64_t grace_ms) {

@@ -363,6 +363,12 @@ static uv_stream_t *api_process_stderr(ah_process *p) {
   return proc_stream(p, 2);
 }
 void ah__process_close_stdin(ah_process *p);
+static void *api_process_arg(ah_process *p) {
+  return p ? p->arg : NULL;
+}
+static ah_process *api_process_of_stream(uv_stream_t *s) {
+  return s ? s->data : NULL;
+}
 
 /* ---- information ---------------------------------------------------------------------------------- */
 
@@ -449,6 +455,8 @@ ah_host_api ah__api_table = {
     .process_stdout = api_process_stdout,
     .process_stderr = api_process_stderr,
     .process_close_stdin = ah__process_close_stdin,
+    .process_arg = api_process_arg,
+    .process_of_stream = api_process_of_stream,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -99,3 +99,10 @@ bool th_described(ah_host *h, const char *kind, const char *name) {
   json_decref(d);
   return found;
 }
+
+/* Provided by the LeakSanitizer runtime when the build has one; NULL otherwise. */
+int __lsan_do_recoverable_leak_check(void) __attribute__((weak));
+
+int th_leak_check(void) {
+  return __lsan_do_recoverable_leak_check ? __lsan_do_recoverable_leak_check() : 0;
+}

@@ -76,6 +76,12 @@ static void settle(uv_loop_t *loop) {
     uv_run(loop, UV_RUN_NOWAIT);
 }
 
+/* Stop the host, close the loop, and check that nothing leaked. */
+static void stop_free(uv_loop_t *loop, ah_host *h) {
+  cr_assert_eq(th_host_stop_free(loop, h), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
+}
+
 static int subscribe(ah_host *h, const char *pattern, rec *r, ah_sub **out) {
   return ah__host_api(h)->subscribe(ah__host_core_mount(h), pattern, on_event, r, out);
 }
@@ -102,6 +108,7 @@ Test(bus, pattern_match_cases) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 Test(bus, invalid_patterns_refused) {
@@ -137,7 +144,7 @@ Test(bus, invalid_patterns_refused) {
     cr_expect_not_null(s);
   }
   rec_free(&r);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, subscribe_patterns_exact_prefix_and_all) {
@@ -181,7 +188,7 @@ Test(bus, subscribe_patterns_exact_prefix_and_all) {
   rec_free(&prefix);
   rec_free(&all);
   rec_free(&other);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, plugin_event_reaches_subscribers) {
@@ -202,7 +209,7 @@ Test(bus, plugin_event_reaches_subscribers) {
   cr_expect_str_eq(rec_name(&r, 0), "ok.ping");
   cr_expect_str_eq(json_string_value(json_object_get(rec_data(&r, 0), "hello")), "world");
   rec_free(&r);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, ordered_delivery_of_1000_events) {
@@ -245,7 +252,7 @@ Test(bus, ordered_delivery_of_1000_events) {
   rec_free(&a);
   rec_free(&b);
   rec_free(&c);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 /* Emits another event from inside the callback: it must be queued, not delivered re-entrantly. */
@@ -292,7 +299,7 @@ Test(bus, delivery_never_synchronous) {
   cr_expect_eq(x.r.max_depth, 1, "a callback was re-entered");
   rec_free(&x.r);
   rec_free(&r);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, emit_unregistered_or_foreign_event_refused) {
@@ -326,7 +333,7 @@ Test(bus, emit_unregistered_or_foreign_event_refused) {
   cr_expect_str_eq(rec_name(&r, 0), "ok.ping");
   cr_expect_str_eq(rec_name(&r, 1), "ok.internal");
   rec_free(&r);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, subscriber_unsubscribes_itself_in_callback) {
@@ -355,7 +362,7 @@ Test(bus, subscriber_unsubscribes_itself_in_callback) {
   rec_free(&self);
   rec_free(&before);
   rec_free(&after);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 Test(bus, subscriber_unsubscribes_another_in_callback) {
@@ -388,7 +395,7 @@ Test(bus, subscriber_unsubscribes_another_in_callback) {
   rec_free(&second);
   rec_free(&third);
   rec_free(&fourth);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }
 
 static size_t sub_count(ah_host *h) {
@@ -424,6 +431,7 @@ Test(bus, core_subscriptions_removed_at_withdraw) {
   ah__host_free(h);
   rec_free(&r);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 Test(bus, plugin_subscriptions_removed_at_unload) {
@@ -461,5 +469,5 @@ Test(bus, plugin_subscriptions_removed_at_unload) {
   cr_expect_eq(rec_count(&mine), had, "a withdrawn mount's subscription got an event");
   rec_free(&mine);
   rec_free(&watcher);
-  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+  stop_free(&loop, h);
 }

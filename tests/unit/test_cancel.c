@@ -8,6 +8,7 @@
 #include <time.h>
 #include <uv.h>
 
+#include "host_support.h"
 #include "internal.h"
 #include "support.h"
 
@@ -16,6 +17,7 @@ static void loop_round_trip(void) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 typedef struct counter {

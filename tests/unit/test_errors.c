@@ -5,6 +5,7 @@
 #include <uv.h>
 
 #include "agenthost/errors.h"
+#include "host_support.h"
 #include "support.h"
 
 typedef struct err_row {
@@ -38,6 +39,7 @@ static void loop_round_trip(void) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 Test(errors, codes_negative_and_distinct) {

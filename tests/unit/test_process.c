@@ -2,8 +2,10 @@
  * G10), spawning through the host API with the core mount, process groups, exit codes and signals, and
  * refusals that leak nothing. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -19,6 +21,7 @@ static void loop_round_trip(void) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 static size_t env_len(char **env) {
@@ -181,12 +184,11 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   buf->len = buf->base ? suggested : 0;
 }
 
-/* The pipe's data field belongs to the host (it points at the ah_process), so the reader's context is
- * kept here; each test runs in its own process. */
-static proc_run *reading;
+static const ah_host_api *reader_api;
 
+/* The pipe's data field belongs to the host: the reader finds its context through the process. */
 static void read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
-  proc_run *run = reading;
+  proc_run *run = reader_api->process_arg(reader_api->process_of_stream(s));
   if (n > 0) {
     char *grown = realloc(run->out, run->len + (size_t)n + 1);
     cr_assert_not_null(grown);
@@ -213,11 +215,13 @@ static void fx_up(fixture *f) {
   f->h = th_host_new(&f->loop, 0);
   cr_assert_not_null(f->h);
   f->api = ah__host_api(f->h);
+  reader_api = f->api;
   f->core = ah__host_core_mount(f->h);
 }
 
 static void fx_down(fixture *f) {
   cr_assert_eq(th_host_stop_free(&f->loop, f->h), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 static ah_process_opts opts_for(const char *const *args, proc_run *run) {
@@ -264,7 +268,6 @@ Test(process, spawn_env_has_no_canaries) {
   cr_expect_null(f.api->process_stderr(p));
   uv_stream_t *out = f.api->process_stdout(p);
   cr_assert_not_null(out);
-  reading = &run;
   cr_assert_eq(uv_read_start(out, alloc_cb, read_cb), 0);
   cr_assert(ts_run_until_pred(&f.loop, exited, &run, 10000), "the child never exited");
   cr_expect_eq(run.calls, 1);
@@ -287,6 +290,34 @@ static bool group_gone(void *arg) {
   return kill(-pgid, 0) == -1 && errno == ESRCH;
 }
 
+/* Live (non-zombie) processes whose process group is `pgid`, from /proc. */
+static int group_members(pid_t pgid) {
+  DIR *d = opendir("/proc");
+  cr_assert_not_null(d);
+  int n = 0;
+  struct dirent *e = NULL;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+      continue;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      continue;
+    char buf[512];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const char *rp = strrchr(buf, ')'); /* the command name may contain anything */
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z')
+      n++;
+  }
+  closedir(d);
+  return n;
+}
+
 Test(process, kill_reaches_the_whole_group) {
   cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   fixture f;
@@ -301,19 +332,8 @@ Test(process, kill_reaches_the_whole_group) {
   /* Wait until the background sleep exists, so the kill has two processes to reach. */
   uint64_t deadline = ts_now_ms() + 5000;
   int members = 0;
-  while (ts_now_ms() < deadline) {
-    members = 0;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "pgrep -g %d | wc -l", (int)pgid);
-    FILE *pf = popen(cmd, "r");
-    cr_assert_not_null(pf);
-    if (fscanf(pf, "%d", &members) != 1)
-      members = 0;
-    pclose(pf);
-    if (members >= 3)
-      break;
+  while (ts_now_ms() < deadline && (members = group_members(pgid)) < 3)
     usleep(10000);
-  }
   cr_assert_geq(members, 3, "the shell and its two sleeps should be in group %d", (int)pgid);
   cr_expect_eq(getpgid(pgid), pgid, "the child is not the leader of its own group");
   cr_expect_neq(getpgid(pgid), getpgrp(), "the child shares the host's group");
@@ -441,4 +461,62 @@ Test(process, spawn_bad_options_refused) {
   cr_expect_eq(ok.status, 0, "the child did not run in /");
   cr_expect_eq(run.calls, 0);
   fx_down(&f);
+}
+
+Test(process, output_tail_survives_the_exit) {
+  /* 1 MiB written just before exit: the pipe stays open while it is read, so nothing is lost. */
+  fixture f;
+  fx_up(&f);
+  proc_run run = {0};
+  const char *args[] = {"/bin/sh", "-c", "head -c 1048576 /dev/zero | tr '\\0' x; echo END", NULL};
+  ah_process_opts o = opts_for(args, &run);
+  o.pipe_stdout = true;
+  ah_process *p = NULL;
+  cr_assert_eq(f.api->spawn(f.core, &o, &p), 0);
+  run.proc = p;
+  cr_assert_eq(f.api->process_arg(p), &run);
+  cr_assert_eq(f.api->process_of_stream(f.api->process_stdout(p)), p);
+  cr_assert_eq(uv_read_start(f.api->process_stdout(p), alloc_cb, read_cb), 0);
+  cr_assert(ts_run_until_pred(&f.loop, exited, &run, 10000));
+  cr_assert(run.eof, "on_exit runs after the reader saw EOF");
+  cr_assert_eq(run.len, 1048576u + 4u, "got %zu bytes", run.len);
+  cr_assert_eq(memcmp(run.out + run.len - 4, "END\n", 4), 0);
+  free(run.out);
+  fx_down(&f);
+}
+
+Test(process, sigkill_reaches_members_that_ignore_sigterm_after_the_leader_exits) {
+  cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  fixture f;
+  fx_up(&f);
+  proc_run run = {0};
+  /* The leader dies of SIGTERM at once; its background child ignores SIGTERM. */
+  const char *args[] = {"/bin/sh", "-c", "(trap '' TERM; sleep 30) & sleep 30", NULL};
+  ah_process_opts o = opts_for(args, &run);
+  ah_process *p = NULL;
+  cr_assert_eq(f.api->spawn(f.core, &o, &p), 0);
+  run.proc = p;
+  pid_t pgid = f.api->process_pid(p);
+  uint64_t deadline = ts_now_ms() + 5000;
+  while (ts_now_ms() < deadline && group_members(pgid) < 3)
+    usleep(10000);
+  cr_assert_geq(group_members(pgid), 3);
+  cr_assert_eq(f.api->process_kill(p, 200), 0);
+  cr_assert(ts_run_until(&f.loop, &run.exited, 5000));
+  cr_assert_eq(run.signal, SIGTERM);
+  /* The survivor is still there until the grace period ends, then SIGKILL reaches it. */
+  cr_assert(ts_run_until_pred(&f.loop, group_gone, &pgid, 5000), "group %d still has members", (int)pgid);
+  fx_down(&f);
+}
+
+Test(process, malformed_extra_does_not_remove_an_inherited_variable) {
+  char *const parent[] = {"PATH=/usr/bin", "HOME=/root", NULL};
+  const char *const extra[] = {"PATH", "=x", NULL};
+  char **env = ah__child_env(parent, extra);
+  cr_assert_not_null(env);
+  int count = 0;
+  cr_assert_str_eq(env_get(env, "PATH", &count), "/usr/bin");
+  cr_assert_eq(count, 1);
+  cr_assert_eq(env_len(env), 2);
+  ah__child_env_free(env);
 }

@@ -17,6 +17,7 @@ static void loop_round_trip(void) {
   uv_loop_t loop;
   cr_assert_eq(uv_loop_init(&loop), 0);
   cr_assert_eq(ts_loop_close(&loop), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 /* ---- names ---------------------------------------------------------------------------------------- */
@@ -109,6 +110,7 @@ static void host_up(hostctx *c, bool with_ok) {
 
 static void host_down(hostctx *c) {
   cr_assert_eq(th_host_stop_free(&c->loop, c->h), 0);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
 Test(registry, privileged_core_method_refused_to_lan) {
