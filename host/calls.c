@@ -191,6 +191,8 @@ int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, j
     free(c);
     return AH_ENOMEM;
   }
+  if (c->parent_watch)
+    c->parent_watch->fire_on_free = true;
   ah__list_push(&m->calls, &c->link);
   m->ncalls++;
   h->inflight++;

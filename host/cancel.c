@@ -86,11 +86,20 @@ void ah__cancel_trip(ah_cancel *t) {
 void ah__cancel_free(ah_cancel *t) {
   if (!t)
     return;
+  /* A link watch (a call under a caller's token) holds a pointer to its watch: an owner that frees its
+   * token without tripping it still cancels what hangs below, and the link learns that its watch is gone. */
+  trip_depth++;
   while (!ah__list_empty(&t->watches)) {
     ah__link *l = t->watches.next;
+    ah_cancel_watch *w = AH__CONTAINER(l, ah_cancel_watch, link);
     ah__list_remove(l);
-    free(AH__CONTAINER(l, ah_cancel_watch, link));
+    ah_cancel_fn fn = w->fire_on_free ? w->fn : NULL;
+    void *arg = w->arg;
+    free(w);
+    if (fn)
+      fn(t, arg);
   }
+  trip_depth--;
   while (!ah__list_empty(&t->children)) {
     ah__link *l = t->children.next;
     ah_cancel *c = AH__CONTAINER(l, ah_cancel, sibling);
@@ -100,10 +109,12 @@ void ah__cancel_free(ah_cancel *t) {
   ah__list_remove(&t->sibling);
   ah__list_remove(&t->owner_link);
   t->fired = true; /* a trip walking the old parent's children must skip it */
-  if (trip_depth > 0)
+  if (trip_depth > 0) {
     ah__list_push(&deferred, &t->sibling);
-  else
+  } else {
     free(t);
+    flush_deferred();
+  }
 }
 
 int ah__cancel_watch(ah_cancel *t, ah_cancel_fn fn, void *arg, ah_cancel_watch **out) {

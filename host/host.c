@@ -145,6 +145,7 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   h->keep_mapped = keep && strcmp(keep, "1") == 0;
   ah__list_init(&h->mounts);
   ah__list_init(&h->zombies);
+  ah__list_init(&h->dying);
   ah__list_init(&h->subs);
   ah__list_init(&h->completions);
   ah__list_init(&h->posts);
@@ -566,6 +567,12 @@ static void stop_next(int status, void *arg) {
   (void)status;
   stop_ctx *s = arg;
   ah_host *h = s->h;
+  /* Failed mounts still being torn down use the host: wait for them. */
+  if (!ah__list_empty(&h->dying)) {
+    ah_mount *m = AH__CONTAINER(h->dying.next, ah_mount, link);
+    if (ah__mount_begin_withdraw(m, stop_next, s) == 0)
+      return;
+  }
   /* Withdraw plugins in reverse mount order; the core last. */
   for (ah__link *it = h->mounts.prev; it != &h->mounts; it = it->prev) {
     ah_mount *m = AH__CONTAINER(it, ah_mount, link);

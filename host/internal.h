@@ -43,6 +43,7 @@ struct ah_cancel_watch {
   ah_cancel *token;
   ah_cancel_fn fn;
   void *arg;
+  bool fire_on_free; /* a link to another token: freeing this one cancels that one too */
   ah__link link;
 };
 
@@ -319,6 +320,7 @@ struct ah_host {
   ah_mount *core;
   ah__link mounts; /* mount order */
   ah__link zombies;
+  ah__link dying; /* failed mounts being torn down (not visible, but stop waits for them) */
   ah__link subs;
   ah__link completions;
   ah__link posts;

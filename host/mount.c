@@ -167,6 +167,7 @@ int ah__host_load(ah_host *h, const char *path, const json_t *config, char **nam
   json_decref(before);
   if (rc || !m->name || !m->version || !m->description || !m->path || !m->config) {
     m->state = AH__MOUNT_WITHDRAWING;
+    ah__list_push(&h->dying, &m->link);
     start_withdraw(m, false, NULL, NULL);
     return AH_ENOMEM;
   }
@@ -203,6 +204,7 @@ int ah__host_load(ah_host *h, const char *path, const json_t *config, char **nam
    * started is stopped and the module unloaded on later loop turns. */
   ah__registry_remove(&h->reg, m, false);
   m->state = AH__MOUNT_WITHDRAWING;
+  ah__list_push(&h->dying, &m->link);
   start_withdraw(m, plugin_ok, NULL, NULL);
   return rc;
 }

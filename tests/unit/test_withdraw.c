@@ -229,3 +229,31 @@ Test(withdraw, a_call_the_drain_cannot_finish_makes_a_zombie, .timeout = 30) {
   th_outcome_clear(&a);
   cr_assert_eq(th_host_stop_free(&loop, h), 0);
 }
+
+Test(withdraw, freeing_the_caller_token_cancels_its_calls, .timeout = 30) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  ah_host *h = th_host_new(&loop, 2000);
+  cr_assert_eq(th_load(h, "slow-call", NULL), 0);
+  ah_cancel *conn = ah__cancel_new(NULL);
+  ah_caller caller = {.struct_size = sizeof caller, .authority = AH_AUTH_LAN, .surface = "test"};
+  ts_outcome a;
+  memset(&a, 0, sizeof a);
+  cr_assert_eq(ah__host_dispatch(h, &caller, "slow.wait", NULL, conn, th_reply, &a), 0);
+  uv_run(&loop, UV_RUN_NOWAIT);
+  /* The owner frees its token without tripping it: the call must not keep a pointer into it. */
+  ah__cancel_free(conn);
+  cr_assert(ts_run_until(&loop, &a.done, 2000));
+  cr_assert_eq(a.status, AH_ECANCELED);
+  th_outcome_clear(&a);
+  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+}
+
+Test(withdraw, stop_waits_for_a_failed_mount_being_torn_down, .timeout = 30) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  ah_host *h = th_host_new(&loop, 500);
+  /* The failed module is unloaded on later loop turns; stopping at once must wait for that. */
+  cr_assert_eq(th_load(h, "fails-midway", NULL), AH_EIO);
+  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+}
