@@ -415,7 +415,8 @@ static int mount_one(ah_host *h, const char *name, const json_t *pc, bool requir
      * again at every SIGHUP. */
     AH_LOG_E("host", "refused %s: field name: the module calls itself '%s' but is configured as [plugin.%s]",
              path, loaded, name);
-    ah__host_unload(h, loaded, NULL, NULL);
+    ah__mount_begin_withdraw(ah__host_find_mount(h, loaded), NULL,
+                             NULL); /* no veto: it never should have been */
     rc = AH_EINVAL;
   } else if (rc == 0) {
     ah__host_find_mount(h, name)->from_config = true;

@@ -321,7 +321,10 @@ static void mount_timer_closed(uv_handle_t *h) {
   if (--m->closing > 0)
     return;
   ah_host *host = m->host;
-  /* Callers waiting for this withdraw. */
+  /* A zombie is listed before its waiters hear of the end of the withdraw, so they can see it. */
+  bool zombie = m->state == AH__MOUNT_ZOMBIE;
+  if (zombie)
+    ah__list_push(&host->zombies, &m->link);
   while (!ah__list_empty(&m->waiters)) {
     ah__waiter *w = AH__CONTAINER(m->waiters.next, ah__waiter, link);
     ah__list_remove(&w->link);
@@ -329,11 +332,8 @@ static void mount_timer_closed(uv_handle_t *h) {
       w->cb(0, w->arg);
     free(w);
   }
-  if (m->state == AH__MOUNT_ZOMBIE) {
-    ah__list_push(&host->zombies, &m->link);
-    return;
-  }
-  ah__mount_free(m);
+  if (!zombie)
+    ah__mount_free(m);
 }
 
 static bool inside_module(const void *addr, void *arg) {

@@ -312,12 +312,6 @@ struct ah_host_api {
   uv_stream_t *(*process_stderr)(ah_process *proc);
   /* Close the child's stdin (EOF); safe to call more than once. */
   void (*process_close_stdin)(ah_process *proc);
-  /* The `arg` of its ah_process_opts, and the process one of its pipe streams belongs to (only for streams
-   * returned by process_stdin/stdout/stderr: a read callback finds its owner without a static). The pipes
-   * stay open after the exit while they are being read, up to a second, so the tail of the output is not
-   * lost; on_exit runs once they are closed. */
-  void *(*process_arg)(ah_process *proc);
-  ah_process *(*process_of_stream)(uv_stream_t *stream);
 
   /* JSON-RPC peers (see agenthost/jsonrpc.h). A peer opened by a plugin must be closed by it before its
    * withdraw completes. */
@@ -333,6 +327,14 @@ struct ah_host_api {
   const char *(*host_version)(void);
   const char *(*state_dir)(ah_mount *m);
   const char *(*runtime_dir)(ah_mount *m);
+
+  /* Appended after the first draft of ABI 1.0 (structs grow at the tail). */
+  /* The `arg` of its ah_process_opts, and the process one of its pipe streams belongs to (only for streams
+   * returned by process_stdin/stdout/stderr: a read callback finds its owner without a static). The pipes
+   * stay open after the exit while they are being read, up to a second, so the tail of the output is not
+   * lost; on_exit runs once they are closed. */
+  void *(*process_arg)(ah_process *proc);
+  ah_process *(*process_of_stream)(uv_stream_t *stream);
 
   void *reserved[16];
 };

@@ -597,6 +597,8 @@ Test(admin, leaks_handle_becomes_a_zombie, .timeout = 60, .fini = cleanup) {
 
   code = d_cli(d, &out, &err, "plugins", "unload", "leaks-handle", NULL);
   cr_assert_eq(code, 0, "the unload of leaks-handle exited %d: %s", code, err);
+  cr_assert(strstr(out, "withdrew leaks-handle (the old module is kept mapped as a zombie"),
+            "the CLI says the unload left a zombie: %s", out);
   free(out);
   free(err);
   cr_assert(d_log_wait(d, "zombie", 5000), "no \"zombie\" in the log:\n%s", d_log(d));
