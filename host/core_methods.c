@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "sessions.h"
 
 static const char *const core_events[] = {
     "session.created",  "session.closed",    "session.status",      "session.event",
@@ -134,5 +135,5 @@ int ah__core_register(ah_host *h, ah_mount *m) {
     if (rc)
       return rc;
   }
-  return 0;
+  return ah__host_sessions(h) ? ah__sessions_register(ah__host_sessions(h), m) : 0;
 }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "sessions.h"
 
 int ah__mount_core(ah_host *h, ah_mount **out, int (*reg)(ah_host *h, ah_mount *m));
 int ah__core_register(ah_host *h, ah_mount *m);
@@ -107,13 +108,8 @@ static const char *authority_name(ah_authority a) {
 void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int status) {
   if (!h || h->audit_fd < 0)
     return;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  char when[80];
-  snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000));
+  char when[32];
+  ah__time_rfc3339(when);
   /* JSON escapes whatever a method name or surface contains, so a record is always one line. */
   json_t *rec =
       json_pack("{s:s, s:s, s:s, s:s, s:I, s:s}", "time", when, "method", method, "surface",
@@ -163,7 +159,23 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
     audit_open(h);
   uv_idle_init(h->loop, &h->pump);
   h->pump.data = h;
-  int rc = ah__mount_core(h, &h->core, ah__core_register);
+  int rc = 0;
+  if (h->config && h->config->state_dir) {
+    char *why = NULL;
+    ah_sessions_opts so = {.host = h, .config = h->config, .recover = opts->recover_sessions};
+    rc = ah__sessions_new(&so, &h->sessions, &why);
+    if (rc) {
+      AH_LOG_E("host", "cannot open the store: %s", why ? why : ah_strerror(rc));
+      free(why);
+      h->sessions = NULL;
+      h->stopping = true;
+      *out = h;
+      return rc;
+    }
+  }
+  rc = ah__mount_core(h, &h->core, ah__core_register);
+  if (rc == 0 && h->sessions)
+    ah__sessions_start(h->sessions, h->core);
   if (rc) {
     AH_LOG_E("host", "cannot mount the core: %s", ah_strerror(rc));
     /* The caller must still run the loop to close the pump; mark for ah__host_free. */
@@ -202,6 +214,9 @@ uv_loop_t *ah__host_loop(ah_host *h) {
 }
 const ah_config *ah__host_config(ah_host *h) {
   return h->config;
+}
+ah_sessions *ah__host_sessions(ah_host *h) {
+  return h->sessions;
 }
 bool ah__host_stopping(ah_host *h) {
   return h->stopping;
@@ -564,6 +579,10 @@ static void pump_closed(uv_handle_t *handle) {
     cb(0, arg);
 }
 
+static void sessions_stopped(void *arg) {
+  stop_next(0, arg);
+}
+
 static void stop_next(int status, void *arg) {
   (void)status;
   stop_ctx *s = arg;
@@ -586,6 +605,13 @@ static void stop_next(int status, void *arg) {
       if (ah__mount_begin_withdraw(m, stop_next, s) == 0)
         return;
     }
+  }
+  /* Sessions stop after the surfaces are gone and before the core: running turns are cancelled and
+   * recorded, leases released, the store closed. */
+  if (h->sessions && !h->sessions_stopped) {
+    h->sessions_stopped = true;
+    ah__sessions_stop(h->sessions, sessions_stopped, s);
+    return;
   }
   if (h->core && h->core->state == AH__MOUNT_ACTIVE) {
     ah_mount *core = h->core;
@@ -634,6 +660,7 @@ void ah__host_free(ah_host *h) {
     free(c->message);
     free(c);
   }
+  ah__sessions_free(h->sessions);
   ah__registry_free(&h->reg);
   ah__cancel_free(h->token);
   if (h->audit_fd >= 0)

@@ -23,10 +23,13 @@ typedef struct ah_host_opts {
   const ah_config *config; /* borrowed for the host's lifetime; NULL = defaults (tests) */
   const char *mode;        /* "serve", "sdk" or "acp"; NULL = "serve" */
   uint64_t drain_ms;       /* withdraw's drain deadline; 0 = 2000 */
+  bool recover_sessions;   /* resume sessions left running or with queued prompts at start */
 } ah_host_opts;
 
 /* Create the host and mount the core (its methods: host.describe, plugin.list, plugin.load,
- * plugin.unload, plugin.reload; its eleven allowlisted events). Returns 0, AH_EINVAL, AH_ENOMEM. */
+ * plugin.unload, plugin.reload; its eleven allowlisted events). With a configuration that has a
+ * state_dir, also the durable store and the sessions (session.*, request.*; sessions.h). Returns 0,
+ * AH_EINVAL, AH_ENOMEM, or the store's error (corrupt database, newer schema: logged with the reason). */
 int ah__host_new(const ah_host_opts *opts, ah_host **out);
 
 /* Load and mount the plugin module at `path`, with `config` (borrowed; NULL = {}). Synchronous.
@@ -65,6 +68,7 @@ const ah_host_api *ah__host_api(ah_host *h);
 ah_mount *ah__host_core_mount(ah_host *h);
 uv_loop_t *ah__host_loop(ah_host *h);
 const ah_config *ah__host_config(ah_host *h);
+struct ah_sessions *ah__host_sessions(ah_host *h); /* NULL without a state directory */
 
 /* Mount every plugin the config enables for the host's mode; a missing module of a plugin enabled only
  * by default is a warning, of one enabled explicitly an error (logged; the host goes on). In the sdk and

@@ -24,7 +24,10 @@ void ah__list_remove(ah__link *node);               /* safe on a node that is no
 #define AH__CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define AH__LIST_EACH(it, head) for (ah__link *it = (head)->next; it != (head); it = it->next)
 
-char *ah__strdup(const char *s); /* NULL-safe */
+char *ah__strdup(const char *s);     /* NULL-safe */
+void ah__time_rfc3339(char out[32]); /* now, UTC, milliseconds: 2026-11-30T17:15:03.123Z */
+uint64_t ah__time_ms(void);          /* now, Unix milliseconds */
+void ah__uuid7(char out[37]);        /* a new UUIDv7 (text), sorting by creation time */
 
 /* ---- cancellation (cancel.c) ---------------------------------------------------------------------- */
 
@@ -221,6 +224,8 @@ typedef struct ah__completion {
 void ah__complete(ah_host *h, ah_reply_fn cb, void *arg, int status, json_t *result, const char *message,
                   json_t *data);
 int ah__call_reply(ah_call *c, json_t *result);
+ah_cancel *ah__call_cancel_token(ah_call *c);
+const ah_caller *ah__call_caller(ah_call *c);
 int ah__call_error(ah_call *c, int status, const char *message, json_t *data);
 /* Answer every unanswered call of `m` with `cancelled`. */
 void ah__calls_cancel_mount(ah_mount *m);
@@ -328,7 +333,9 @@ struct ah_host {
   bool pump_active;
   size_t inflight;
   uint64_t bus_pass;
-  int audit_fd; /* state_dir/audit.log, append-only; -1 without a configuration */
+  int audit_fd;                 /* state_dir/audit.log, append-only; -1 without a configuration */
+  struct ah_sessions *sessions; /* NULL without a state directory */
+  bool sessions_stopped;
 };
 
 void ah__host_kick(ah_host *h); /* make sure the pump runs on the next loop turn */

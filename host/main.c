@@ -155,7 +155,8 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
     }
   }
   uv_loop_init(&s->loop);
-  ah_host_opts opts = {.loop = &s->loop, .config = s->config, .mode = mode, .drain_ms = 0};
+  ah_host_opts opts = {
+      .loop = &s->loop, .config = s->config, .mode = mode, .drain_ms = 0, .recover_sessions = true};
   int rc = ah__host_new(&opts, &s->host);
   /* Signals first: once the admin socket exists, a client may consider the daemon ready. */
   uv_signal_init(&s->loop, &s->sigint);

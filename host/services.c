@@ -152,9 +152,6 @@ static int api_register_remote(ah_mount *m, const ah_remote_def *def) {
 
 /* ---- calls ---------------------------------------------------------------------------------------- */
 
-ah_cancel *ah__call_cancel_token(ah_call *c);
-const ah_caller *ah__call_caller(ah_call *c);
-
 static int api_dispatch(ah_mount *m, const ah_caller *caller, const char *method, json_t *params,
                         ah_cancel *parent, ah_reply_fn cb, void *arg) {
   if (!m) {

@@ -1,6 +1,9 @@
 /* Small helpers shared by the core. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -31,4 +34,50 @@ void ah__list_remove(ah__link *node) {
 
 char *ah__strdup(const char *s) {
   return s ? strdup(s) : NULL;
+}
+
+void ah__time_rfc3339(char out[32]) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char buf[96];
+  snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(ts.tv_nsec / 1000000));
+  memcpy(out, buf, 31); /* 24 characters for any year 0..9999 */
+  out[31] = '\0';
+}
+
+uint64_t ah__time_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void ah__uuid7(char out[37]) {
+  /* RFC 9562 version 7: 48 bits of Unix milliseconds, then random bits with the version and variant set.
+   * Ids minted in the same millisecond by one process are ordered by a counter in the random field, so
+   * ids sort by creation. */
+  static uint64_t last_ms = 0;
+  static uint16_t counter = 0;
+  uint64_t ms = ah__time_ms();
+  uint8_t b[16];
+  if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) {
+    for (size_t i = 0; i < sizeof b; i++)
+      b[i] = (uint8_t)rand();
+  }
+  if (ms <= last_ms) {
+    ms = last_ms;
+    counter++;
+  } else {
+    last_ms = ms;
+    counter = (uint16_t)(b[6] & 0x03); /* a small random start leaves room to count */
+  }
+  for (int i = 0; i < 6; i++)
+    b[i] = (uint8_t)(ms >> (40 - 8 * i));
+  b[6] = (uint8_t)(0x70 | ((counter >> 8) & 0x0f));
+  b[7] = (uint8_t)(counter & 0xff);
+  b[8] = (uint8_t)(0x80 | (b[8] & 0x3f));
+  snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
+           b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 }

@@ -1,0 +1,783 @@
+/* agenthost — the embedded default provider "echo" (see echo.h for what it does and its directives).
+ *
+ * A turn is compiled once, in turn_start(), into a list of steps (the directives that wait or talk to the
+ * sink) plus the echo text and its modifiers (/chunks, /max-tokens, /refuse). It then runs as a small
+ * state machine driven by a single uv timer: every timer tick makes at most one sink call and then either
+ * re-arms the timer (zero delay for "the next step", MS for /sleep), waits for the agent's answer
+ * (turn_tool_result, turn_answer, turn_subagent_result) or ends the turn. Answers and turn_cancel() never
+ * call the sink themselves; they record what happened and arm the timer, so the sink is never re-entered
+ * from a call the agent makes into the provider.
+ *
+ * The turn owns the timer, which is embedded in it: turn_free() closes the timer and the memory is freed
+ * in the close callback, so a timer callback that called end() (after which the agent may free the turn at
+ * once) can still read the turn's flags safely until it returns.
+ */
+#include "echo.h"
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agenthost/errors.h"
+#include "agenthost/plugin.h"
+#include "log.h"
+
+#define ECHO_SLEEP_MAX_MS 3600000u
+#define ECHO_CHUNKS_MAX 1000u
+#define ECHO_ERR_MAX 512
+
+typedef enum echo_step_kind {
+  ECHO_STEP_INVALID = 0,
+  ECHO_STEP_SLEEP,
+  ECHO_STEP_FAIL,
+  ECHO_STEP_TOOL,
+  ECHO_STEP_ASK,
+  ECHO_STEP_SUBAGENT,
+} echo_step_kind;
+
+typedef struct echo_step {
+  echo_step_kind kind;
+  uint64_t ms;  /* /sleep */
+  char *text;   /* /fail message, /tool name, /ask question, /subagent prompt (owned) */
+  json_t *args; /* /tool arguments (owned) */
+} echo_step;
+
+typedef enum echo_phase {
+  ECHO_PHASE_INVALID = 0,
+  ECHO_PHASE_STEPS,  /* running the steps in order */
+  ECHO_PHASE_WAIT,   /* a tool result, an answer or a subagent's result is due */
+  ECHO_PHASE_DELTAS, /* streaming the echo */
+  ECHO_PHASE_COMMIT, /* committing the echo */
+  ECHO_PHASE_END,    /* end() on the next tick */
+  ECHO_PHASE_DONE,   /* end() was called: no more sink calls */
+} echo_phase;
+
+typedef struct echo_state {
+  uv_loop_t *loop;
+} echo_state;
+
+struct ah_provider_turn {
+  uv_timer_t timer;  /* the only handle; its close callback frees the turn */
+  ah_turn_sink sink; /* copied: the agent's sink need not outlive turn_start() */
+  void *ctx;
+  echo_phase phase;
+  bool cancel_requested;
+  bool freed;
+  bool oom; /* an allocation failed while running: end "error" */
+
+  echo_step *steps;
+  size_t nsteps;
+  size_t next_step;
+  echo_step_kind waiting; /* what ECHO_PHASE_WAIT waits for */
+  char call_id[32];
+  unsigned calls;
+  char *pending_commit; /* a directive's result, committed on the next tick (owned) */
+
+  char *text;   /* the echo's text: the non-directive lines (owned) */
+  char *echo;   /* "echo: <text>" once the echo phase started (owned) */
+  size_t *cuts; /* byte offsets of the delta boundaries in `echo`, ndeltas + 1 of them (owned) */
+  size_t ndeltas;
+  size_t next_delta;
+  unsigned chunks;
+  bool max_tokens;
+  bool refuse;
+  char *error; /* a malformed directive: the turn ends "error" with this on its first tick (owned) */
+
+  size_t input_bytes;
+  size_t output_bytes;
+  bool committed;
+};
+
+/* ---- a growable byte buffer ---------------------------------------------------------------------------- */
+
+typedef struct echo_buf {
+  char *data;
+  size_t len;
+  size_t cap;
+  bool failed;
+} echo_buf;
+
+static void echo_buf_add(echo_buf *b, const char *s, size_t n) {
+  if (b->failed)
+    return;
+  if (b->len + n + 1 > b->cap) {
+    size_t cap = b->cap ? b->cap : 64;
+    while (cap < b->len + n + 1)
+      cap *= 2;
+    char *d = realloc(b->data, cap);
+    if (!d) {
+      b->failed = true;
+      return;
+    }
+    b->data = d;
+    b->cap = cap;
+  }
+  if (n)
+    memcpy(b->data + b->len, s, n);
+  b->len += n;
+  b->data[b->len] = '\0';
+}
+
+static void echo_buf_str(echo_buf *b, const char *s) {
+  echo_buf_add(b, s, strlen(s));
+}
+
+/* The buffer's string (an empty string for an empty buffer), or NULL when an allocation failed. */
+static char *echo_buf_take(echo_buf *b) {
+  if (!b->failed && !b->data)
+    echo_buf_add(b, "", 0);
+  if (b->failed) {
+    free(b->data);
+    b->data = NULL;
+    return NULL;
+  }
+  char *s = b->data;
+  b->data = NULL;
+  return s;
+}
+
+/* ---- parsing the prompt -------------------------------------------------------------------------------- */
+
+static bool echo_is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+static bool echo_blank(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!echo_is_space(s[i]))
+      return false;
+  return true;
+}
+
+/* Strict decimal: digits only, no sign, no spaces, at most `max`. */
+static bool echo_parse_uint(const char *s, size_t n, uint64_t max, uint64_t *out) {
+  if (n == 0 || n > 10)
+    return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    v = v * 10 + (uint64_t)(s[i] - '0');
+  }
+  if (v > max)
+    return false;
+  *out = v;
+  return true;
+}
+
+static char *echo_strndup(const char *s, size_t n) {
+  char *d = malloc(n + 1);
+  if (d) {
+    memcpy(d, s, n);
+    d[n] = '\0';
+  }
+  return d;
+}
+
+/* Record the first malformed directive ("line N: " and the formatted message). Returns false so that
+ * callers can `return echo_fail_parse(...)`. */
+static bool echo_fail_parse(ah_provider_turn *t, size_t line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static bool echo_fail_parse(ah_provider_turn *t, size_t line, const char *fmt, ...) {
+  if (t->error)
+    return false;
+  char msg[ECHO_ERR_MAX];
+  int n = snprintf(msg, sizeof msg, "line %zu: ", line);
+  if (n < 0 || (size_t)n >= sizeof msg)
+    n = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg + n, sizeof msg - (size_t)n, fmt, ap);
+  va_end(ap);
+  t->error = strdup(msg);
+  if (!t->error)
+    t->oom = true;
+  return false;
+}
+
+static bool echo_add_step(ah_provider_turn *t, echo_step step) {
+  echo_step *s = realloc(t->steps, (t->nsteps + 1) * sizeof *s);
+  if (!s) {
+    free(step.text);
+    json_decref(step.args);
+    t->oom = true;
+    return false;
+  }
+  t->steps = s;
+  t->steps[t->nsteps++] = step;
+  return true;
+}
+
+/* Run one directive line (`name` is the directive without the slash, `arg` its trimmed argument).
+ * Returns false when the turn cannot go on (malformed argument or no memory). */
+static bool echo_directive(ah_provider_turn *t, size_t line, const char *name, const char *arg, size_t argn) {
+  int an = (int)(argn > 200 ? 200 : argn); /* quoted arguments are shortened in messages */
+  echo_step step = {.kind = ECHO_STEP_INVALID, .ms = 0, .text = NULL, .args = NULL};
+  if (strcmp(name, "sleep") == 0) {
+    uint64_t ms = 0;
+    if (!echo_parse_uint(arg, argn, ECHO_SLEEP_MAX_MS, &ms))
+      return echo_fail_parse(t, line, "/sleep needs milliseconds 0..3600000, got \"%.*s\"", an, arg);
+    step.kind = ECHO_STEP_SLEEP;
+    step.ms = ms;
+  } else if (strcmp(name, "chunks") == 0) {
+    uint64_t n = 0;
+    if (!echo_parse_uint(arg, argn, ECHO_CHUNKS_MAX, &n) || n == 0)
+      return echo_fail_parse(t, line, "/chunks needs a count 1..1000, got \"%.*s\"", an, arg);
+    t->chunks = (unsigned)n;
+    return true;
+  } else if (strcmp(name, "max-tokens") == 0 || strcmp(name, "refuse") == 0) {
+    if (argn)
+      return echo_fail_parse(t, line, "/%s takes no argument, got \"%.*s\"", name, an, arg);
+    if (name[0] == 'm')
+      t->max_tokens = true;
+    else
+      t->refuse = true;
+    return true;
+  } else if (strcmp(name, "fail") == 0) {
+    step.kind = ECHO_STEP_FAIL;
+    step.text = argn ? echo_strndup(arg, argn) : strdup("failed");
+  } else if (strcmp(name, "ask") == 0 || strcmp(name, "subagent") == 0) {
+    if (!argn)
+      return echo_fail_parse(t, line, "/%s needs %s", name, name[0] == 'a' ? "a question" : "a prompt");
+    step.kind = name[0] == 'a' ? ECHO_STEP_ASK : ECHO_STEP_SUBAGENT;
+    step.text = echo_strndup(arg, argn);
+  } else if (strcmp(name, "tool") == 0) {
+    size_t nn = 0;
+    while (nn < argn && !echo_is_space(arg[nn]))
+      nn++;
+    if (nn == 0)
+      return echo_fail_parse(t, line, "/tool needs a tool name and optional JSON arguments");
+    const char *js = arg + nn;
+    size_t jn = argn - nn;
+    while (jn && echo_is_space(*js)) {
+      js++;
+      jn--;
+    }
+    json_t *args = NULL;
+    if (jn == 0) {
+      args = json_object();
+    } else {
+      json_error_t err;
+      args = json_loadb(js, jn, JSON_REJECT_DUPLICATES, &err);
+      if (!args || !json_is_object(args)) {
+        bool parsed = args != NULL;
+        json_decref(args);
+        return echo_fail_parse(t, line, "/tool %.*s: the arguments must be a JSON object (%s)",
+                               (int)(nn > 100 ? 100 : nn), arg, parsed ? "got another JSON value" : err.text);
+      }
+    }
+    step.kind = ECHO_STEP_TOOL;
+    step.text = echo_strndup(arg, nn);
+    step.args = args;
+  } else {
+    return true; /* not reached: the caller only passes known directives */
+  }
+  if (!step.text && step.kind != ECHO_STEP_SLEEP) {
+    json_decref(step.args);
+    t->oom = true;
+    return false;
+  }
+  return echo_add_step(t, step);
+}
+
+static bool echo_known_directive(const char *s, size_t n) {
+  static const char *const names[] = {"sleep",    "fail",   "tool",       "ask",
+                                      "subagent", "chunks", "max-tokens", "refuse"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+    if (strlen(names[i]) == n && memcmp(names[i], s, n) == 0)
+      return true;
+  return false;
+}
+
+typedef struct echo_span {
+  const char *p;
+  size_t n;
+} echo_span;
+
+/* Split `prompt` into directives (compiled into steps and modifiers) and the echo text: the other lines
+ * joined with "\n", without leading and trailing blank lines. Returns false when the turn cannot run. */
+static bool echo_parse(ah_provider_turn *t, const char *prompt) {
+  size_t cap = 1;
+  for (const char *c = prompt; *c; c++)
+    cap += *c == '\n';
+  echo_span *lines = calloc(cap, sizeof *lines);
+  if (!lines) {
+    t->oom = true;
+    return false;
+  }
+  size_t nlines = 0, line = 0;
+  const char *p = prompt;
+  for (;;) {
+    const char *nl = strchr(p, '\n');
+    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    line++;
+    bool directive = false;
+    if (n > 1 && p[0] == '/') {
+      size_t wn = 1;
+      while (wn < n && !echo_is_space(p[wn]))
+        wn++;
+      /* Only a known name followed by a space or the line's end is a directive: "/usr/bin" is text. */
+      if (echo_known_directive(p + 1, wn - 1)) {
+        directive = true;
+        char name[16];
+        memcpy(name, p + 1, wn - 1);
+        name[wn - 1] = '\0';
+        const char *arg = p + wn;
+        size_t argn = n - wn;
+        while (argn && echo_is_space(*arg)) {
+          arg++;
+          argn--;
+        }
+        while (argn && echo_is_space(arg[argn - 1]))
+          argn--;
+        if (!echo_directive(t, line, name, arg, argn))
+          break;
+      }
+    }
+    if (!directive)
+      lines[nlines++] = (echo_span){.p = p, .n = n};
+    if (!nl)
+      break;
+    p = nl + 1;
+  }
+  size_t first = 0, last = nlines;
+  while (first < last && echo_blank(lines[first].p, lines[first].n))
+    first++;
+  while (last > first && echo_blank(lines[last - 1].p, lines[last - 1].n))
+    last--;
+  echo_buf text = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+  for (size_t i = first; i < last; i++) {
+    if (i > first)
+      echo_buf_add(&text, "\n", 1);
+    echo_buf_add(&text, lines[i].p, lines[i].n);
+  }
+  free(lines);
+  t->text = echo_buf_take(&text);
+  if (!t->text)
+    t->oom = true;
+  return !t->oom && !t->error;
+}
+
+/* Concatenate the content blocks into the prompt text. Returns 0, AH_EINVAL or AH_ENOMEM. */
+static int echo_prompt(const json_t *content, char **out) {
+  echo_buf b = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+  size_t i = 0;
+  const json_t *block = NULL;
+  json_array_foreach(content, i, block) {
+    const char *type = json_string_value(json_object_get(block, "type"));
+    if (!json_is_object(block) || !type) {
+      free(b.data);
+      return AH_EINVAL;
+    }
+    if (strcmp(type, "text") == 0) {
+      const json_t *tx = json_object_get(block, "text");
+      if (!json_is_string(tx)) {
+        free(b.data);
+        return AH_EINVAL;
+      }
+      echo_buf_add(&b, json_string_value(tx), json_string_length(tx));
+    } else if (strcmp(type, "resource_link") == 0) {
+      const char *uri = json_string_value(json_object_get(block, "uri"));
+      const char *name = json_string_value(json_object_get(block, "name"));
+      if (!uri) {
+        free(b.data);
+        return AH_EINVAL;
+      }
+      echo_buf_str(&b, "[");
+      echo_buf_str(&b, name ? name : uri);
+      echo_buf_str(&b, "](");
+      echo_buf_str(&b, uri);
+      echo_buf_str(&b, ")");
+    } else {
+      /* Other block types (images, audio) carry nothing the echo could repeat. */
+      AH_LOG_D("echo", "ignoring a content block of type \"%s\"", type);
+    }
+  }
+  *out = echo_buf_take(&b);
+  return *out ? 0 : AH_ENOMEM;
+}
+
+/* ---- running a turn ------------------------------------------------------------------------------------ */
+
+static void echo_tick(ah_provider_turn *t);
+
+static void echo_timer_cb(uv_timer_t *h) {
+  echo_tick(h->data);
+}
+
+static void echo_arm(ah_provider_turn *t, uint64_t ms) {
+  uv_timer_start(&t->timer, echo_timer_cb, ms, 0);
+}
+
+/* After a sink call the agent may have ended, cancelled or freed the turn; only a live turn goes on. */
+static bool echo_live(const ah_provider_turn *t) {
+  return !t->freed && t->phase != ECHO_PHASE_DONE && !t->cancel_requested;
+}
+
+static void echo_end(ah_provider_turn *t, const char *reason, const char *error) {
+  t->phase = ECHO_PHASE_DONE;
+  uv_timer_stop(&t->timer);
+  json_t *usage = json_pack("{s:I,s:I}", "inputTokens", (json_int_t)((t->input_bytes + 3) / 4),
+                            "outputTokens", (json_int_t)((t->output_bytes + 3) / 4));
+  t->sink.end(t->ctx, reason, usage, error);
+  /* `t` may be closing now (turn_free from inside end): nothing below touches it. */
+  json_decref(usage);
+}
+
+static void echo_commit(ah_provider_turn *t, const char *text) {
+  t->output_bytes += strlen(text);
+  t->committed = true;
+  t->sink.commit(t->ctx, text);
+}
+
+/* Start the echo: decide whether there is one and where its deltas are cut. */
+static void echo_prepare(ah_provider_turn *t) {
+  if (t->text[0] == '\0' && t->committed) {
+    t->phase = ECHO_PHASE_END;
+    return;
+  }
+  size_t tn = strlen(t->text);
+  t->echo = malloc(tn + 7);
+  if (!t->echo) {
+    t->oom = true;
+    return;
+  }
+  memcpy(t->echo, "echo: ", 6);
+  memcpy(t->echo + 6, t->text, tn + 1);
+  size_t bytes = tn + 6;
+  /* Characters are counted as UTF-8 lead bytes, so a cut never falls inside a character. */
+  size_t chars = 0;
+  for (size_t i = 0; i < bytes; i++)
+    if (((unsigned char)t->echo[i] & 0xC0) != 0x80)
+      chars++;
+  size_t n = t->chunks < chars ? t->chunks : chars; /* never an empty delta */
+  t->cuts = calloc(n + 1, sizeof *t->cuts);
+  if (!t->cuts) {
+    t->oom = true;
+    return;
+  }
+  size_t k = 1, c = 0;
+  for (size_t i = 0; i < bytes && k < n; i++) {
+    if (((unsigned char)t->echo[i] & 0xC0) == 0x80)
+      continue;
+    if (c == k * chars / n)
+      t->cuts[k++] = i;
+    c++;
+  }
+  t->cuts[n] = bytes;
+  t->ndeltas = n;
+  t->next_delta = 0;
+  t->phase = ECHO_PHASE_DELTAS;
+}
+
+static void echo_run_step(ah_provider_turn *t, echo_step *s) {
+  switch (s->kind) {
+  case ECHO_STEP_SLEEP:
+    echo_arm(t, s->ms);
+    return;
+  case ECHO_STEP_FAIL:
+    echo_end(t, "error", s->text);
+    return;
+  case ECHO_STEP_TOOL:
+    if (!t->sink.tool_call) {
+      echo_end(t, "error", "/tool: the agent offers no tool calls");
+      return;
+    }
+    snprintf(t->call_id, sizeof t->call_id, "call_%u", ++t->calls);
+    t->phase = ECHO_PHASE_WAIT;
+    t->waiting = ECHO_STEP_TOOL;
+    t->sink.tool_call(t->ctx, t->call_id, s->text, s->args);
+    return;
+  case ECHO_STEP_ASK:
+    if (!t->sink.ask) {
+      echo_end(t, "error", "/ask: the agent cannot ask the user");
+      return;
+    }
+    t->phase = ECHO_PHASE_WAIT;
+    t->waiting = ECHO_STEP_ASK;
+    t->sink.ask(t->ctx, s->text, NULL);
+    return;
+  case ECHO_STEP_SUBAGENT:
+    if (!t->sink.subagent) {
+      echo_end(t, "error", "/subagent: the agent cannot start a subagent");
+      return;
+    }
+    t->phase = ECHO_PHASE_WAIT;
+    t->waiting = ECHO_STEP_SUBAGENT;
+    t->sink.subagent(t->ctx, s->text);
+    return;
+  default:
+    echo_end(t, "error", "echo: internal error (unknown step)");
+    return;
+  }
+}
+
+/* One tick: at most one sink call, then re-arm, wait or end. */
+static void echo_tick(ah_provider_turn *t) {
+  if (t->freed || t->phase == ECHO_PHASE_DONE)
+    return;
+  if (t->cancel_requested) {
+    echo_end(t, "cancelled", NULL);
+    return;
+  }
+  if (t->error) {
+    echo_end(t, "error", t->error);
+    return;
+  }
+  if (t->oom) {
+    echo_end(t, "error", ah_strerror(AH_ENOMEM));
+    return;
+  }
+  if (t->refuse) {
+    echo_end(t, "refusal", NULL);
+    return;
+  }
+  if (t->pending_commit) {
+    char *c = t->pending_commit;
+    t->pending_commit = NULL;
+    echo_commit(t, c);
+    free(c);
+    if (echo_live(t))
+      echo_arm(t, 0);
+    return;
+  }
+  for (;;) {
+    switch (t->phase) {
+    case ECHO_PHASE_STEPS:
+      if (t->next_step < t->nsteps) {
+        echo_run_step(t, &t->steps[t->next_step++]);
+        return;
+      }
+      echo_prepare(t);
+      if (t->oom) {
+        echo_end(t, "error", ah_strerror(AH_ENOMEM));
+        return;
+      }
+      continue;
+    case ECHO_PHASE_DELTAS:
+      if (t->next_delta < t->ndeltas) {
+        size_t a = t->cuts[t->next_delta], b = t->cuts[t->next_delta + 1];
+        t->next_delta++;
+        char saved = t->echo[b];
+        t->echo[b] = '\0';
+        t->sink.delta(t->ctx, t->echo + a);
+        /* The turn's memory outlives this callback even when it was freed meanwhile (see turn_free). */
+        t->echo[b] = saved;
+        if (echo_live(t))
+          echo_arm(t, 0);
+        return;
+      }
+      t->phase = ECHO_PHASE_COMMIT;
+      continue;
+    case ECHO_PHASE_COMMIT:
+      t->phase = ECHO_PHASE_END;
+      echo_commit(t, t->echo);
+      if (echo_live(t))
+        echo_arm(t, 0);
+      return;
+    case ECHO_PHASE_END:
+      echo_end(t, t->max_tokens ? "max-tokens" : "end", NULL);
+      return;
+    default: /* ECHO_PHASE_WAIT: the timer is not armed while waiting */
+      return;
+    }
+  }
+}
+
+/* A directive's result arrived: commit `text` (stolen; NULL = out of memory) on the next tick. */
+static void echo_resume(ah_provider_turn *t, char *text) {
+  t->phase = ECHO_PHASE_STEPS;
+  t->waiting = ECHO_STEP_INVALID;
+  if (!text)
+    t->oom = true;
+  t->pending_commit = text;
+  echo_arm(t, 0);
+}
+
+static bool echo_waiting_for(const ah_provider_turn *t, echo_step_kind kind) {
+  return t && !t->freed && !t->cancel_requested && t->phase == ECHO_PHASE_WAIT && t->waiting == kind;
+}
+
+/* `v` as text: a string as it is, anything else as compact JSON (NULL = "null"). */
+static char *echo_json_text(const json_t *v) {
+  if (json_is_string(v))
+    return strdup(json_string_value(v));
+  if (!v)
+    return strdup("null");
+  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+/* `v` as compact JSON, strings quoted (NULL = "null"). */
+static char *echo_json_text_compact(const json_t *v) {
+  return json_dumps(v ? v : json_null(), JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+/* The concatenation of the strings up to a NULL (malloc'ed), or NULL when out of memory. */
+static char *echo_concat(const char *first, ...) {
+  echo_buf buf = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+  va_list ap;
+  va_start(ap, first);
+  for (const char *s = first; s; s = va_arg(ap, const char *))
+    echo_buf_str(&buf, s);
+  va_end(ap);
+  return echo_buf_take(&buf);
+}
+
+static void echo_turn_tool_result(ah_provider_turn *t, const char *call_id, const json_t *result,
+                                  bool is_error) {
+  if (!echo_waiting_for(t, ECHO_STEP_TOOL) || !call_id || strcmp(call_id, t->call_id) != 0) {
+    AH_LOG_D("echo", "ignoring a tool result for %s", call_id ? call_id : "(null)");
+    return;
+  }
+  const char *name = t->steps[t->next_step - 1].text;
+  char *text = NULL;
+  if (is_error) {
+    /* An error is reported by its message when it has one. */
+    const json_t *msg = json_is_object(result) ? json_object_get(result, "message") : NULL;
+    char *e = echo_json_text(json_is_string(msg) ? msg : result);
+    text = e ? echo_concat("tool ", name, " failed: ", e, (const char *)NULL) : NULL;
+    free(e);
+  } else {
+    char *r = echo_json_text_compact(result);
+    text = r ? echo_concat("tool ", name, ": ", r, (const char *)NULL) : NULL;
+    free(r);
+  }
+  echo_resume(t, text);
+}
+
+static void echo_turn_answer(ah_provider_turn *t, const json_t *answer, bool cancelled) {
+  if (!echo_waiting_for(t, ECHO_STEP_ASK)) {
+    AH_LOG_D("echo", "ignoring an answer nobody waits for");
+    return;
+  }
+  if (cancelled) {
+    t->phase = ECHO_PHASE_STEPS;
+    t->waiting = ECHO_STEP_INVALID;
+    t->cancel_requested = true;
+    echo_arm(t, 0);
+    return;
+  }
+  char *a = echo_json_text(answer);
+  echo_resume(t, a ? echo_concat("answer: ", a, (const char *)NULL) : NULL);
+  free(a);
+}
+
+static void echo_turn_subagent_result(ah_provider_turn *t, const char *final_text, const char *reason) {
+  if (!echo_waiting_for(t, ECHO_STEP_SUBAGENT)) {
+    AH_LOG_D("echo", "ignoring a subagent result nobody waits for");
+    return;
+  }
+  /* A child that did not end normally says so: "subagent (error): <text>". */
+  const char *ft = final_text ? final_text : "";
+  char *text = !reason || strcmp(reason, "end") == 0
+                   ? echo_concat("subagent: ", ft, (const char *)NULL)
+                   : echo_concat("subagent (", reason, "): ", ft, (const char *)NULL);
+  echo_resume(t, text);
+}
+
+static void echo_turn_cancel(ah_provider_turn *t) {
+  if (!t || t->freed || t->cancel_requested || t->phase == ECHO_PHASE_DONE)
+    return;
+  /* Whatever the turn waits for is abandoned: a late result is ignored (echo_waiting_for). */
+  t->cancel_requested = true;
+  uv_timer_stop(&t->timer);
+  echo_arm(t, 0);
+}
+
+static void echo_turn_destroy(ah_provider_turn *t) {
+  for (size_t i = 0; i < t->nsteps; i++) {
+    free(t->steps[i].text);
+    json_decref(t->steps[i].args);
+  }
+  free(t->steps);
+  free(t->pending_commit);
+  free(t->text);
+  free(t->echo);
+  free(t->cuts);
+  free(t->error);
+  free(t);
+}
+
+static void echo_close_cb(uv_handle_t *h) {
+  echo_turn_destroy(h->data);
+}
+
+static void echo_turn_free(ah_provider_turn *t) {
+  if (!t || t->freed)
+    return;
+  /* Also valid before end(): the turn then just stops, without telling the sink. */
+  t->freed = true;
+  uv_close((uv_handle_t *)&t->timer, echo_close_cb);
+}
+
+static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sink *sink, void *ctx,
+                           ah_provider_turn **out) {
+  if (!p || !p->data || !in || !sink || !out || !AH_HAS_FIELD(in, ah_turn_input, content) ||
+      !AH_HAS_FIELD(sink, ah_turn_sink, end) || !json_is_array(in->content) || !sink->delta ||
+      !sink->commit || !sink->end)
+    return AH_EINVAL;
+  echo_state *st = p->data;
+  char *prompt = NULL;
+  int rc = echo_prompt(in->content, &prompt);
+  if (rc < 0)
+    return rc;
+  ah_provider_turn *t = calloc(1, sizeof *t);
+  if (!t) {
+    free(prompt);
+    return AH_ENOMEM;
+  }
+  size_t sn = sink->struct_size < sizeof t->sink ? sink->struct_size : sizeof t->sink;
+  memcpy(&t->sink, sink, sn);
+  t->sink.struct_size = (uint32_t)sizeof t->sink;
+  t->ctx = ctx;
+  t->phase = ECHO_PHASE_STEPS;
+  t->chunks = 1;
+  t->input_bytes = strlen(prompt);
+  bool ok = echo_parse(t, prompt);
+  free(prompt);
+  if (!ok && !t->error && t->oom) {
+    echo_turn_destroy(t);
+    return AH_ENOMEM;
+  }
+  if (uv_timer_init(st->loop, &t->timer) != 0) {
+    echo_turn_destroy(t);
+    return AH_EINTERNAL;
+  }
+  t->timer.data = t;
+  /* The first tick reports a malformed directive or starts the first step; never from in here. */
+  echo_arm(t, 0);
+  *out = t;
+  return 0;
+}
+
+ah_provider *ah__echo_provider_new(uv_loop_t *loop) {
+  if (!loop)
+    return NULL;
+  ah_provider *p = calloc(1, sizeof *p);
+  echo_state *st = calloc(1, sizeof *st);
+  if (!p || !st) {
+    free(p);
+    free(st);
+    return NULL;
+  }
+  st->loop = loop;
+  p->struct_size = (uint32_t)sizeof *p;
+  p->name = "echo";
+  p->turn_start = echo_turn_start;
+  p->turn_tool_result = echo_turn_tool_result;
+  p->turn_answer = echo_turn_answer;
+  p->turn_subagent_result = echo_turn_subagent_result;
+  p->turn_cancel = echo_turn_cancel;
+  p->turn_free = echo_turn_free;
+  p->data = st;
+  return p;
+}
+
+void ah__echo_provider_free(ah_provider *p) {
+  if (!p)
+    return;
+  free(p->data);
+  free(p);
+}

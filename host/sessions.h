@@ -1,0 +1,65 @@
+/* agenthost — sessions, agents, turns, subagents and server requests (internal).
+ *
+ * The session manager is part of the core: it owns the store, the live agents and the pending server
+ * requests, and registers the core methods session.*, request.* (core_methods.c calls
+ * ah__sessions_register). Surfaces reach it only through those methods and the bus.
+ *
+ * Stored event kinds (each with a per-session seq without gaps; docs/sessions.md has the vocabulary):
+ *   inbox/received {content}              messageId         a prompt was accepted (durable receipt)
+ *   inbox/claimed {}                      messageId, turnId the agent took it
+ *   turn/started {provider, model}        messageId, turnId
+ *   message/committed {role, text}        turnId
+ *   tool/call {callId, name, args}        turnId
+ *   tool/approval {callId, name, requestId, outcome, optionId?}  turnId
+ *   tool/result {callId, name, result, isError}                  turnId
+ *   question/asked {requestId, question, options}                turnId
+ *   question/answered {requestId, answer?, outcome}              turnId
+ *   subagent/started {sessionId, prompt, local}                  turnId
+ *   subagent/finished {sessionId, reason, text}                  turnId
+ *   turn/ended {reason, usage, error?}    messageId, turnId
+ *   agent/error {message}                 turnId?           a failure outside any provider turn
+ * Transient (bus only): session.delta {sessionId, turnId, messageId, text}.
+ */
+#ifndef AGENTHOST_HOST_SESSIONS_H
+#define AGENTHOST_HOST_SESSIONS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "host.h"
+#include "store.h"
+
+typedef struct ah_sessions ah_sessions;
+
+typedef struct ah_sessions_opts {
+  ah_host *host;
+  const ah_config *config; /* state_dir, default_provider, providers */
+  ah_store_sync sync;      /* 0 = NORMAL */
+  uint64_t lease_ttl_ms;   /* 0 = 30000 */
+  int max_depth;           /* subagent depth limit; 0 = 3 */
+  bool recover;            /* resume sessions left running or with queued prompts (serve/sdk/acp) */
+} ah_sessions_opts;
+
+/* Open the store at state_dir/agenthost.db and create the manager. Returns 0 or the store's error with
+ * *why (corrupt database, newer schema…). */
+int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why);
+
+/* Register session.* and request.* on the core mount (inside the core's mount phase). */
+int ah__sessions_register(ah_sessions *s, ah_mount *core);
+
+/* Start once the core is mounted: the lease renewal timer, and the recovery of sessions left running or
+ * with queued prompts (when opts.recover). */
+void ah__sessions_start(ah_sessions *s, ah_mount *core);
+
+/* Stop admission, cancel running turns, settle every agent, release the leases, close the store; then
+ * `cb`. After it, ah__sessions_free(). */
+void ah__sessions_stop(ah_sessions *s, void (*cb)(void *arg), void *arg);
+void ah__sessions_free(ah_sessions *s);
+
+/* For tests and benchmarks. */
+ah_store *ah__sessions_store(ah_sessions *s);
+size_t ah__sessions_live(ah_sessions *s);
+size_t ah__sessions_loads(ah_sessions *s); /* cold resumes performed (coalesced ones count once) */
+const char *ah__sessions_owner(ah_sessions *s);
+
+#endif

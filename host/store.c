@@ -1,0 +1,360 @@
+/* The durable store's generic layer: a dedicated writer thread with group commit.
+ *
+ * The loop thread appends submitted opsets to `queue` under the mutex and signals the condition variable.
+ * The writer thread takes the whole queue at once, hands it to the backend's write_group (one
+ * transaction for everything that accumulated while the previous commit was running), moves the items to
+ * `done` and wakes the loop with a uv_async_t. The async callback runs the write callbacks in submission
+ * order: the writer processes groups one after another, each in queue order, and `done` is a FIFO.
+ *
+ * The writer is a plain pthread, not the libuv pool (DECISIONS.md, "Policies that bound the tests"): the
+ * pool is shared with tool I/O and remote calls, and a commit waiting on the disk or on another process's
+ * write lock must not hold one of its few threads, nor wait behind them.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agenthost/errors.h"
+#include "log.h"
+#include "store.h"
+
+#define COMP "store"
+
+typedef struct store_item {
+  json_t *opset; /* owned */
+  ah_store_write_fn cb;
+  void *arg;
+  json_t *results; /* set by the writer; owned */
+  int status;
+  struct store_item *next;
+} store_item;
+
+/* A FIFO of items linked through `next`. */
+typedef struct store_fifo {
+  store_item *head;
+  store_item *tail;
+} store_fifo;
+
+struct ah_store {
+  uv_loop_t *loop;
+  const ah_store_backend *be;
+  void *impl;
+  bool read_only;
+
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  store_fifo queue; /* submitted, not yet taken by the writer (mu) */
+  store_fifo done;  /* written, callbacks not yet run (mu) */
+  bool stop;        /* the writer exits once `queue` is empty (mu) */
+
+  uv_async_t async;
+  size_t in_flight; /* loop thread: submitted items whose callback has not run */
+  bool closing;     /* loop thread: writes refused with AH_ECLOSED */
+  bool finished;    /* loop thread: writer joined, backend closed, async handle closing */
+  void (*close_cb)(void *arg);
+  void *close_arg;
+
+  _Atomic uint64_t commits;
+  _Atomic uint64_t opsets;
+};
+
+static void fifo_push(store_fifo *f, store_item *it) {
+  it->next = NULL;
+  if (f->tail)
+    f->tail->next = it;
+  else
+    f->head = it;
+  f->tail = it;
+}
+
+/* Detach the whole FIFO; returns its head. */
+static store_item *fifo_take(store_fifo *f) {
+  store_item *head = f->head;
+  f->head = NULL;
+  f->tail = NULL;
+  return head;
+}
+
+static void item_free(store_item *it) {
+  json_decref(it->opset);
+  json_decref(it->results);
+  free(it);
+}
+
+/* Commit one group: everything taken from the queue in one go. */
+static void write_group(ah_store *s, store_item *head) {
+  size_t n = 0;
+  for (store_item *it = head; it; it = it->next)
+    n++;
+  json_t **opsets = calloc(n, sizeof *opsets);
+  json_t **results = calloc(n, sizeof *results);
+  int *statuses = calloc(n, sizeof *statuses);
+  if (!opsets || !results || !statuses) {
+    /* Nothing was written: every opset of the group fails, none is lost silently. */
+    AH_LOG_E(COMP, "out of memory for a group of %zu opsets", n);
+    for (store_item *it = head; it; it = it->next)
+      it->status = AH_ENOMEM;
+  } else {
+    size_t i = 0;
+    for (store_item *it = head; it; it = it->next)
+      opsets[i++] = it->opset;
+    s->be->write_group(s->impl, opsets, n, results, statuses);
+    i = 0;
+    for (store_item *it = head; it; it = it->next, i++) {
+      it->status = statuses[i] < 0 ? statuses[i] : 0;
+      it->results = it->status == 0 ? results[i] : NULL;
+      if (it->status == 0 && !it->results)
+        it->results = json_array();
+      else if (it->status < 0)
+        json_decref(results[i]);
+    }
+    atomic_fetch_add(&s->commits, 1);
+    atomic_fetch_add(&s->opsets, n);
+  }
+  free(opsets);
+  free(results);
+  free(statuses);
+}
+
+static void *writer_main(void *arg) {
+  ah_store *s = arg;
+  pthread_setname_np(pthread_self(), "ah-store-writer");
+  pthread_mutex_lock(&s->mu);
+  for (;;) {
+    while (!s->queue.head && !s->stop)
+      pthread_cond_wait(&s->cv, &s->mu);
+    if (!s->queue.head)
+      break; /* stop requested and nothing left */
+    store_item *head = fifo_take(&s->queue);
+    pthread_mutex_unlock(&s->mu);
+
+    write_group(s, head);
+
+    pthread_mutex_lock(&s->mu);
+    while (head) {
+      store_item *next = head->next;
+      fifo_push(&s->done, head);
+      head = next;
+    }
+    pthread_mutex_unlock(&s->mu);
+    uv_async_send(&s->async);
+    pthread_mutex_lock(&s->mu);
+  }
+  pthread_mutex_unlock(&s->mu);
+  return NULL;
+}
+
+static void on_async_closed(uv_handle_t *h) {
+  ah_store *s = h->data;
+  void (*cb)(void *) = s->close_cb;
+  void *arg = s->close_arg;
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+  if (cb)
+    cb(arg);
+}
+
+/* Once closing and every callback has run: stop the writer, close the backend and the async handle. */
+static void maybe_finish(ah_store *s) {
+  if (!s->closing || s->finished || s->in_flight > 0)
+    return;
+  s->finished = true;
+  pthread_mutex_lock(&s->mu);
+  s->stop = true;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  /* The queue is empty (nothing in flight), so the writer is idle or about to notice `stop`. */
+  pthread_join(s->thread, NULL);
+  s->be->close(s->impl);
+  s->impl = NULL;
+  uv_close((uv_handle_t *)&s->async, on_async_closed);
+}
+
+static void on_async(uv_async_t *a) {
+  ah_store *s = a->data;
+  pthread_mutex_lock(&s->mu);
+  store_item *head = fifo_take(&s->done);
+  pthread_mutex_unlock(&s->mu);
+  while (head) {
+    store_item *it = head;
+    head = it->next;
+    s->in_flight--;
+    if (it->cb)
+      it->cb(it->status, it->status == 0 ? it->results : NULL, it->arg);
+    item_free(it);
+  }
+  maybe_finish(s);
+}
+
+static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_why(char **why, const char *fmt, ...) {
+  if (!why)
+    return;
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(why, fmt, ap) < 0)
+    *why = NULL;
+  va_end(ap);
+}
+
+int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_store_opts *opts,
+                   ah_store **out, char **why) {
+  if (why)
+    *why = NULL;
+  if (!loop || !opts || !opts->path || !out) {
+    set_why(why, "store: missing loop, options, path or output");
+    return AH_EINVAL;
+  }
+  *out = NULL;
+  if (!backend)
+    backend = &ah__store_sqlite;
+  ah_store *s = calloc(1, sizeof *s);
+  if (!s) {
+    set_why(why, "store: out of memory");
+    return AH_ENOMEM;
+  }
+  s->loop = loop;
+  s->be = backend;
+  s->read_only = opts->read_only;
+  atomic_init(&s->commits, 0);
+  atomic_init(&s->opsets, 0);
+
+  int rc = backend->open(opts, &s->impl, why);
+  if (rc < 0) {
+    free(s);
+    return rc;
+  }
+  if (pthread_mutex_init(&s->mu, NULL) != 0) {
+    backend->close(s->impl);
+    free(s);
+    set_why(why, "store: cannot create a mutex");
+    return AH_EINTERNAL;
+  }
+  if (pthread_cond_init(&s->cv, NULL) != 0) {
+    pthread_mutex_destroy(&s->mu);
+    backend->close(s->impl);
+    free(s);
+    set_why(why, "store: cannot create a condition variable");
+    return AH_EINTERNAL;
+  }
+  rc = uv_async_init(loop, &s->async, on_async);
+  if (rc < 0) {
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    backend->close(s->impl);
+    free(s);
+    set_why(why, "store: uv_async_init: %s", uv_strerror(rc));
+    return AH_EINTERNAL;
+  }
+  s->async.data = s;
+  /* The writer inherits a full signal mask: signals are the loop thread's business (libuv's handlers),
+   * and a commit is never interrupted by one. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int trc = pthread_create(&s->thread, NULL, writer_main, s);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (trc != 0) {
+    /* The async handle must be closed before the memory goes: finish through the normal close path
+     * without a thread to join. */
+    backend->close(s->impl);
+    s->impl = NULL;
+    s->closing = true;
+    s->finished = true;
+    uv_close((uv_handle_t *)&s->async, on_async_closed);
+    set_why(why, "store: cannot start the writer thread");
+    return AH_EINTERNAL;
+  }
+  AH_LOG_D(COMP, "opened %s (%s%s)", opts->path, backend->name, opts->read_only ? ", read-only" : "");
+  *out = s;
+  return 0;
+}
+
+int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg) {
+  if (!s || !json_is_array(opset)) {
+    json_decref(opset);
+    return AH_EINVAL;
+  }
+  if (s->closing) {
+    json_decref(opset);
+    return AH_ECLOSED;
+  }
+  if (s->read_only) {
+    json_decref(opset);
+    return AH_EPERM;
+  }
+  store_item *it = calloc(1, sizeof *it);
+  if (!it) {
+    json_decref(opset);
+    return AH_ENOMEM;
+  }
+  it->opset = opset;
+  it->cb = cb;
+  it->arg = arg;
+  s->in_flight++;
+  pthread_mutex_lock(&s->mu);
+  fifo_push(&s->queue, it);
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+json_t *ah__store_get_session(ah_store *s, const char *id) {
+  return s && id && s->impl ? s->be->get_session(s->impl, id) : NULL;
+}
+
+json_t *ah__store_list_sessions(ah_store *s, const char *after_id, size_t limit) {
+  return s && s->impl ? s->be->list_sessions(s->impl, after_id, limit) : NULL;
+}
+
+json_t *ah__store_events(ah_store *s, const char *session_id, int64_t after_seq, size_t limit) {
+  return s && session_id && s->impl ? s->be->events(s->impl, session_id, after_seq, limit) : NULL;
+}
+
+json_t *ah__store_events_after(ah_store *s, int64_t after_cursor, size_t limit) {
+  return s && s->impl ? s->be->events_after(s->impl, after_cursor, limit) : NULL;
+}
+
+json_t *ah__store_inbox_open(ah_store *s, const char *session_id) {
+  return s && session_id && s->impl ? s->be->inbox_open(s->impl, session_id) : NULL;
+}
+
+json_t *ah__store_requests_pending(ah_store *s, const char *session_id) {
+  return s && s->impl ? s->be->requests_pending(s->impl, session_id) : NULL;
+}
+
+json_t *ah__store_get_request(ah_store *s, const char *id) {
+  return s && id && s->impl ? s->be->get_request(s->impl, id) : NULL;
+}
+
+json_t *ah__store_sessions_to_recover(ah_store *s) {
+  return s && s->impl ? s->be->sessions_to_recover(s->impl) : NULL;
+}
+
+uint64_t ah__store_commits(const ah_store *s) {
+  return s ? atomic_load(&((ah_store *)s)->commits) : 0;
+}
+
+uint64_t ah__store_opsets(const ah_store *s) {
+  return s ? atomic_load(&((ah_store *)s)->opsets) : 0;
+}
+
+void ah__store_close(ah_store *s, void (*cb)(void *arg), void *arg) {
+  if (!s)
+    return;
+  if (s->closing) {
+    /* A second close would run a second callback after the memory is gone; refuse it loudly. */
+    AH_LOG_E(COMP, "ah__store_close called twice; the second call is ignored");
+    return;
+  }
+  s->closing = true;
+  s->close_cb = cb;
+  s->close_arg = arg;
+  maybe_finish(s);
+}

@@ -1,0 +1,120 @@
+/* agenthost — the durable store (internal): the ah_store interface and its group-commit writer.
+ *
+ * Writes are lists of operations ("opsets") that commit atomically. They are handed to one dedicated
+ * writer thread (not the libuv pool, DECISIONS.md), which takes every opset queued since its last commit
+ * and commits them in ONE transaction (group commit), then reports each opset's result on the loop
+ * thread, in submission order. So the loop never waits for the disk, and many small writes of one loop
+ * turn cost one commit.
+ *
+ * Reads run synchronously on the caller's thread through a separate read connection (WAL lets readers
+ * run beside the writer). They see everything whose write callback has run.
+ *
+ * A backend implements ah_store_backend; store_sqlite.c is the SQLite one (WAL, schema version in
+ * PRAGMA user_version, forward migrations; a corrupt file or a newer schema is refused, never rewritten).
+ *
+ * Operations (JSON objects in an opset array):
+ *   {"op":"session.put", "session":{...}}               insert or replace a session row (fields below)
+ *   {"op":"session.update", "id":S, "set":{...}}        update some fields of a session
+ *   {"op":"session.delete", "id":S}                     delete a session with its events, inbox, requests
+ *   {"op":"event", "sessionId":S, "seq":N, "kind":K, "time":T, "turnId"?:U, "messageId"?:M, "data":{...}}
+ *                                                       append an event; result: its cursor (integer)
+ *   {"op":"inbox.put", "messageId":M, "sessionId":S, "content":[...], "time":T}   state "queued"
+ *   {"op":"inbox.state", "messageId":M, "state":"claimed"|"done"|"cancelled", "turnId"?:U}
+ *   {"op":"request.put", "request":{...}}               insert a server request (fields below)
+ *   {"op":"request.state", "id":R, "state":"granted"|"denied"|"answered"|"cancelled", "answer"?:{...},
+ *    "resolved":T}
+ *   {"op":"lease", "id":S, "owner":O, "until":MS, "now":MS, "steal"?:O2}
+ *                                                       take or renew the ownership lease of session S:
+ *                                                       succeeds when it is free, already O's, expired
+ *                                                       (until < now) or held by O2; result: true/false
+ *   {"op":"lease.release", "id":S, "owner":O}           release it if O holds it
+ * An opset whose operation fails (a constraint, a missing row for inbox.state) fails as a whole and is
+ * rolled back alone; the other opsets of the same group still commit.
+ *
+ * Rows as JSON:
+ *   session {id, cwd, title, provider, model, parent|null, local, depth, status, closed, created, updated,
+ *            policy{tool: allow|ask|deny}, tags[], lastSeq, leaseOwner|null, leaseUntil}
+ *   event   {cursor, sessionId, seq, kind, time, turnId?, messageId?, data}   (DECISIONS.md)
+ *   inbox   {messageId, sessionId, content, state, turnId|null, time}
+ *   request {id, sessionId, turnId|null, kind, params, options, state, answer|null, created, resolved|null}
+ */
+#ifndef AGENTHOST_HOST_STORE_H
+#define AGENTHOST_HOST_STORE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct ah_store ah_store;
+
+typedef enum ah_store_sync {
+  AH_STORE_SYNC_INVALID = 0,
+  AH_STORE_SYNC_OFF,
+  AH_STORE_SYNC_NORMAL, /* default: survives a killed process, not a power loss */
+  AH_STORE_SYNC_FULL,   /* survives a power loss */
+} ah_store_sync;
+
+typedef struct ah_store_opts {
+  const char *path; /* the database file (state_dir/agenthost.db) */
+  ah_store_sync sync;
+  bool read_only; /* CLI readers: never create, never migrate, never write */
+} ah_store_opts;
+
+/* A backend. Every function but write_group runs on the loop thread; write_group runs on the writer
+ * thread, with no other call of the backend in between on that connection. */
+typedef struct ah_store_backend {
+  const char *name;
+  int (*open)(const ah_store_opts *opts, void **impl, char **why);
+  void (*close)(void *impl);
+  /* Commit `n` opsets in one transaction; results[i] gets a new array (one entry per op: the cursor for
+   * an event, true/false for a lease, null otherwise) or NULL with statuses[i] < 0 when opset i failed. */
+  void (*write_group)(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses);
+  json_t *(*get_session)(void *impl, const char *id);
+  /* Sessions ordered by id (UUIDv7 ids sort by creation time), after `after_id` (NULL = from the start). */
+  json_t *(*list_sessions)(void *impl, const char *after_id, size_t limit);
+  /* Events of a session with seq > after_seq, in seq order. */
+  json_t *(*events)(void *impl, const char *session_id, int64_t after_seq, size_t limit);
+  /* Events of every session with cursor > after_cursor, in cursor order. */
+  json_t *(*events_after)(void *impl, int64_t after_cursor, size_t limit);
+  /* Inbox rows of a session not done or cancelled, oldest first. */
+  json_t *(*inbox_open)(void *impl, const char *session_id);
+  /* Requests in state "pending" (of one session, or all with NULL), oldest first. */
+  json_t *(*requests_pending)(void *impl, const char *session_id);
+  json_t *(*get_request)(void *impl, const char *id);
+  /* Sessions not closed that have open inbox rows or status "running" (to recover after a restart). */
+  json_t *(*sessions_to_recover)(void *impl);
+} ah_store_backend;
+
+extern const ah_store_backend ah__store_sqlite;
+
+/* Open the store with `backend` (NULL = SQLite) and start its writer thread; `loop` receives the write
+ * callbacks. Returns 0, or AH_EIO / AH_ECONFIG (corrupt file, newer schema, not a database) with *why. */
+int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_store_opts *opts,
+                   ah_store **out, char **why);
+
+/* Commit `opset` (an array of operations, stolen). `cb` runs on the loop thread, in submission order,
+ * with 0 and the results array (borrowed for the call), or a negative AH_E* code and NULL. */
+typedef void (*ah_store_write_fn)(int status, const json_t *results, void *arg);
+int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg);
+
+/* Reads (loop thread). New references; NULL when not found (get_*) or on error. */
+json_t *ah__store_get_session(ah_store *s, const char *id);
+json_t *ah__store_list_sessions(ah_store *s, const char *after_id, size_t limit);
+json_t *ah__store_events(ah_store *s, const char *session_id, int64_t after_seq, size_t limit);
+json_t *ah__store_events_after(ah_store *s, int64_t after_cursor, size_t limit);
+json_t *ah__store_inbox_open(ah_store *s, const char *session_id);
+json_t *ah__store_requests_pending(ah_store *s, const char *session_id);
+json_t *ah__store_get_request(ah_store *s, const char *id);
+json_t *ah__store_sessions_to_recover(ah_store *s);
+
+/* Counters: commits (transactions) and opsets written since open. */
+uint64_t ah__store_commits(const ah_store *s);
+uint64_t ah__store_opsets(const ah_store *s);
+
+/* Refuse new writes (AH_ECLOSED), let the queued ones commit and their callbacks run, stop the writer
+ * thread and close the backend; `cb` runs on the loop thread once all of that is done and the store's
+ * async handle is closed (the store is freed then). */
+void ah__store_close(ah_store *s, void (*cb)(void *arg), void *arg);
+
+#endif

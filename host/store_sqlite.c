@@ -1,0 +1,1249 @@
+/* The SQLite backend of the durable store.
+ *
+ * Two connections, each used by one thread only (so both are opened SQLITE_OPEN_NOMUTEX): `w`, the
+ * writer, used on the loop thread while opening (checks, WAL, migrations) and then only by the store's
+ * writer thread until close; `r`, read-only, used by the reads on the loop thread. WAL lets `r` read the
+ * last committed state while `w` writes. Every statement is prepared once per connection and kept.
+ *
+ * The schema version lives in PRAGMA user_version; `migrations` holds one script per version and a
+ * database is brought forward one step at a time in a single transaction. A newer version, a file that is
+ * not a database, or one that fails PRAGMA quick_check is refused before anything is written to it: the
+ * checks only read, and WAL mode and the migrations come after them.
+ */
+#include <errno.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "agenthost/errors.h"
+#include "log.h"
+#include "store.h"
+
+#define COMP "store"
+
+/* Another process (two share one state dir) may hold the write lock for a while: wait this long. */
+#define BUSY_TIMEOUT_MS 5000
+
+/* ---- schema ---------------------------------------------------------------------------------------- */
+
+/* migrations[i] brings a database from user_version i to i + 1. Append only; never edit a shipped one.
+ * Columns without a declared type (times) keep what was written (an RFC 3339 string or an integer), and
+ * JSON columns hold compact JSON text. UNIQUE(session_id, seq) is the index events(session_id, seq). */
+static const char *const migrations[] = {
+    /* v1 */
+    "CREATE TABLE sessions ("
+    "  id TEXT PRIMARY KEY NOT NULL,"
+    "  cwd TEXT,"
+    "  title TEXT,"
+    "  provider TEXT,"
+    "  model TEXT,"
+    "  parent TEXT,"
+    "  local INTEGER NOT NULL DEFAULT 0,"
+    "  depth INTEGER NOT NULL DEFAULT 0,"
+    "  status TEXT,"
+    "  closed INTEGER NOT NULL DEFAULT 0,"
+    "  created,"
+    "  updated,"
+    "  policy TEXT NOT NULL DEFAULT '{}',"
+    "  tags TEXT NOT NULL DEFAULT '[]',"
+    "  last_seq INTEGER NOT NULL DEFAULT 0,"
+    "  lease_owner TEXT,"
+    "  lease_until INTEGER NOT NULL DEFAULT 0"
+    ");"
+    "CREATE TABLE events ("
+    "  cursor INTEGER PRIMARY KEY AUTOINCREMENT,"
+    "  session_id TEXT NOT NULL,"
+    "  seq INTEGER NOT NULL,"
+    "  kind TEXT NOT NULL,"
+    "  time,"
+    "  turn_id TEXT,"
+    "  message_id TEXT,"
+    "  data TEXT NOT NULL,"
+    "  UNIQUE (session_id, seq)"
+    ");"
+    "CREATE TABLE inbox ("
+    "  message_id TEXT PRIMARY KEY NOT NULL,"
+    "  session_id TEXT NOT NULL,"
+    "  content TEXT NOT NULL,"
+    "  state TEXT NOT NULL,"
+    "  turn_id TEXT,"
+    "  created"
+    ");"
+    "CREATE INDEX inbox_session_state ON inbox (session_id, state);"
+    "CREATE TABLE requests ("
+    "  id TEXT PRIMARY KEY NOT NULL,"
+    "  session_id TEXT NOT NULL,"
+    "  turn_id TEXT,"
+    "  kind TEXT NOT NULL,"
+    "  params TEXT,"
+    "  options TEXT,"
+    "  state TEXT NOT NULL,"
+    "  answer TEXT,"
+    "  created,"
+    "  resolved"
+    ");"
+    "CREATE INDEX requests_state ON requests (state);"
+    "CREATE INDEX requests_session ON requests (session_id);",
+};
+
+#define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
+
+/* ---- statements -------------------------------------------------------------------------------------- */
+
+#define SESSION_COLS                                                                                        \
+  "id, cwd, title, provider, model, parent, local, depth, status, closed, created, updated, policy, tags, " \
+  "last_seq, lease_owner, lease_until"
+#define EVENT_COLS "cursor, session_id, seq, kind, time, turn_id, message_id, data"
+#define INBOX_COLS "message_id, session_id, content, state, turn_id, created"
+#define REQUEST_COLS "id, session_id, turn_id, kind, params, options, state, answer, created, resolved"
+#define OPEN_INBOX "state NOT IN ('done', 'cancelled')"
+
+typedef enum stmt_id {
+  /* writer */
+  W_BEGIN,
+  W_COMMIT,
+  W_ROLLBACK,
+  W_SAVEPOINT,
+  W_RELEASE,
+  W_ROLLBACK_TO,
+  W_SESSION_PUT,
+  W_SESSION_DEL_EVENTS,
+  W_SESSION_DEL_INBOX,
+  W_SESSION_DEL_REQUESTS,
+  W_SESSION_DEL,
+  W_EVENT,
+  W_EVENT_LAST_SEQ,
+  W_INBOX_PUT,
+  W_INBOX_STATE,
+  W_REQUEST_PUT,
+  W_REQUEST_STATE,
+  W_REQUEST_EXISTS,
+  W_LEASE,
+  W_LEASE_RELEASE,
+  /* reader */
+  R_SESSION,
+  R_SESSIONS,
+  R_SESSIONS_AFTER,
+  R_EVENTS,
+  R_EVENTS_AFTER,
+  R_INBOX_OPEN,
+  R_REQUESTS_PENDING,
+  R_REQUESTS_PENDING_OF,
+  R_REQUEST,
+  R_RECOVER,
+  STMT_COUNT,
+} stmt_id;
+
+static const char *const stmt_sql[STMT_COUNT] = {
+    [W_BEGIN] = "BEGIN IMMEDIATE",
+    [W_COMMIT] = "COMMIT",
+    [W_ROLLBACK] = "ROLLBACK",
+    [W_SAVEPOINT] = "SAVEPOINT opset",
+    [W_RELEASE] = "RELEASE opset",
+    [W_ROLLBACK_TO] = "ROLLBACK TO opset",
+    /* A put replaces the session's description; its lease is changed only by the lease operations, and
+     * last_seq never goes back (events may already be stored). */
+    [W_SESSION_PUT] = "INSERT INTO sessions (" SESSION_COLS ") "
+                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) "
+                      "ON CONFLICT (id) DO UPDATE SET cwd = excluded.cwd, title = excluded.title, "
+                      "provider = excluded.provider, model = excluded.model, parent = excluded.parent, "
+                      "local = excluded.local, depth = excluded.depth, status = excluded.status, "
+                      "closed = excluded.closed, created = excluded.created, updated = excluded.updated, "
+                      "policy = excluded.policy, tags = excluded.tags, "
+                      "last_seq = max(last_seq, excluded.last_seq)",
+    [W_SESSION_DEL_EVENTS] = "DELETE FROM events WHERE session_id = ?1",
+    [W_SESSION_DEL_INBOX] = "DELETE FROM inbox WHERE session_id = ?1",
+    [W_SESSION_DEL_REQUESTS] = "DELETE FROM requests WHERE session_id = ?1",
+    [W_SESSION_DEL] = "DELETE FROM sessions WHERE id = ?1",
+    [W_EVENT] = "INSERT INTO events (session_id, seq, kind, time, turn_id, message_id, data) "
+                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [W_EVENT_LAST_SEQ] = "UPDATE sessions SET last_seq = ?2 WHERE id = ?1 AND last_seq < ?2",
+    [W_INBOX_PUT] = "INSERT INTO inbox (" INBOX_COLS ") VALUES (?1, ?2, ?3, 'queued', NULL, ?4)",
+    [W_INBOX_STATE] = "UPDATE inbox SET state = ?2, turn_id = coalesce(?3, turn_id) WHERE message_id = ?1",
+    [W_REQUEST_PUT] =
+        "INSERT INTO requests (" REQUEST_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+    [W_REQUEST_STATE] = "UPDATE requests SET state = ?2, answer = ?3, resolved = ?4 "
+                        "WHERE id = ?1 AND state = 'pending'",
+    [W_REQUEST_EXISTS] = "SELECT state FROM requests WHERE id = ?1",
+    [W_LEASE] =
+        "UPDATE sessions SET lease_owner = ?2, lease_until = ?3 WHERE id = ?1 AND (lease_owner IS NULL "
+        "OR lease_owner = ?2 OR lease_until < ?4 OR lease_owner = ?5)",
+    [W_LEASE_RELEASE] =
+        "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = ?1 AND lease_owner = ?2",
+    [R_SESSION] = "SELECT " SESSION_COLS " FROM sessions WHERE id = ?1",
+    [R_SESSIONS] = "SELECT " SESSION_COLS " FROM sessions ORDER BY id LIMIT ?1",
+    [R_SESSIONS_AFTER] = "SELECT " SESSION_COLS " FROM sessions WHERE id > ?2 ORDER BY id LIMIT ?1",
+    [R_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE session_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?1",
+    [R_EVENTS_AFTER] = "SELECT " EVENT_COLS " FROM events WHERE cursor > ?2 ORDER BY cursor LIMIT ?1",
+    [R_INBOX_OPEN] =
+        "SELECT " INBOX_COLS " FROM inbox WHERE session_id = ?1 AND " OPEN_INBOX " ORDER BY rowid",
+    [R_REQUESTS_PENDING] = "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' ORDER BY rowid",
+    [R_REQUESTS_PENDING_OF] =
+        "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' AND session_id = ?1 "
+        "ORDER BY rowid",
+    [R_REQUEST] = "SELECT " REQUEST_COLS " FROM requests WHERE id = ?1",
+    [R_RECOVER] =
+        "SELECT " SESSION_COLS " FROM sessions WHERE closed = 0 AND (status = 'running' OR EXISTS "
+        "(SELECT 1 FROM inbox WHERE inbox.session_id = sessions.id AND inbox." OPEN_INBOX ")) ORDER BY id",
+};
+
+typedef struct conn {
+  sqlite3 *db;
+  sqlite3_stmt *st[STMT_COUNT]; /* prepared on first use, kept until close */
+} conn;
+
+typedef struct sq_store {
+  char *path;
+  conn w; /* NULL db when read-only */
+  conn r;
+  char err[512]; /* the writer thread's description of the last failed operation */
+} sq_store;
+
+static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_why(char **why, const char *fmt, ...) {
+  if (!why)
+    return;
+  free(*why);
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(why, fmt, ap) < 0)
+    *why = NULL;
+  va_end(ap);
+}
+
+static void set_err(sq_store *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(sq_store *q, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(q->err, sizeof q->err, fmt, ap);
+  va_end(ap);
+}
+
+static sqlite3_stmt *stmt(conn *c, stmt_id id) {
+  if (!c->st[id]) {
+    int rc = sqlite3_prepare_v3(c->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT, &c->st[id], NULL);
+    if (rc != SQLITE_OK) {
+      AH_LOG_E(COMP, "cannot prepare statement %d: %s", (int)id, sqlite3_errmsg(c->db));
+      c->st[id] = NULL;
+    }
+  }
+  return c->st[id];
+}
+
+/* Reset a statement after use: a statement left stepping would keep its read transaction (and an old
+ * snapshot) open; cleared bindings mean no borrowed pointer outlives the call. */
+static void done(sqlite3_stmt *st) {
+  sqlite3_reset(st);
+  sqlite3_clear_bindings(st);
+}
+
+static int map_rc(int rc) {
+  switch (rc) {
+  case SQLITE_CONSTRAINT_UNIQUE:
+  case SQLITE_CONSTRAINT_PRIMARYKEY:
+    return AH_EEXIST;
+  default:
+    break;
+  }
+  switch (rc & 0xff) {
+  case SQLITE_CONSTRAINT:
+  case SQLITE_MISMATCH:
+    return AH_EINVAL;
+  case SQLITE_NOMEM:
+    return AH_ENOMEM;
+  case SQLITE_TOOBIG:
+    return AH_E2BIG;
+  case SQLITE_BUSY:
+  case SQLITE_LOCKED:
+    return AH_EBUSY;
+  default:
+    return AH_EIO;
+  }
+}
+
+/* Step a statement that returns no row of interest; returns the SQLite code (SQLITE_OK on success) and
+ * records the message on failure. */
+static int run(sq_store *q, conn *c, stmt_id id) {
+  sqlite3_stmt *st = stmt(c, id);
+  if (!st) {
+    set_err(q, "cannot prepare: %s", sqlite3_errmsg(c->db));
+    return SQLITE_ERROR;
+  }
+  int rc = sqlite3_step(st);
+  if (rc == SQLITE_DONE || rc == SQLITE_ROW)
+    rc = SQLITE_OK;
+  else
+    set_err(q, "%s", sqlite3_errmsg(c->db));
+  done(st);
+  return rc;
+}
+
+/* ---- JSON <-> columns --------------------------------------------------------------------------------- */
+
+static char *dump(const json_t *v) {
+  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+}
+
+/* Bind `v` as compact JSON text (NULL → `dflt`, which may be NULL for SQL NULL). */
+static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt) {
+  if (!v || json_is_null(v))
+    return dflt ? sqlite3_bind_text(st, i, dflt, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+  char *text = dump(v);
+  if (!text)
+    return SQLITE_NOMEM;
+  return sqlite3_bind_text(st, i, text, -1, free);
+}
+
+/* Bind a scalar as itself (string, integer, real, boolean as 0/1, null); a container as JSON text. The
+ * string is borrowed: the statement is reset and its bindings cleared before the JSON can go away. */
+static int bind_value(sqlite3_stmt *st, int i, const json_t *v) {
+  switch (v ? json_typeof(v) : JSON_NULL) {
+  case JSON_STRING:
+    return sqlite3_bind_text(st, i, json_string_value(v), (int)json_string_length(v), SQLITE_STATIC);
+  case JSON_INTEGER:
+    return sqlite3_bind_int64(st, i, json_integer_value(v));
+  case JSON_REAL:
+    return sqlite3_bind_double(st, i, json_real_value(v));
+  case JSON_TRUE:
+    return sqlite3_bind_int(st, i, 1);
+  case JSON_FALSE:
+    return sqlite3_bind_int(st, i, 0);
+  case JSON_OBJECT:
+  case JSON_ARRAY:
+    return bind_json(st, i, v, NULL);
+  case JSON_NULL:
+  default:
+    return sqlite3_bind_null(st, i);
+  }
+}
+
+static json_t *col_value(sqlite3_stmt *st, int i) {
+  switch (sqlite3_column_type(st, i)) {
+  case SQLITE_INTEGER:
+    return json_integer(sqlite3_column_int64(st, i));
+  case SQLITE_FLOAT:
+    return json_real(sqlite3_column_double(st, i));
+  case SQLITE_TEXT:
+  case SQLITE_BLOB: {
+    const char *text = (const char *)sqlite3_column_text(st, i);
+    json_t *s = text ? json_stringn(text, (size_t)sqlite3_column_bytes(st, i)) : NULL;
+    return s ? s : json_null();
+  }
+  default:
+    return json_null();
+  }
+}
+
+/* A JSON text column parsed back (SQL NULL → `dflt`, stolen; json null when NULL). */
+static json_t *col_json(sqlite3_stmt *st, int i, json_t *dflt) {
+  const char *text = (const char *)sqlite3_column_text(st, i);
+  if (!text)
+    return dflt ? dflt : json_null();
+  json_error_t e;
+  json_t *v = json_loadb(text, (size_t)sqlite3_column_bytes(st, i), JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+  if (!v) {
+    AH_LOG_E(COMP, "column %s holds invalid JSON: %s", sqlite3_column_name(st, i), e.text);
+    v = json_null();
+  }
+  json_decref(dflt);
+  return v;
+}
+
+static json_t *row_session(sqlite3_stmt *st) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "id", col_value(st, 0));
+  json_object_set_new(o, "cwd", col_value(st, 1));
+  json_object_set_new(o, "title", col_value(st, 2));
+  json_object_set_new(o, "provider", col_value(st, 3));
+  json_object_set_new(o, "model", col_value(st, 4));
+  json_object_set_new(o, "parent", col_value(st, 5));
+  json_object_set_new(o, "local", json_boolean(sqlite3_column_int(st, 6)));
+  json_object_set_new(o, "depth", json_integer(sqlite3_column_int64(st, 7)));
+  json_object_set_new(o, "status", col_value(st, 8));
+  json_object_set_new(o, "closed", json_boolean(sqlite3_column_int(st, 9)));
+  json_object_set_new(o, "created", col_value(st, 10));
+  json_object_set_new(o, "updated", col_value(st, 11));
+  json_object_set_new(o, "policy", col_json(st, 12, json_object()));
+  json_object_set_new(o, "tags", col_json(st, 13, json_array()));
+  json_object_set_new(o, "lastSeq", json_integer(sqlite3_column_int64(st, 14)));
+  json_object_set_new(o, "leaseOwner", col_value(st, 15));
+  json_object_set_new(o, "leaseUntil", json_integer(sqlite3_column_int64(st, 16)));
+  return o;
+}
+
+static json_t *row_event(sqlite3_stmt *st) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "cursor", json_integer(sqlite3_column_int64(st, 0)));
+  json_object_set_new(o, "sessionId", col_value(st, 1));
+  json_object_set_new(o, "seq", json_integer(sqlite3_column_int64(st, 2)));
+  json_object_set_new(o, "kind", col_value(st, 3));
+  json_object_set_new(o, "time", col_value(st, 4));
+  if (sqlite3_column_type(st, 5) != SQLITE_NULL)
+    json_object_set_new(o, "turnId", col_value(st, 5));
+  if (sqlite3_column_type(st, 6) != SQLITE_NULL)
+    json_object_set_new(o, "messageId", col_value(st, 6));
+  json_object_set_new(o, "data", col_json(st, 7, json_object()));
+  return o;
+}
+
+static json_t *row_inbox(sqlite3_stmt *st) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "messageId", col_value(st, 0));
+  json_object_set_new(o, "sessionId", col_value(st, 1));
+  json_object_set_new(o, "content", col_json(st, 2, NULL));
+  json_object_set_new(o, "state", col_value(st, 3));
+  json_object_set_new(o, "turnId", col_value(st, 4));
+  json_object_set_new(o, "time", col_value(st, 5));
+  return o;
+}
+
+static json_t *row_request(sqlite3_stmt *st) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "id", col_value(st, 0));
+  json_object_set_new(o, "sessionId", col_value(st, 1));
+  json_object_set_new(o, "turnId", col_value(st, 2));
+  json_object_set_new(o, "kind", col_value(st, 3));
+  json_object_set_new(o, "params", col_json(st, 4, NULL));
+  json_object_set_new(o, "options", col_json(st, 5, NULL));
+  json_object_set_new(o, "state", col_value(st, 6));
+  json_object_set_new(o, "answer", col_json(st, 7, NULL));
+  json_object_set_new(o, "created", col_value(st, 8));
+  json_object_set_new(o, "resolved", col_value(st, 9));
+  return o;
+}
+
+/* ---- operations (writer thread) ---------------------------------------------------------------------- */
+
+static const char *get_str(const json_t *o, const char *key) {
+  return json_string_value(json_object_get(o, key));
+}
+
+/* Bind-and-step for the write operations; returns 0 or an AH_E* code with q->err set. */
+static int step_write(sq_store *q, sqlite3_stmt *st, int bind_rc) {
+  int rc = bind_rc;
+  if (rc == SQLITE_OK) {
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE || rc == SQLITE_ROW)
+      rc = SQLITE_OK;
+  }
+  if (rc != SQLITE_OK)
+    set_err(q, "%s", sqlite3_errmsg(q->w.db));
+  done(st);
+  return rc == SQLITE_OK ? 0 : map_rc(rc);
+}
+
+#define PREPARE(q, st, id)                                                 \
+  sqlite3_stmt *st = stmt(&(q)->w, id);                                    \
+  if (!st) {                                                               \
+    set_err(q, "cannot prepare statement: %s", sqlite3_errmsg((q)->w.db)); \
+    return AH_EIO;                                                         \
+  }
+
+static int op_session_put(sq_store *q, const json_t *op, json_t *res) {
+  const json_t *s = json_object_get(op, "session");
+  const char *id = get_str(s, "id");
+  if (!json_is_object(s) || !id || !*id) {
+    set_err(q, "session.put needs a session object with a string id");
+    return AH_EINVAL;
+  }
+  const json_t *last_seq = json_object_get(s, "lastSeq");
+  const json_t *lease_until = json_object_get(s, "leaseUntil");
+  if ((last_seq && !json_is_integer(last_seq)) || (lease_until && !json_is_integer(lease_until))) {
+    set_err(q, "session.put: lastSeq and leaseUntil must be integers");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_SESSION_PUT);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  static const char *const text_keys[] = {"cwd", "title", "provider", "model", "parent"};
+  for (int i = 0; i < 5 && rc == SQLITE_OK; i++)
+    rc = bind_value(st, 2 + i, json_object_get(s, text_keys[i]));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int(st, 7, json_is_true(json_object_get(s, "local")));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 8, json_integer_value(json_object_get(s, "depth")));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 9, json_object_get(s, "status"));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int(st, 10, json_is_true(json_object_get(s, "closed")));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 11, json_object_get(s, "created"));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 12, json_object_get(s, "updated"));
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 13, json_object_get(s, "policy"), "{}");
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 14, json_object_get(s, "tags"), "[]");
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 15, json_integer_value(last_seq));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 16, json_object_get(s, "leaseOwner"));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 17, json_integer_value(lease_until));
+  rc = step_write(q, st, rc);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+typedef enum col_kind {
+  COL_INVALID = 0,
+  COL_TEXT,  /* string or null */
+  COL_BOOL,  /* true/false */
+  COL_INT,   /* integer */
+  COL_VALUE, /* any scalar, kept as written (times) */
+  COL_JSON,  /* any JSON, stored as text */
+} col_kind;
+
+static const struct {
+  const char *key;
+  const char *column;
+  col_kind kind;
+} update_cols[] = {
+    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},      {"provider", "provider", COL_TEXT},
+    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},    {"local", "local", COL_BOOL},
+    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},    {"closed", "closed", COL_BOOL},
+    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE}, {"policy", "policy", COL_JSON},
+    {"tags", "tags", COL_JSON},
+};
+#define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
+
+/* session.update builds its statement from the keys of "set" (each checked against update_cols, so no
+ * caller text reaches the SQL); it is rare enough not to be cached. */
+static int op_session_update(sq_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const json_t *set = json_object_get(op, "set");
+  if (!id || !json_is_object(set)) {
+    set_err(q, "session.update needs a string id and a set object");
+    return AH_EINVAL;
+  }
+  size_t which[UPDATE_COLS];
+  const json_t *vals[UPDATE_COLS];
+  size_t n = 0;
+  char sql[1024] = "UPDATE sessions SET id = id";
+  size_t len = strlen(sql);
+  const char *key = NULL;
+  json_t *v = NULL;
+  json_object_foreach((json_t *)set, key, v) {
+    size_t k = 0;
+    while (k < UPDATE_COLS && strcmp(update_cols[k].key, key) != 0)
+      k++;
+    if (k == UPDATE_COLS) {
+      set_err(q, "session.update: field \"%s\" cannot be set", key);
+      return AH_EINVAL;
+    }
+    bool ok = false;
+    switch (update_cols[k].kind) {
+    case COL_TEXT:
+      ok = json_is_string(v) || json_is_null(v);
+      break;
+    case COL_BOOL:
+      ok = json_is_boolean(v);
+      break;
+    case COL_INT:
+      ok = json_is_integer(v);
+      break;
+    case COL_VALUE:
+      ok = !json_is_object(v) && !json_is_array(v);
+      break;
+    case COL_JSON:
+      ok = !json_is_null(v);
+      break;
+    default:
+      break;
+    }
+    if (!ok) {
+      set_err(q, "session.update: field \"%s\" has the wrong type", key);
+      return AH_EINVAL;
+    }
+    which[n] = k;
+    vals[n] = v;
+    n++;
+    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = ?%zu", update_cols[k].column, n);
+  }
+  snprintf(sql + len, sizeof sql - len, " WHERE id = ?%zu", n + 1);
+  sqlite3_stmt *st = NULL;
+  if (sqlite3_prepare_v2(q->w.db, sql, -1, &st, NULL) != SQLITE_OK) {
+    set_err(q, "session.update: %s", sqlite3_errmsg(q->w.db));
+    return AH_EIO;
+  }
+  int rc = SQLITE_OK;
+  for (size_t i = 0; i < n && rc == SQLITE_OK; i++)
+    rc = update_cols[which[i]].kind == COL_JSON ? bind_json(st, (int)i + 1, vals[i], NULL)
+                                                : bind_value(st, (int)i + 1, vals[i]);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, (int)n + 1, id, -1, SQLITE_STATIC);
+  int status = step_write(q, st, rc);
+  if (status == 0 && sqlite3_changes(q->w.db) == 0) {
+    set_err(q, "session.update: no session %s", id);
+    status = AH_ENOENT;
+  }
+  sqlite3_finalize(st);
+  if (status == 0)
+    json_array_append_new(res, json_null());
+  return status;
+}
+
+static int op_session_delete(sq_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  if (!id) {
+    set_err(q, "session.delete needs a string id");
+    return AH_EINVAL;
+  }
+  static const stmt_id dels[] = {W_SESSION_DEL_EVENTS, W_SESSION_DEL_INBOX, W_SESSION_DEL_REQUESTS,
+                                 W_SESSION_DEL};
+  for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
+    PREPARE(q, st, dels[i]);
+    int rc = step_write(q, st, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC));
+    if (rc < 0)
+      return rc;
+  }
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+static int op_event(sq_store *q, const json_t *op, json_t *res) {
+  const char *sid = get_str(op, "sessionId");
+  const char *kind = get_str(op, "kind");
+  const json_t *seq = json_object_get(op, "seq");
+  const json_t *turn = json_object_get(op, "turnId");
+  const json_t *msg = json_object_get(op, "messageId");
+  const json_t *time = json_object_get(op, "time");
+  if (!sid || !kind || !json_is_integer(seq) || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
+      (msg && !json_is_string(msg) && !json_is_null(msg)) ||
+      (time && (json_is_object(time) || json_is_array(time)))) {
+    set_err(q, "event needs sessionId, kind (strings), seq (integer); turnId/messageId must be strings");
+    return AH_EINVAL;
+  }
+  const json_t *data = json_object_get(op, "data");
+  PREPARE(q, st, W_EVENT);
+  int rc = sqlite3_bind_text(st, 1, sid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 2, json_integer_value(seq));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 3, kind, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 4, time);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 5, turn);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 6, msg);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 7, data, "{}");
+  int status = step_write(q, st, rc);
+  if (status < 0)
+    return status;
+  sqlite3_int64 cursor = sqlite3_last_insert_rowid(q->w.db);
+  PREPARE(q, up, W_EVENT_LAST_SEQ);
+  rc = sqlite3_bind_text(up, 1, sid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(up, 2, json_integer_value(seq));
+  status = step_write(q, up, rc);
+  if (status == 0)
+    json_array_append_new(res, json_integer(cursor));
+  return status;
+}
+
+static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
+  const char *mid = get_str(op, "messageId");
+  const char *sid = get_str(op, "sessionId");
+  const json_t *content = json_object_get(op, "content");
+  if (!mid || !sid || !content || json_is_null(content)) {
+    set_err(q, "inbox.put needs messageId, sessionId (strings) and content");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_INBOX_PUT);
+  int rc = sqlite3_bind_text(st, 1, mid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, sid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 3, content, NULL);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 4, json_object_get(op, "time"));
+  rc = step_write(q, st, rc);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static bool one_of(const char *s, const char *const *set) {
+  for (; s && *set; set++)
+    if (strcmp(s, *set) == 0)
+      return true;
+  return false;
+}
+
+static int op_inbox_state(sq_store *q, const json_t *op, json_t *res) {
+  static const char *const states[] = {"claimed", "done", "cancelled", NULL};
+  const char *mid = get_str(op, "messageId");
+  const char *state = get_str(op, "state");
+  const json_t *turn = json_object_get(op, "turnId");
+  if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
+    set_err(q, "inbox.state needs messageId and a state of claimed, done or cancelled");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_INBOX_STATE);
+  int rc = sqlite3_bind_text(st, 1, mid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 3, turn);
+  rc = step_write(q, st, rc);
+  if (rc == 0 && sqlite3_changes(q->w.db) == 0) {
+    set_err(q, "inbox.state: no message %s", mid);
+    rc = AH_ENOENT;
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_request_put(sq_store *q, const json_t *op, json_t *res) {
+  const json_t *r = json_object_get(op, "request");
+  const char *id = get_str(r, "id");
+  const char *sid = get_str(r, "sessionId");
+  const char *kind = get_str(r, "kind");
+  const json_t *turn = json_object_get(r, "turnId");
+  const json_t *state = json_object_get(r, "state");
+  if (!id || !sid || !kind || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
+      (state && !json_is_string(state))) {
+    set_err(q, "request.put needs a request with id, sessionId and kind (strings)");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_REQUEST_PUT);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, sid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 3, turn);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 4, kind, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 5, json_object_get(r, "params"), NULL);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 6, json_object_get(r, "options"), NULL);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 7, state ? json_string_value(state) : "pending", -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 8, json_object_get(r, "answer"), NULL);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 9, json_object_get(r, "created"));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 10, json_object_get(r, "resolved"));
+  rc = step_write(q, st, rc);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+/* A request is resolved once: the first answer wins and a later one fails with AH_ESTATE (two clients
+ * may answer the same approval). */
+static int op_request_state(sq_store *q, const json_t *op, json_t *res) {
+  static const char *const states[] = {"granted", "denied", "answered", "cancelled", NULL};
+  const char *id = get_str(op, "id");
+  const char *state = get_str(op, "state");
+  if (!id || !one_of(state, states)) {
+    set_err(q, "request.state needs id and a state of granted, denied, answered or cancelled");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_REQUEST_STATE);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, state, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 3, json_object_get(op, "answer"), NULL);
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 4, json_object_get(op, "resolved"));
+  rc = step_write(q, st, rc);
+  if (rc == 0 && sqlite3_changes(q->w.db) == 0) {
+    PREPARE(q, ex, W_REQUEST_EXISTS);
+    bool exists =
+        sqlite3_bind_text(ex, 1, id, -1, SQLITE_STATIC) == SQLITE_OK && sqlite3_step(ex) == SQLITE_ROW;
+    done(ex);
+    set_err(q, "request.state: request %s %s", id, exists ? "is already resolved" : "does not exist");
+    rc = exists ? AH_ESTATE : AH_ENOENT;
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_lease(sq_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  const json_t *until = json_object_get(op, "until");
+  const json_t *now = json_object_get(op, "now");
+  const json_t *steal = json_object_get(op, "steal");
+  if (!id || !owner || !json_is_integer(until) || !json_is_integer(now) ||
+      (steal && !json_is_string(steal) && !json_is_null(steal))) {
+    set_err(q, "lease needs id, owner (strings), until and now (integers); steal must be a string");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_LEASE);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 3, json_integer_value(until));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 4, json_integer_value(now));
+  if (rc == SQLITE_OK)
+    rc = bind_value(st, 5, steal);
+  rc = step_write(q, st, rc);
+  if (rc == 0)
+    json_array_append_new(res, json_boolean(sqlite3_changes(q->w.db) > 0));
+  return rc;
+}
+
+static int op_lease_release(sq_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  if (!id || !owner) {
+    set_err(q, "lease.release needs id and owner (strings)");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_LEASE_RELEASE);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, owner, -1, SQLITE_STATIC);
+  rc = step_write(q, st, rc);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static const struct {
+  const char *name;
+  int (*fn)(sq_store *q, const json_t *op, json_t *res);
+} ops[] = {
+    {"event", op_event},
+    {"session.put", op_session_put},
+    {"session.update", op_session_update},
+    {"session.delete", op_session_delete},
+    {"inbox.put", op_inbox_put},
+    {"inbox.state", op_inbox_state},
+    {"request.put", op_request_put},
+    {"request.state", op_request_state},
+    {"lease", op_lease},
+    {"lease.release", op_lease_release},
+};
+
+/* Apply every operation of one opset; stops at the first failure (the caller rolls the opset back). */
+static int apply_opset(sq_store *q, const json_t *opset, json_t *res, size_t *failed_at) {
+  size_t i = 0;
+  const json_t *op = NULL;
+  json_array_foreach(opset, i, op) {
+    *failed_at = i;
+    const char *name = get_str(op, "op");
+    size_t k = 0;
+    while (name && k < sizeof ops / sizeof ops[0] && strcmp(ops[k].name, name) != 0)
+      k++;
+    if (!name || k == sizeof ops / sizeof ops[0]) {
+      set_err(q, "unknown operation %s", name ? name : "(no \"op\" string)");
+      return AH_EINVAL;
+    }
+    int rc = ops[k].fn(q, op, res);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+static void fail_all(json_t **results, int *statuses, size_t n, int code) {
+  for (size_t i = 0; i < n; i++) {
+    json_decref(results[i]);
+    results[i] = NULL;
+    statuses[i] = code;
+  }
+}
+
+static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
+  sq_store *q = impl;
+  for (size_t i = 0; i < n; i++) {
+    results[i] = NULL;
+    statuses[i] = AH_EIO;
+  }
+  if (!q->w.db) {
+    fail_all(results, statuses, n, AH_EPERM);
+    return;
+  }
+  if (run(q, &q->w, W_BEGIN) != SQLITE_OK) {
+    AH_LOG_E(COMP, "%s: cannot begin a transaction (%zu opsets fail): %s", q->path, n, q->err);
+    fail_all(results, statuses, n, AH_EIO);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (run(q, &q->w, W_SAVEPOINT) != SQLITE_OK)
+      goto abort;
+    json_t *res = json_array();
+    size_t at = 0;
+    int rc = res ? apply_opset(q, opsets[i], res, &at) : AH_ENOMEM;
+    if (rc == 0) {
+      if (run(q, &q->w, W_RELEASE) != SQLITE_OK) {
+        json_decref(res);
+        goto abort;
+      }
+      results[i] = res;
+      statuses[i] = 0;
+      continue;
+    }
+    json_decref(res);
+    statuses[i] = rc;
+    AH_LOG_W(COMP, "opset failed at operation %zu (%s): %s", at, ah_err_name(rc), q->err);
+    /* Some errors (I/O, disk full, out of memory) make SQLite roll the whole transaction back: then
+     * nothing of this group was written. */
+    if (sqlite3_get_autocommit(q->w.db))
+      goto abort;
+    if (run(q, &q->w, W_ROLLBACK_TO) != SQLITE_OK || run(q, &q->w, W_RELEASE) != SQLITE_OK)
+      goto abort;
+  }
+  if (run(q, &q->w, W_COMMIT) == SQLITE_OK)
+    return;
+abort:
+  AH_LOG_E(COMP, "%s: transaction failed, %zu opsets not written: %s", q->path, n, q->err);
+  if (!sqlite3_get_autocommit(q->w.db))
+    run(q, &q->w, W_ROLLBACK);
+  fail_all(results, statuses, n, AH_EIO);
+}
+
+/* ---- reads (loop thread) ----------------------------------------------------------------------------- */
+
+static sqlite3_int64 sql_limit(size_t limit) {
+  return limit == 0 || limit > (size_t)INT64_MAX ? -1 : (sqlite3_int64)limit;
+}
+
+/* Step a bound read statement: an array of rows, or the first row alone when `single` (json NULL when no
+ * row). NULL on error (logged). */
+static json_t *collect(sq_store *q, sqlite3_stmt *st, int bind_rc, json_t *(*row)(sqlite3_stmt *),
+                       bool single) {
+  json_t *out = single ? NULL : json_array();
+  int rc = bind_rc;
+  if (rc == SQLITE_OK && (single || out)) {
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+      json_t *o = row(st);
+      if (single) {
+        out = o;
+        break;
+      }
+      json_array_append_new(out, o);
+    }
+    if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+      rc = SQLITE_OK;
+  }
+  if (rc != SQLITE_OK) {
+    AH_LOG_E(COMP, "%s: read failed: %s", q->path, sqlite3_errmsg(q->r.db));
+    json_decref(out);
+    out = NULL;
+  }
+  done(st);
+  return out;
+}
+
+#define READ_STMT(q, st, id)          \
+  sqlite3_stmt *st = stmt(&q->r, id); \
+  if (!st)                            \
+    return NULL;
+
+static json_t *sq_get_session(void *impl, const char *id) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_SESSION);
+  return collect(q, st, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), row_session, true);
+}
+
+static json_t *sq_list_sessions(void *impl, const char *after_id, size_t limit) {
+  sq_store *q = impl;
+  READ_STMT(q, st, after_id ? R_SESSIONS_AFTER : R_SESSIONS);
+  int rc = sqlite3_bind_int64(st, 1, sql_limit(limit));
+  if (rc == SQLITE_OK && after_id)
+    rc = sqlite3_bind_text(st, 2, after_id, -1, SQLITE_STATIC);
+  return collect(q, st, rc, row_session, false);
+}
+
+static json_t *sq_events(void *impl, const char *session_id, int64_t after_seq, size_t limit) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_EVENTS);
+  int rc = sqlite3_bind_int64(st, 1, sql_limit(limit));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 2, session_id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 3, after_seq);
+  return collect(q, st, rc, row_event, false);
+}
+
+static json_t *sq_events_after(void *impl, int64_t after_cursor, size_t limit) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_EVENTS_AFTER);
+  int rc = sqlite3_bind_int64(st, 1, sql_limit(limit));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 2, after_cursor);
+  return collect(q, st, rc, row_event, false);
+}
+
+static json_t *sq_inbox_open(void *impl, const char *session_id) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_INBOX_OPEN);
+  return collect(q, st, sqlite3_bind_text(st, 1, session_id, -1, SQLITE_STATIC), row_inbox, false);
+}
+
+static json_t *sq_requests_pending(void *impl, const char *session_id) {
+  sq_store *q = impl;
+  READ_STMT(q, st, session_id ? R_REQUESTS_PENDING_OF : R_REQUESTS_PENDING);
+  int rc = session_id ? sqlite3_bind_text(st, 1, session_id, -1, SQLITE_STATIC) : SQLITE_OK;
+  return collect(q, st, rc, row_request, false);
+}
+
+static json_t *sq_get_request(void *impl, const char *id) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_REQUEST);
+  return collect(q, st, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), row_request, true);
+}
+
+static json_t *sq_sessions_to_recover(void *impl) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_RECOVER);
+  return collect(q, st, SQLITE_OK, row_session, false);
+}
+
+/* ---- open / close ------------------------------------------------------------------------------------ */
+
+static void conn_close(conn *c) {
+  for (int i = 0; i < STMT_COUNT; i++) {
+    sqlite3_finalize(c->st[i]);
+    c->st[i] = NULL;
+  }
+  if (c->db)
+    sqlite3_close_v2(c->db);
+  c->db = NULL;
+}
+
+static void sq_close(void *impl) {
+  sq_store *q = impl;
+  if (!q)
+    return;
+  /* The reader goes first: the last connection to close checkpoints the WAL into the database and removes
+   * it, which a read-only connection cannot do. */
+  conn_close(&q->r);
+  conn_close(&q->w);
+  free(q->path);
+  free(q);
+}
+
+/* Open `c` and set the busy timeout. Returns 0 or an AH_E* code with *why. */
+static int conn_open(conn *c, const char *path, int flags, char **why) {
+  int rc = sqlite3_open_v2(path, &c->db, flags | SQLITE_OPEN_NOMUTEX, NULL);
+  if (rc != SQLITE_OK) {
+    set_why(why, "store: cannot open %s: %s", path, c->db ? sqlite3_errmsg(c->db) : sqlite3_errstr(rc));
+    return AH_EIO;
+  }
+  sqlite3_extended_result_codes(c->db, 1);
+  sqlite3_busy_timeout(c->db, BUSY_TIMEOUT_MS);
+  return 0;
+}
+
+/* The first column of the first row of `sql` as an integer (*text, may be NULL, receives it as a copy). */
+static int query_one(sqlite3 *db, const char *sql, sqlite3_int64 *num, char **text) {
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(db, sql, -1, &st, NULL);
+  if (rc == SQLITE_OK) {
+    rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW) {
+      if (num)
+        *num = sqlite3_column_int64(st, 0);
+      if (text) {
+        const char *t = (const char *)sqlite3_column_text(st, 0);
+        *text = strdup(t ? t : "");
+      }
+      rc = SQLITE_OK;
+    } else if (rc == SQLITE_DONE) {
+      rc = SQLITE_OK;
+    }
+  }
+  sqlite3_finalize(st);
+  return rc;
+}
+
+/* Refuse what must not be touched: not a database, corrupt, or written by a newer agenthost. Reads only.
+ * On success *version is the file's schema version. */
+static int check_file(sqlite3 *db, const char *path, int *version, char **why) {
+  sqlite3_int64 v = 0;
+  int rc = query_one(db, "PRAGMA user_version", &v, NULL);
+  if (rc == SQLITE_NOTADB) {
+    set_why(why, "store: %s is not an SQLite database; refusing to use or overwrite it", path);
+    return AH_ECONFIG;
+  }
+  if ((rc & 0xff) == SQLITE_CORRUPT) {
+    set_why(why, "store: %s is corrupt (%s); refusing to use or overwrite it", path, sqlite3_errmsg(db));
+    return AH_EIO;
+  }
+  if (rc != SQLITE_OK) {
+    set_why(why, "store: cannot read %s: %s", path, sqlite3_errmsg(db));
+    return AH_EIO;
+  }
+  char *verdict = NULL;
+  rc = query_one(db, "PRAGMA quick_check(1)", NULL, &verdict);
+  if (rc == SQLITE_NOTADB) {
+    free(verdict);
+    set_why(why, "store: %s is not an SQLite database; refusing to use or overwrite it", path);
+    return AH_ECONFIG;
+  }
+  if (rc != SQLITE_OK || !verdict || strcmp(verdict, "ok") != 0) {
+    set_why(why, "store: %s is corrupt (%s); refusing to use or overwrite it", path,
+            rc != SQLITE_OK ? sqlite3_errmsg(db)
+            : verdict       ? verdict
+                            : "out of memory");
+    free(verdict);
+    return AH_EIO;
+  }
+  free(verdict);
+  if (v > SCHEMA_VERSION || v < 0) {
+    set_why(why,
+            "store: %s has schema version %lld, newer than version %d that this agenthost knows; refusing "
+            "to open it (upgrade agenthost)",
+            path, (long long)v, SCHEMA_VERSION);
+    return AH_ECONFIG;
+  }
+  *version = (int)v;
+  return 0;
+}
+
+/* Bring the database to SCHEMA_VERSION in one transaction. Another process may be doing the same: the
+ * version is read again under the write lock. */
+static int migrate(sqlite3 *db, const char *path, char **why) {
+  char *err = NULL;
+  if (sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, &err) != SQLITE_OK) {
+    set_why(why, "store: cannot lock %s to migrate it: %s", path, err ? err : sqlite3_errmsg(db));
+    sqlite3_free(err);
+    return AH_EIO;
+  }
+  sqlite3_int64 v = 0;
+  int rc = query_one(db, "PRAGMA user_version", &v, NULL);
+  if (rc != SQLITE_OK || v > SCHEMA_VERSION) {
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc != SQLITE_OK) {
+      set_why(why, "store: cannot read %s: %s", path, sqlite3_errmsg(db));
+      return AH_EIO;
+    }
+    set_why(why, "store: %s has schema version %lld, newer than version %d that this agenthost knows", path,
+            (long long)v, SCHEMA_VERSION);
+    return AH_ECONFIG;
+  }
+  for (int i = (int)v; i < SCHEMA_VERSION; i++) {
+    char pragma[64];
+    snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", i + 1);
+    if (sqlite3_exec(db, migrations[i], NULL, NULL, &err) != SQLITE_OK ||
+        sqlite3_exec(db, pragma, NULL, NULL, &err) != SQLITE_OK) {
+      set_why(why, "store: migration of %s to version %d failed: %s", path, i + 1,
+              err ? err : sqlite3_errmsg(db));
+      sqlite3_free(err);
+      sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+      return AH_EIO;
+    }
+    AH_LOG_I(COMP, "%s: schema migrated to version %d", path, i + 1);
+  }
+  if (sqlite3_exec(db, "COMMIT", NULL, NULL, &err) != SQLITE_OK) {
+    set_why(why, "store: cannot commit the migration of %s: %s", path, err ? err : sqlite3_errmsg(db));
+    sqlite3_free(err);
+    sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+    return AH_EIO;
+  }
+  return 0;
+}
+
+static int open_writer(sq_store *q, const ah_store_opts *opts, char **why) {
+  int rc = conn_open(&q->w, q->path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, why);
+  int version = 0;
+  if (rc == 0)
+    rc = check_file(q->w.db, q->path, &version, why);
+  if (rc < 0)
+    return rc;
+  char *mode = NULL;
+  if (query_one(q->w.db, "PRAGMA journal_mode = WAL", NULL, &mode) != SQLITE_OK || !mode ||
+      strcmp(mode, "wal") != 0) {
+    set_why(why, "store: cannot switch %s to WAL (%s)", q->path, mode ? mode : sqlite3_errmsg(q->w.db));
+    free(mode);
+    return AH_EIO;
+  }
+  free(mode);
+  const char *sync = opts->sync == AH_STORE_SYNC_OFF    ? "PRAGMA synchronous = OFF"
+                     : opts->sync == AH_STORE_SYNC_FULL ? "PRAGMA synchronous = FULL"
+                                                        : "PRAGMA synchronous = NORMAL";
+  if (sqlite3_exec(q->w.db, sync, NULL, NULL, NULL) != SQLITE_OK) {
+    set_why(why, "store: %s: %s", q->path, sqlite3_errmsg(q->w.db));
+    return AH_EIO;
+  }
+  return version < SCHEMA_VERSION ? migrate(q->w.db, q->path, why) : 0;
+}
+
+static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
+  *impl = NULL;
+  if (why)
+    *why = NULL;
+  if (opts->sync != AH_STORE_SYNC_INVALID && opts->sync != AH_STORE_SYNC_OFF &&
+      opts->sync != AH_STORE_SYNC_NORMAL && opts->sync != AH_STORE_SYNC_FULL) {
+    set_why(why, "store: unknown synchronous setting %d", (int)opts->sync);
+    return AH_EINVAL;
+  }
+  sq_store *q = calloc(1, sizeof *q);
+  if (!q || !(q->path = strdup(opts->path))) {
+    free(q);
+    set_why(why, "store: out of memory");
+    return AH_ENOMEM;
+  }
+  int rc = 0;
+  if (opts->read_only) {
+    struct stat st;
+    if (stat(opts->path, &st) != 0) {
+      int e = errno;
+      set_why(why, "store: %s: %s (a read-only open never creates the database)", opts->path, strerror(e));
+      sq_close(q);
+      return e == ENOENT ? AH_ENOENT : AH_EIO;
+    }
+    rc = conn_open(&q->r, q->path, SQLITE_OPEN_READONLY, why);
+    int version = 0;
+    if (rc == 0)
+      rc = check_file(q->r.db, q->path, &version, why);
+    if (rc == 0 && version < SCHEMA_VERSION) {
+      set_why(why,
+              "store: %s has schema version %d, older than version %d; open it once read-write to migrate it",
+              q->path, version, SCHEMA_VERSION);
+      rc = AH_ECONFIG;
+    }
+  } else {
+    rc = open_writer(q, opts, why);
+    /* Opened after the migration, so it never sees a half-made schema. */
+    if (rc == 0)
+      rc = conn_open(&q->r, q->path, SQLITE_OPEN_READONLY, why);
+  }
+  if (rc < 0) {
+    AH_LOG_E(COMP, "%s", why && *why ? *why : "cannot open the store");
+    sq_close(q);
+    return rc;
+  }
+  *impl = q;
+  return 0;
+}
+
+const ah_store_backend ah__store_sqlite = {
+    .name = "sqlite",
+    .open = sq_open,
+    .close = sq_close,
+    .write_group = sq_write_group,
+    .get_session = sq_get_session,
+    .list_sessions = sq_list_sessions,
+    .events = sq_events,
+    .events_after = sq_events_after,
+    .inbox_open = sq_inbox_open,
+    .requests_pending = sq_requests_pending,
+    .get_request = sq_get_request,
+    .sessions_to_recover = sq_sessions_to_recover,
+};

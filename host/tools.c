@@ -1,0 +1,1131 @@
+/* The built-in tools: read_file, write_file, list_dir, run_command (tools.h, DECISIONS.md "Tools").
+ *
+ * Confinement has two layers. ah__tool_confine() is lexical: the path must name the session cwd and then
+ * only descend, so "..", absolute paths elsewhere and over-long paths are refused before anything touches
+ * the file system. The open itself is done beneath a descriptor of the cwd with openat2(RESOLVE_BENEATH |
+ * RESOLVE_NO_MAGICLINKS), so a symlink inside the tree that points out of it (absolute, or through "..")
+ * is refused by the kernel, also when it is swapped in between the check and the open. A kernel without
+ * openat2 (ENOSYS) gets a userspace walk with O_NOFOLLOW on every component that follows relative links
+ * only while they stay inside the tree and refuses absolute ones, as RESOLVE_BENEATH does.
+ *
+ * File work runs on the thread pool through the core mount, so the core's withdraw waits for it (or
+ * cancels it before it starts). run_command goes through the process service on the core mount (the
+ * environment allowlist, its own process group, the kill that escalates to SIGKILL) and is counted as an
+ * in-flight call of the core, so a stopping host kills it and waits for its exit instead of orphaning it.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/openat2.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "tools.h"
+
+/* The userspace walk used when the kernel has no openat2; not static so that the tests can exercise it on
+ * a kernel that has one. Returns a descriptor or -1 with errno (EXDEV when the path leaves the tree). */
+int ah__tool_open_walk(int dirfd, const char *rel, int flags, mode_t mode);
+
+typedef enum tool_kind {
+  TOOL_INVALID = 0,
+  TOOL_READ_FILE,
+  TOOL_WRITE_FILE,
+  TOOL_LIST_DIR,
+  TOOL_RUN_COMMAND,
+} tool_kind;
+
+typedef struct tool_param {
+  const char *name;
+  const char *type; /* "string" | "integer" */
+  const char *description;
+  bool required;
+} tool_param;
+
+typedef struct tool_def {
+  const char *name;
+  tool_kind kind;
+  const char *policy;
+  const char *description;
+  tool_param params[2];
+  size_t nparams;
+} tool_def;
+
+static const tool_def tool_defs[] = {
+    {"read_file",
+     TOOL_READ_FILE,
+     "allow",
+     "Read a UTF-8 text file inside the working directory (at most 1 MiB; longer files are truncated).",
+     {{"path", "string", "File path, relative to the working directory or absolute inside it.", true}},
+     1},
+    {"write_file",
+     TOOL_WRITE_FILE,
+     "ask",
+     "Create or overwrite a file inside the working directory; its parent directory must exist.",
+     {{"path", "string", "File path, relative to the working directory or absolute inside it.", true},
+      {"content", "string", "The complete new content of the file.", true}},
+     2},
+    {"list_dir",
+     TOOL_LIST_DIR,
+     "allow",
+     "List a directory inside the working directory: name, type (file, dir, symlink, other) and size.",
+     {{"path", "string", "Directory path, relative to the working directory or absolute inside it.", true}},
+     1},
+    {"run_command",
+     TOOL_RUN_COMMAND,
+     "ask",
+     "Run a shell command with /bin/sh -c in the working directory; returns its exit code, stdout and "
+     "stderr (each capped at 256 KiB).",
+     {{"command", "string", "The shell command line.", true},
+      {"timeout_ms", "integer", "Time limit in milliseconds (default 60000, at most 600000).", false}},
+     2},
+};
+
+#define NTOOLS (sizeof tool_defs / sizeof tool_defs[0])
+
+static const tool_def *tool_find(const char *name) {
+  for (size_t i = 0; name && i < NTOOLS; i++)
+    if (strcmp(tool_defs[i].name, name) == 0)
+      return &tool_defs[i];
+  return NULL;
+}
+
+json_t *ah__tools_describe(void) {
+  json_t *list = json_array();
+  for (size_t i = 0; list && i < NTOOLS; i++) {
+    const tool_def *d = &tool_defs[i];
+    json_t *params = json_object();
+    for (size_t j = 0; params && j < d->nparams; j++) {
+      const tool_param *p = &d->params[j];
+      json_object_set_new(params, p->name,
+                          json_pack("{s:s, s:s, s:b}", "type", p->type, "description", p->description,
+                                    "required", p->required));
+    }
+    json_t *tool = json_pack("{s:s, s:s, s:o}", "name", d->name, "description", d->description, "params",
+                             params ? params : json_object());
+    if (!tool || json_array_append_new(list, tool) != 0) {
+      json_decref(list);
+      return NULL;
+    }
+  }
+  return list;
+}
+
+bool ah__tool_known(const char *name) {
+  return tool_find(name) != NULL;
+}
+
+const char *ah__tool_default_policy(const char *name) {
+  const tool_def *d = tool_find(name);
+  return d ? d->policy : NULL;
+}
+
+/* ---- lexical confinement --------------------------------------------------------------------------- */
+
+/* The next component of *p (skipping slashes): its start and length, or false at the end. */
+static bool next_component(const char **p, const char **start, size_t *len) {
+  const char *s = *p;
+  while (*s == '/')
+    s++;
+  if (!*s)
+    return false;
+  const char *e = s;
+  while (*e && *e != '/')
+    e++;
+  *start = s;
+  *len = (size_t)(e - s);
+  *p = e;
+  return true;
+}
+
+static bool is_dot(const char *s, size_t n) {
+  return n == 1 && s[0] == '.';
+}
+static bool is_dotdot(const char *s, size_t n) {
+  return n == 2 && s[0] == '.' && s[1] == '.';
+}
+
+/* Append "/name" to out (capacity PATH_MAX); false when it would not fit. */
+static bool append_component(char *out, size_t *len, const char *s, size_t n) {
+  if (*len + 1 + n + 1 > PATH_MAX)
+    return false;
+  out[(*len)++] = '/';
+  memcpy(out + *len, s, n);
+  *len += n;
+  out[*len] = '\0';
+  return true;
+}
+
+/* Drop the last component of out (never above the root). */
+static void pop_component(char *out, size_t *len) {
+  while (*len > 0 && out[*len - 1] != '/')
+    (*len)--;
+  if (*len > 0)
+    (*len)--;
+  out[*len] = '\0';
+}
+
+char *ah__tool_confine(const char *cwd, const char *path, const char **why) {
+  const char *dummy = NULL;
+  if (!why)
+    why = &dummy;
+  *why = NULL;
+  if (!cwd || cwd[0] != '/') {
+    *why = "the working directory is not an absolute path";
+    return NULL;
+  }
+  if (!path || !*path) {
+    *why = "empty path";
+    return NULL;
+  }
+  if (strlen(path) >= PATH_MAX || strlen(cwd) >= PATH_MAX) {
+    *why = "path too long";
+    return NULL;
+  }
+  /* The cwd is trusted: normalise it lexically, ".." stopping at the root. */
+  char out[PATH_MAX] = "";
+  size_t len = 0;
+  const char *p = cwd;
+  const char *c = NULL;
+  size_t n = 0;
+  while (next_component(&p, &c, &n)) {
+    if (is_dot(c, n))
+      continue;
+    if (is_dotdot(c, n))
+      pop_component(out, &len);
+    else if (!append_component(out, &len, c, n)) {
+      *why = "path too long";
+      return NULL;
+    }
+  }
+  size_t base = len; /* the result never gets shorter than the cwd */
+  p = path;
+  if (path[0] == '/') {
+    /* An absolute path must start with the cwd's components ("." and repeated slashes aside); what follows
+     * is then treated like a relative path. */
+    const char *q = out;
+    const char *cc = NULL;
+    size_t cn = 0;
+    while (next_component(&q, &cc, &cn)) {
+      bool got = false;
+      while ((got = next_component(&p, &c, &n)) && is_dot(c, n)) {
+      }
+      if (!got || n != cn || memcmp(c, cc, n) != 0) {
+        *why = "absolute path outside the working directory";
+        return NULL;
+      }
+    }
+  }
+  while (next_component(&p, &c, &n)) {
+    if (is_dot(c, n))
+      continue;
+    if (is_dotdot(c, n)) {
+      if (len == base) {
+        *why = "path escapes the working directory";
+        return NULL;
+      }
+      pop_component(out, &len);
+    } else if (!append_component(out, &len, c, n)) {
+      *why = "path too long";
+      return NULL;
+    }
+  }
+  if (len == 0) { /* the cwd is "/" and the path names it */
+    out[0] = '/';
+    out[1] = '\0';
+  }
+  char *r = strdup(out);
+  if (!r)
+    *why = "out of memory";
+  return r;
+}
+
+/* The part of a confined absolute path below `cwd` (normalised the same way): "." for the cwd itself. */
+static const char *below_cwd(const char *confined, const char *cwd_norm) {
+  size_t n = strlen(cwd_norm);
+  if (strcmp(cwd_norm, "/") == 0)
+    return confined[1] ? confined + 1 : ".";
+  return confined[n] == '/' ? confined + n + 1 : ".";
+}
+
+/* ---- UTF-8 ------------------------------------------------------------------------------------------ */
+
+/* The sequence at s (n ≥ 1 bytes left): its length when valid; else minus the length of its maximal
+ * valid prefix (at least 1), with *cut set when that prefix was cut short by the end of the input. */
+static int utf8_seq(const unsigned char *s, size_t n, bool *cut) {
+  *cut = false;
+  unsigned c = s[0];
+  if (c < 0x80)
+    return 1;
+  int need = 0;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c == 0xE0) {
+    need = 2;
+    lo = 0xA0;
+  } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
+    need = 2;
+  } else if (c == 0xED) {
+    need = 2;
+    hi = 0x9F; /* no UTF-16 surrogates */
+  } else if (c == 0xF0) {
+    need = 3;
+    lo = 0x90;
+  } else if (c >= 0xF1 && c <= 0xF3) {
+    need = 3;
+  } else if (c == 0xF4) {
+    need = 3;
+    hi = 0x8F; /* nothing above U+10FFFF */
+  } else {
+    return -1;
+  }
+  for (int i = 1; i <= need; i++) {
+    if ((size_t)i >= n) {
+      *cut = true;
+      return -i;
+    }
+    if (s[i] < lo || s[i] > hi)
+      return -i;
+    lo = 0x80;
+    hi = 0xBF;
+  }
+  return need + 1;
+}
+
+/* A JSON string of `s` with every invalid sequence replaced by U+FFFD (its maximal subpart, as Unicode
+ * recommends). New reference; NULL when out of memory. */
+static json_t *utf8_lossy_string(const char *s, size_t n) {
+  if (n == 0)
+    return json_string(""); /* json_stringn(NULL, 0) would fail */
+  const unsigned char *u = (const unsigned char *)s;
+  size_t bad = 0;
+  bool cut = false;
+  for (size_t i = 0; i < n;) {
+    int k = utf8_seq(u + i, n - i, &cut);
+    if (k < 0)
+      bad++;
+    i += (size_t)(k < 0 ? -k : k);
+  }
+  if (bad == 0)
+    return json_stringn(s, n);
+  char *buf = malloc(n + bad * 3);
+  if (!buf)
+    return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    int k = utf8_seq(u + i, n - i, &cut);
+    if (k > 0) {
+      memcpy(buf + o, s + i, (size_t)k);
+      o += (size_t)k;
+      i += (size_t)k;
+    } else {
+      memcpy(buf + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i += (size_t)-k;
+    }
+  }
+  json_t *r = json_stringn(buf, o);
+  free(buf);
+  return r;
+}
+
+/* ---- opening beneath the cwd ---------------------------------------------------------------------- */
+
+#define MAX_LINKS 40
+
+/* Open the directory `done` (a normalised path of real directories below dirfd; "" = dirfd itself)
+ * without following any symlink. */
+static int open_dir_nofollow(int dirfd, const char *done) {
+  int fd = openat(dirfd, ".", O_PATH | O_DIRECTORY | O_CLOEXEC);
+  const char *p = done;
+  const char *c = NULL;
+  size_t n = 0;
+  char name[NAME_MAX + 1];
+  while (fd >= 0 && next_component(&p, &c, &n)) {
+    if (n > NAME_MAX) {
+      close(fd);
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    memcpy(name, c, n);
+    name[n] = '\0';
+    int next = openat(fd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    fd = next;
+  }
+  return fd;
+}
+
+int ah__tool_open_walk(int dirfd, const char *rel, int flags, mode_t mode) {
+  /* `done`: the directories resolved so far (never a symlink); `todo`: what is left to resolve. */
+  char done[PATH_MAX] = "";
+  size_t done_len = 0;
+  char todo[PATH_MAX];
+  if (strlen(rel) >= sizeof todo) {
+    errno = ENAMETOOLONG;
+    return -1;
+  }
+  strcpy(todo, rel);
+  int links = 0;
+  for (;;) {
+    const char *p = todo;
+    const char *c = NULL;
+    size_t n = 0;
+    bool got = false;
+    while ((got = next_component(&p, &c, &n)) && is_dot(c, n)) {
+    }
+    if (!got) {
+      /* Nothing left: the object is the directory resolved so far. */
+      int dfd = open_dir_nofollow(dirfd, done);
+      if (dfd < 0)
+        return -1;
+      int fd = openat(dfd, ".", flags & ~O_CREAT, mode);
+      int saved = errno;
+      close(dfd);
+      errno = saved;
+      return fd;
+    }
+    if (n > NAME_MAX) {
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    char name[NAME_MAX + 1];
+    memcpy(name, c, n);
+    name[n] = '\0';
+    memmove(todo, p, strlen(p) + 1); /* the rest, starting with '/' or empty */
+    if (is_dotdot(name, n)) {
+      if (done_len == 0) {
+        errno = EXDEV; /* above the cwd */
+        return -1;
+      }
+      pop_component(done, &done_len);
+      continue;
+    }
+    const char *rest = todo;
+    while (*rest == '/')
+      rest++;
+    bool last = *rest == '\0';
+    bool want_dir = !last || (todo[0] == '/'); /* a trailing slash asks for a directory */
+    int dfd = open_dir_nofollow(dirfd, done);
+    if (dfd < 0)
+      return -1;
+    int fd = -1;
+    if (last && !want_dir)
+      fd = openat(dfd, name, flags | O_NOFOLLOW, mode);
+    else
+      fd = openat(dfd, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+      close(dfd);
+      if (last && !want_dir)
+        return fd;
+      close(fd);
+      if (!append_component(done, &done_len, name, n)) {
+        errno = ENAMETOOLONG;
+        return -1;
+      }
+      continue;
+    }
+    /* Not openable as asked: a symlink (ELOOP from O_NOFOLLOW, ENOTDIR for O_DIRECTORY) is followed by
+     * hand; anything else is the error. */
+    int err = errno;
+    char target[PATH_MAX];
+    ssize_t tl = -1;
+    if (err == ELOOP || err == ENOTDIR)
+      tl = readlinkat(dfd, name, target, sizeof target - 1);
+    close(dfd);
+    if (tl < 0) {
+      errno = err;
+      return -1;
+    }
+    target[tl] = '\0';
+    if (++links > MAX_LINKS) {
+      errno = ELOOP;
+      return -1;
+    }
+    if (target[0] == '/') {
+      errno = EXDEV; /* RESOLVE_BENEATH refuses absolute links too */
+      return -1;
+    }
+    if ((size_t)tl + 1 + strlen(todo) + 1 > sizeof todo) {
+      errno = ENAMETOOLONG;
+      return -1;
+    }
+    memmove(todo + tl, todo, strlen(todo) + 1); /* target + the rest */
+    memcpy(todo, target, (size_t)tl);
+  }
+}
+
+/* Open `rel` beneath dirfd: openat2 when the kernel has it, the walk otherwise. */
+static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode) {
+  struct open_how how;
+  memset(&how, 0, sizeof how);
+  how.flags = (uint64_t)flags;
+  how.mode = (flags & O_CREAT) ? mode : 0;
+  how.resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS;
+  long fd = syscall(SYS_openat2, dirfd, rel, &how, sizeof how);
+  if (fd >= 0 || errno != ENOSYS)
+    return (int)fd;
+  return ah__tool_open_walk(dirfd, rel, flags, mode);
+}
+
+/* ---- one tool run ---------------------------------------------------------------------------------- */
+
+typedef struct out_buf {
+  char *data;
+  size_t len;
+  size_t cap;
+  char scratch[16384];
+} out_buf;
+
+typedef struct tool_run {
+  ah_host *host;
+  ah_mount *core;
+  tool_kind kind;
+  ah_tool_done_fn cb;
+  void *arg;
+  ah_cancel *cancel;
+  /* outcome */
+  json_t *result;
+  char *error; /* set: is_error with {error} */
+  /* file tools */
+  char *cwd;      /* normalised */
+  char *abs_path; /* confined */
+  const char *rel;
+  char *shown; /* the path as the agent gave it, for messages */
+  char *content;
+  size_t content_len;
+  /* run_command */
+  ah_process *proc;
+  ah_timer *timer;
+  ah_cancel_watch *cancel_watch;
+  ah_cancel_watch *host_watch;
+  bool killing;
+  bool truncated;
+  bool timed_out;
+  bool cancelled;
+  out_buf out[2]; /* stdout, stderr */
+  /* delivery of an outcome known before any work started */
+  uv_timer_t later;
+} tool_run;
+
+static void run_free(tool_run *r) {
+  json_decref(r->result);
+  free(r->error);
+  free(r->cwd);
+  free(r->abs_path);
+  free(r->shown);
+  free(r->content);
+  free(r->out[0].data);
+  free(r->out[1].data);
+  free(r);
+}
+
+static void set_error(tool_run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_error(tool_run *r, const char *fmt, ...) {
+  free(r->error);
+  r->error = NULL;
+  json_decref(r->result);
+  r->result = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(&r->error, fmt, ap) < 0)
+    r->error = NULL;
+  va_end(ap);
+  if (!r->error)
+    r->error = strdup("out of memory");
+}
+
+/* Hand the outcome to the caller. */
+static void deliver(tool_run *r) {
+  if (!r->error && !r->result)
+    set_error(r, "out of memory");
+  if (r->error) {
+    json_t *e = json_pack("{s:s}", "error", r->error ? r->error : "out of memory");
+    r->cb(e ? e : json_null(), true, r->arg);
+    json_decref(e);
+  } else {
+    r->cb(r->result, false, r->arg);
+  }
+}
+
+static void later_closed(uv_handle_t *h) {
+  run_free(h->data);
+}
+
+static void later_fired(uv_timer_t *t) {
+  tool_run *r = t->data;
+  deliver(r);
+  uv_close((uv_handle_t *)t, later_closed);
+}
+
+/* The outcome is already known (a refused path, a command that could not start): deliver it on a later
+ * loop turn, never from inside ah__tool_run. */
+static void deliver_later(tool_run *r) {
+  uv_timer_init(ah__host_loop(r->host), &r->later);
+  r->later.data = r;
+  uv_timer_start(&r->later, later_fired, 0, 0);
+}
+
+static const char *errno_text(int err) {
+  switch (err) {
+  case EXDEV:
+    return "path escapes the working directory (through a symbolic link)";
+  case ELOOP:
+    return "too many levels of symbolic links, or a link the tools do not follow";
+  default: {
+    const char *d = strerrordesc_np(err); /* static strings, safe on a pool thread */
+    return d ? d : "unknown error";
+  }
+  }
+}
+
+/* ---- file tools (pool thread) ---------------------------------------------------------------------- */
+
+static void do_read(tool_run *r, int dirfd) {
+  int fd = open_beneath(dirfd, r->rel, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+  if (fd < 0) {
+    set_error(r, "cannot open %s: %s", r->shown, errno_text(errno));
+    return;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    set_error(r, "%s is not a regular file", r->shown);
+    close(fd);
+    return;
+  }
+  size_t cap = AH_TOOL_MAX_READ + 1; /* one more byte tells whether there is more */
+  char *buf = malloc(cap);
+  if (!buf) {
+    close(fd);
+    set_error(r, "out of memory");
+    return;
+  }
+  size_t len = 0;
+  while (len < cap) {
+    ssize_t k = read(fd, buf + len, cap - len);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k < 0) {
+      set_error(r, "cannot read %s: %s", r->shown, errno_text(errno));
+      close(fd);
+      free(buf);
+      return;
+    }
+    if (k == 0)
+      break;
+    len += (size_t)k;
+  }
+  close(fd);
+  bool truncated = len > AH_TOOL_MAX_READ;
+  if (truncated)
+    len = AH_TOOL_MAX_READ;
+  const unsigned char *u = (const unsigned char *)buf;
+  for (size_t i = 0; i < len;) {
+    bool cut = false;
+    int k = u[i] == 0 ? 0 : utf8_seq(u + i, len - i, &cut);
+    if (k > 0) {
+      i += (size_t)k;
+      continue;
+    }
+    if (truncated && cut) { /* the cap split a character: end before it */
+      len = i;
+      break;
+    }
+    set_error(r, "%s: binary file (not UTF-8 text)", r->shown);
+    free(buf);
+    return;
+  }
+  r->result =
+      json_pack("{s:s%, s:I, s:b}", "content", buf, len, "bytes", (json_int_t)len, "truncated", truncated);
+  free(buf);
+}
+
+static void do_write(tool_run *r, int dirfd) {
+  int fd =
+      open_beneath(dirfd, r->rel, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+  if (fd < 0) {
+    set_error(r, "cannot open %s for writing: %s", r->shown, errno_text(errno));
+    return;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    set_error(r, "%s is not a regular file", r->shown);
+    close(fd);
+    return;
+  }
+  size_t done = 0;
+  while (done < r->content_len) {
+    ssize_t k = write(fd, r->content + done, r->content_len - done);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k < 0) {
+      set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
+      close(fd);
+      return;
+    }
+    done += (size_t)k;
+  }
+  if (close(fd) != 0) {
+    set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
+    return;
+  }
+  r->result = json_pack("{s:s, s:I}", "path", r->abs_path, "bytes", (json_int_t)done);
+}
+
+typedef struct dir_entry {
+  char *name;
+  const char *type;
+  json_int_t size;
+} dir_entry;
+
+static int entry_cmp(const void *a, const void *b) {
+  return strcmp(((const dir_entry *)a)->name, ((const dir_entry *)b)->name);
+}
+
+static void do_list(tool_run *r, int cwdfd) {
+  int fd = open_beneath(cwdfd, r->rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd < 0) {
+    set_error(r, "cannot open directory %s: %s", r->shown, errno_text(errno));
+    return;
+  }
+  DIR *d = fdopendir(fd);
+  if (!d) {
+    set_error(r, "cannot list %s: %s", r->shown, errno_text(errno));
+    close(fd);
+    return;
+  }
+  dir_entry *ents = NULL;
+  size_t n = 0, cap = 0;
+  bool nomem = false;
+  struct dirent *e = NULL;
+  while (!nomem && (e = readdir(d))) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+      continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT)
+        continue; /* removed while we listed */
+      memset(&st, 0, sizeof st);
+    }
+    if (n == cap) {
+      size_t ncap = cap ? cap * 2 : 64;
+      dir_entry *grown = realloc(ents, ncap * sizeof *ents);
+      if (!grown) {
+        nomem = true;
+        break;
+      }
+      ents = grown;
+      cap = ncap;
+    }
+    dir_entry *de = &ents[n];
+    de->name = strdup(e->d_name);
+    if (!de->name) {
+      nomem = true;
+      break;
+    }
+    de->type = S_ISREG(st.st_mode)   ? "file"
+               : S_ISDIR(st.st_mode) ? "dir"
+               : S_ISLNK(st.st_mode) ? "symlink"
+                                     : "other";
+    de->size = (json_int_t)st.st_size;
+    n++;
+  }
+  closedir(d);
+  if (!nomem && n > 1)
+    qsort(ents, n, sizeof *ents, entry_cmp);
+  json_t *list = nomem ? NULL : json_array();
+  for (size_t i = 0; list && i < n; i++) {
+    json_t *name = utf8_lossy_string(ents[i].name, strlen(ents[i].name)); /* names need not be UTF-8 */
+    json_t *item =
+        name ? json_pack("{s:o, s:s, s:I}", "name", name, "type", ents[i].type, "size", ents[i].size) : NULL;
+    if (!item || json_array_append_new(list, item) != 0) {
+      json_decref(list);
+      list = NULL;
+    }
+  }
+  for (size_t i = 0; i < n; i++)
+    free(ents[i].name);
+  free(ents);
+  if (!list) {
+    set_error(r, "out of memory");
+    return;
+  }
+  r->result = json_pack("{s:o}", "entries", list);
+}
+
+static void file_work(void *arg) {
+  tool_run *r = arg;
+  if (ah__cancel_tripped(r->cancel)) {
+    set_error(r, "cancelled");
+    return;
+  }
+  int dirfd = open(r->cwd, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dirfd < 0) {
+    set_error(r, "cannot open the working directory: %s", errno_text(errno));
+    return;
+  }
+  switch (r->kind) {
+  case TOOL_READ_FILE:
+    do_read(r, dirfd);
+    break;
+  case TOOL_WRITE_FILE:
+    do_write(r, dirfd);
+    break;
+  case TOOL_LIST_DIR:
+    do_list(r, dirfd);
+    break;
+  default:
+    set_error(r, "internal error: not a file tool");
+    break;
+  }
+  close(dirfd);
+}
+
+static void file_after(void *arg, int status) {
+  tool_run *r = arg;
+  if (status == AH_ECANCELED)
+    set_error(r, "cancelled: the host is stopping");
+  deliver(r);
+  run_free(r);
+}
+
+/* ---- run_command ----------------------------------------------------------------------------------- */
+
+static tool_run *run_of_stream(uv_stream_t *s, int *which) {
+  const ah_host_api *api = &ah__api_table;
+  ah_process *p = api->process_of_stream(s);
+  *which = s == api->process_stdout(p) ? 0 : 1;
+  return api->process_arg(p);
+}
+
+static void out_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)suggested;
+  int which = 0;
+  tool_run *r = run_of_stream((uv_stream_t *)h, &which);
+  buf->base = r->out[which].scratch;
+  buf->len = sizeof r->out[which].scratch;
+}
+
+static void out_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  int which = 0;
+  tool_run *r = run_of_stream(s, &which);
+  out_buf *o = &r->out[which];
+  if (nread < 0) {
+    uv_read_stop(s); /* EOF or a read error: the process service closes the pipe */
+    return;
+  }
+  size_t n = (size_t)nread;
+  size_t room = AH_TOOL_MAX_OUTPUT - o->len;
+  if (n > room) {
+    r->truncated = true; /* keep reading (so the child does not block) and discard */
+    n = room;
+  }
+  if (n == 0)
+    return;
+  if (o->len + n > o->cap) {
+    size_t ncap = o->cap ? o->cap : 4096;
+    while (ncap < o->len + n)
+      ncap *= 2;
+    if (ncap > AH_TOOL_MAX_OUTPUT)
+      ncap = AH_TOOL_MAX_OUTPUT;
+    char *grown = realloc(o->data, ncap);
+    if (!grown) {
+      r->truncated = true;
+      return;
+    }
+    o->data = grown;
+    o->cap = ncap;
+  }
+  memcpy(o->data + o->len, buf->base, n);
+  o->len += n;
+}
+
+static void kill_group(tool_run *r, uint64_t grace_ms) {
+  if (r->proc->exited)
+    return;
+  if (r->killing && grace_ms > 0)
+    return; /* a kill is already escalating */
+  r->killing = true;
+  ah__api_table.process_kill(r->proc, grace_ms);
+}
+
+static void on_timeout(ah_timer *t, void *arg) {
+  (void)t;
+  tool_run *r = arg;
+  r->timer = NULL; /* a one-shot timer is freed by the host after this callback */
+  if (r->proc->exited)
+    return;
+  r->timed_out = true;
+  kill_group(r, AH_TOOL_KILL_GRACE_MS);
+}
+
+static void on_cancel(ah_cancel *token, void *arg) {
+  (void)token;
+  tool_run *r = arg;
+  r->cancel_watch = NULL; /* a fired watch is gone */
+  if (r->proc->exited)
+    return;
+  r->cancelled = true;
+  kill_group(r, AH_TOOL_KILL_GRACE_MS);
+}
+
+/* The core's token trips when the host stops: no grace, the host is waiting for this exit. */
+static void on_host_stop(ah_cancel *token, void *arg) {
+  (void)token;
+  tool_run *r = arg;
+  r->host_watch = NULL;
+  if (r->proc->exited)
+    return;
+  r->cancelled = true;
+  kill_group(r, 0);
+}
+
+static json_t *signal_name(int sig) {
+  if (sig == 0)
+    return json_null();
+  const char *abbrev = sigabbrev_np(sig);
+  return abbrev ? json_sprintf("SIG%s", abbrev) : json_sprintf("SIG%d", sig);
+}
+
+static void command_exited(ah_process *p, int64_t exit_status, int term_signal, void *arg) {
+  (void)p;
+  tool_run *r = arg;
+  ah_mount *core = r->core;
+  if (r->timer)
+    ah__api_table.timer_stop(r->timer);
+  r->timer = NULL;
+  ah__cancel_unwatch(r->cancel_watch);
+  r->cancel_watch = NULL;
+  ah__cancel_unwatch(r->host_watch);
+  r->host_watch = NULL;
+  if (!r->error) {
+    r->result =
+        json_pack("{s:o, s:o, s:o, s:o, s:b, s:b, s:b}", "exitCode",
+                  term_signal ? json_null() : json_integer((json_int_t)exit_status), "signal",
+                  signal_name(term_signal), "stdout", utf8_lossy_string(r->out[0].data, r->out[0].len),
+                  "stderr", utf8_lossy_string(r->out[1].data, r->out[1].len), "truncated", r->truncated,
+                  "timedOut", r->timed_out, "cancelled", r->cancelled);
+  }
+  deliver(r);
+  run_free(r);
+  /* The run held the core's withdraw like a call; let it go on. */
+  core->ncalls--;
+  ah__mount_call_finished(core);
+}
+
+static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) {
+  const ah_host_api *api = &ah__api_table;
+  if (ah__cancel_tripped(r->cancel)) {
+    r->cancelled = true;
+    r->result = json_pack("{s:n, s:n, s:s, s:s, s:b, s:b, s:b}", "exitCode", "signal", "stdout", "", "stderr",
+                          "", "truncated", false, "timedOut", false, "cancelled", true);
+    if (!r->result)
+      return AH_ENOMEM;
+    deliver_later(r);
+    return 0;
+  }
+  const char *args[] = {"/bin/sh", "-c", command, NULL};
+  ah_process_opts opts;
+  memset(&opts, 0, sizeof opts);
+  opts.struct_size = sizeof opts;
+  opts.file = args[0];
+  opts.args = args;
+  opts.env = NULL; /* the allowlist and nothing else (SECURITY.md T7, G10) */
+  opts.cwd = r->cwd;
+  opts.pipe_stdin = false;
+  opts.pipe_stdout = true;
+  opts.pipe_stderr = true;
+  opts.on_exit = command_exited;
+  opts.arg = r;
+  ah_process *p = NULL;
+  int rc = api->spawn(r->core, &opts, &p);
+  if (rc == AH_ENOMEM)
+    return rc;
+  if (rc) {
+    set_error(r, "cannot run the command: %s",
+              rc == AH_ESTATE   ? "the host is stopping"
+              : rc == AH_ENOENT ? "/bin/sh or the working directory does not exist"
+                                : ah_strerror(rc));
+    deliver_later(r);
+    return 0;
+  }
+  r->proc = p;
+  r->core->ncalls++; /* a stopping host drains it before it goes on */
+  for (int i = 0; i < 2; i++) {
+    uv_stream_t *s = i == 0 ? api->process_stdout(p) : api->process_stderr(p);
+    int urc = uv_read_start(s, out_alloc, out_read);
+    if (urc) {
+      set_error(r, "cannot read the command's output: %s", uv_strerror(urc));
+      kill_group(r, 0);
+      return 0;
+    }
+  }
+  if (api->timer_start(r->core, timeout_ms, 0, on_timeout, r, &r->timer) != 0) {
+    r->timer = NULL;
+    set_error(r, "cannot start the command's timer");
+    kill_group(r, 0);
+    return 0;
+  }
+  if (r->cancel) {
+    rc = ah__cancel_watch(r->cancel, on_cancel, r, &r->cancel_watch);
+    if (rc == AH_ECANCELED) {
+      r->cancel_watch = NULL;
+      r->cancelled = true;
+      kill_group(r, AH_TOOL_KILL_GRACE_MS);
+    } else if (rc) {
+      r->cancel_watch = NULL;
+      set_error(r, "cannot watch the cancellation token");
+      kill_group(r, 0);
+      return 0;
+    }
+  }
+  if (ah__cancel_watch(r->core->token, on_host_stop, r, &r->host_watch) != 0) {
+    r->host_watch = NULL;
+    r->cancelled = true;
+    kill_group(r, 0);
+  }
+  return 0;
+}
+
+/* ---- arguments and dispatch ------------------------------------------------------------------------ */
+
+/* Every key of args must be a parameter of the tool, every required one present with its type. */
+static bool args_valid(const tool_def *d, const json_t *args) {
+  const char *key = NULL;
+  json_t *v = NULL;
+  json_object_foreach((json_t *)args, key, v) {
+    const tool_param *p = NULL;
+    for (size_t i = 0; i < d->nparams; i++)
+      if (strcmp(d->params[i].name, key) == 0)
+        p = &d->params[i];
+    if (!p) {
+      AH_LOG_W("tools", "refused %s: field %s: unknown parameter", d->name, key);
+      return false;
+    }
+    bool ok = strcmp(p->type, "string") == 0 ? json_is_string(v) : json_is_integer(v);
+    if (!ok) {
+      AH_LOG_W("tools", "refused %s: field %s: must be a%s %s", d->name, key, p->type[0] == 'i' ? "n" : "",
+               p->type);
+      return false;
+    }
+  }
+  for (size_t i = 0; i < d->nparams; i++)
+    if (d->params[i].required && !json_object_get(args, d->params[i].name)) {
+      AH_LOG_W("tools", "refused %s: field %s: missing", d->name, d->params[i].name);
+      return false;
+    }
+  return true;
+}
+
+int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
+                 ah_tool_done_fn cb, void *arg) {
+  if (!h || !cb || !cwd || cwd[0] != '/' || !json_is_object(args))
+    return AH_EINVAL;
+  const tool_def *d = tool_find(name);
+  if (!d) {
+    AH_LOG_W("tools", "refused tool '%s': unknown tool", name ? name : "(null)");
+    return AH_EINVAL;
+  }
+  if (!args_valid(d, args))
+    return AH_EINVAL;
+  const char *command = NULL;
+  uint64_t timeout_ms = AH_TOOL_DEFAULT_TIMEOUT_MS;
+  if (d->kind == TOOL_RUN_COMMAND) {
+    json_t *c = json_object_get(args, "command");
+    command = json_string_value(c);
+    if (!*command || strlen(command) != json_string_length(c)) {
+      AH_LOG_W("tools", "refused run_command: field command: %s", *command ? "contains a NUL byte" : "empty");
+      return AH_EINVAL;
+    }
+    json_t *t = json_object_get(args, "timeout_ms");
+    if (t) {
+      json_int_t v = json_integer_value(t);
+      if (v < 1) {
+        AH_LOG_W("tools", "refused run_command: field timeout_ms: must be at least 1");
+        return AH_EINVAL;
+      }
+      timeout_ms = v > AH_TOOL_MAX_TIMEOUT_MS ? AH_TOOL_MAX_TIMEOUT_MS : (uint64_t)v;
+    }
+  }
+  ah_mount *core = ah__host_core_mount(h);
+  tool_run *r = calloc(1, sizeof *r);
+  if (!r)
+    return AH_ENOMEM;
+  r->host = h;
+  r->core = core;
+  r->kind = d->kind;
+  r->cb = cb;
+  r->arg = arg;
+  r->cancel = cancel;
+  const char *why = NULL;
+  r->cwd = ah__tool_confine(cwd, ".", &why); /* the cwd, normalised */
+  if (!r->cwd) {
+    run_free(r);
+    return why && strcmp(why, "out of memory") == 0 ? AH_ENOMEM : AH_EINVAL;
+  }
+  if (!core) {
+    set_error(r, "the host is stopping");
+    deliver_later(r);
+    return 0;
+  }
+  if (d->kind == TOOL_RUN_COMMAND) {
+    int rc = start_command(r, command, timeout_ms);
+    if (rc)
+      run_free(r);
+    return rc;
+  }
+  json_t *pv = json_object_get(args, "path");
+  const char *path = json_string_value(pv);
+  r->shown = strdup(path);
+  if (!r->shown) {
+    run_free(r);
+    return AH_ENOMEM;
+  }
+  if (d->kind == TOOL_WRITE_FILE) {
+    json_t *cv = json_object_get(args, "content");
+    r->content_len = json_string_length(cv);
+    r->content = malloc(r->content_len + 1);
+    if (!r->content) {
+      run_free(r);
+      return AH_ENOMEM;
+    }
+    memcpy(r->content, json_string_value(cv), r->content_len + 1);
+  }
+  if (strlen(path) != json_string_length(pv)) {
+    set_error(r, "path contains a NUL byte");
+  } else if (ah__cancel_tripped(cancel)) {
+    set_error(r, "cancelled");
+  } else {
+    r->abs_path = ah__tool_confine(r->cwd, path, &why);
+    if (!r->abs_path)
+      set_error(r, "%s: %s", path, why ? why : "refused");
+    else
+      r->rel = below_cwd(r->abs_path, r->cwd);
+  }
+  if (r->error) {
+    deliver_later(r);
+    return 0;
+  }
+  int rc = ah__api_table.queue_work(core, file_work, file_after, r);
+  if (rc == AH_ENOMEM) {
+    run_free(r);
+    return rc;
+  }
+  if (rc) {
+    set_error(r, "cannot run %s: %s", d->name, rc == AH_ESTATE ? "the host is stopping" : ah_strerror(rc));
+    deliver_later(r);
+  }
+  return 0;
+}

@@ -1,0 +1,56 @@
+/* agenthost — the built-in tools an agent may use (internal).
+ *
+ * read_file {path}, write_file {path, content}, list_dir {path}, run_command {command, timeout_ms?}
+ * (DECISIONS.md "Tools"). Paths are relative to the session cwd (or absolute inside it) and confined to it:
+ * no escape through "..", absolute paths elsewhere, or symlinks (resolved beneath the cwd with openat2
+ * RESOLVE_BENEATH). File work runs on the thread pool; run_command runs `/bin/sh -c command` in the
+ * session cwd through the host's process service (environment allowlist + nothing else, its own process
+ * group), with an output cap, a timeout, and cancellation that kills the whole group (SIGTERM, SIGKILL
+ * after a grace period) and reports only after the exit was observed.
+ *
+ * Policies (per session and tool): "allow" | "ask" | "deny"; defaults: allow for read_file and list_dir,
+ * ask for write_file and run_command. The agent applies them; this unit only runs tools.
+ *
+ * Results (JSON objects):
+ *   read_file   {content, bytes, truncated}          (UTF-8 text; at most AH_TOOL_MAX_READ bytes)
+ *   write_file  {path, bytes}                         (creates or truncates; parent directories must exist)
+ *   list_dir    {entries: [{name, type: "file"|"dir"|"symlink"|"other", size}]}  sorted by name
+ *   run_command {exitCode, signal, stdout, stderr, truncated, timedOut, cancelled}
+ * Errors: is_error = true and {error: message} (a path outside the cwd, a missing file, bad arguments…).
+ */
+#ifndef AGENTHOST_HOST_TOOLS_H
+#define AGENTHOST_HOST_TOOLS_H
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#include "host.h"
+
+#define AH_TOOL_MAX_READ (1024 * 1024)
+#define AH_TOOL_MAX_OUTPUT (256 * 1024) /* per stream of run_command */
+#define AH_TOOL_DEFAULT_TIMEOUT_MS 60000
+#define AH_TOOL_MAX_TIMEOUT_MS 600000
+#define AH_TOOL_KILL_GRACE_MS 2000
+
+/* [{name, description, params: {NAME: {type, description, required}}}] for the four tools. New reference. */
+json_t *ah__tools_describe(void);
+bool ah__tool_known(const char *name);
+/* "allow" or "ask" (static storage); NULL for an unknown tool. */
+const char *ah__tool_default_policy(const char *name);
+
+/* `result` is borrowed for the call. */
+typedef void (*ah_tool_done_fn)(const json_t *result, bool is_error, void *arg);
+
+/* Run tool `name` with `args` (borrowed for the call) in `cwd` (absolute). `cancel` (may be NULL): when it
+ * trips, the tool stops (run_command: the group is killed) and reports {cancelled: true} / an error.
+ * Returns 0 and `cb` runs exactly once on a later loop turn; or AH_EINVAL (unknown tool, bad arguments —
+ * `cb` not called) / AH_ENOMEM. */
+int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
+                 ah_tool_done_fn cb, void *arg);
+
+/* Resolve `path` beneath `cwd` for a tool: returns a malloc'ed absolute path inside cwd, or NULL with
+ * *why (static string) when it escapes or is invalid. Lexical check only (symlinks are refused at open
+ * time by RESOLVE_BENEATH); exposed for tests. */
+char *ah__tool_confine(const char *cwd, const char *path, const char **why);
+
+#endif

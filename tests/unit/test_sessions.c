@@ -1,0 +1,700 @@
+/* Sessions, agents, turns, server requests (PROTOCOLS.md "Core": sessions, events, server requests):
+ * real store files, the real echo provider, the real tools. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "host_support.h"
+#include "internal.h"
+#include "sessions.h"
+#include "store.h"
+#include "support.h"
+
+/* ---- a host with a state directory ------------------------------------------------------------------ */
+
+typedef struct world {
+  uv_loop_t loop;
+  char *dir;
+  char *state;
+  char *work; /* a session cwd */
+  ah_config cfg;
+  ah_host *h;
+  json_t *events; /* every bus event seen: [[name, data], ...] */
+  ah_sub *sub;
+} world;
+
+static void on_bus(const char *name, const json_t *data, void *arg) {
+  world *w = arg;
+  json_array_append_new(w->events, json_pack("[sO]", name, data));
+}
+
+static ah_host *host_on(world *w) {
+  ah_host *h = NULL;
+  ah_host_opts opts = {.loop = &w->loop, .config = &w->cfg, .mode = "serve", .drain_ms = 1000};
+  cr_assert_eq(ah__host_new(&opts, &h), 0);
+  return h;
+}
+
+static void world_up(world *w) {
+  memset(w, 0, sizeof *w);
+  cr_assert_eq(uv_loop_init(&w->loop), 0);
+  w->dir = ts_mkdtemp();
+  cr_assert(asprintf(&w->state, "%s/state", w->dir) > 0);
+  cr_assert(asprintf(&w->work, "%s/work", w->dir) > 0);
+  cr_assert_eq(mkdir(w->work, 0700), 0);
+  w->cfg.state_dir = w->state;
+  w->cfg.default_provider = "echo";
+  w->h = host_on(w);
+  w->events = json_array();
+  cr_assert_eq(ah__host_api(w->h)->subscribe(ah__host_core_mount(w->h), "*", on_bus, w, &w->sub), 0);
+}
+
+static void world_down(world *w) {
+  if (w->h)
+    cr_assert_eq(th_host_stop_free(&w->loop, w->h), 0);
+  else
+    cr_assert_eq(ts_loop_close(&w->loop), 0);
+  json_decref(w->events);
+  ts_rmtree(w->dir);
+  free(w->dir);
+  free(w->state);
+  free(w->work);
+}
+
+/* Call and require success; returns the result (owned). */
+static json_t *ok_call(world *w, const char *method, json_t *params) {
+  ts_outcome o;
+  int rc = th_call(&w->loop, w->h, AH_AUTH_ADMIN, method, params, &o);
+  cr_assert_eq(rc, 0, "%s: dispatch %s", method, ah_err_name(rc));
+  cr_assert(o.done, "%s: no answer", method);
+  cr_assert_eq(o.status, 0, "%s: %s %s", method, ah_err_name(o.status), o.message ? o.message : "");
+  json_t *r = o.result;
+  free(o.message);
+  return r;
+}
+
+static int err_call(world *w, const char *method, json_t *params) {
+  ts_outcome o;
+  int rc = th_call(&w->loop, w->h, AH_AUTH_ADMIN, method, params, &o);
+  if (rc)
+    return rc;
+  cr_assert(o.done, "%s: no answer", method);
+  int st = o.status;
+  th_outcome_clear(&o);
+  return st;
+}
+
+static char *create(world *w) {
+  json_t *r = ok_call(w, "session.create", json_pack("{s:s, s:s}", "cwd", w->work, "title", "t"));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  return id;
+}
+
+static char *prompt(world *w, const char *id, const char *text) {
+  json_t *r = ok_call(w, "session.prompt", json_pack("{s:s, s:s}", "sessionId", id, "text", text));
+  char *mid = strdup(json_string_value(json_object_get(r, "messageId")));
+  json_decref(r);
+  return mid;
+}
+
+/* The stored events of a session. */
+static json_t *history(world *w, const char *id) {
+  json_t *r = ok_call(w, "session.history", json_pack("{s:s, s:i}", "sessionId", id, "limit", 1000));
+  json_t *ev = json_incref(json_object_get(r, "events"));
+  json_decref(r);
+  return ev;
+}
+
+/* The first stored event of `kind` (after index `from`), or NULL. Borrowed from `events`. */
+static json_t *find_kind(json_t *events, const char *kind, size_t from) {
+  for (size_t i = from; i < json_array_size(events); i++) {
+    json_t *e = json_array_get(events, i);
+    if (strcmp(json_string_value(json_object_get(e, "kind")), kind) == 0)
+      return e;
+  }
+  return NULL;
+}
+
+typedef struct wait_kind {
+  world *w;
+  const char *id;
+  const char *kind;
+  int count;
+} wait_kind;
+
+static bool has_kind(void *arg) {
+  wait_kind *k = arg;
+  json_t *ev = ah__store_events(ah__sessions_store(ah__host_sessions(k->w->h)), k->id, 0, 100000);
+  int n = 0;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(ev, i, e) {
+    n += strcmp(json_string_value(json_object_get(e, "kind")), k->kind) == 0;
+  }
+  json_decref(ev);
+  return n >= k->count;
+}
+
+static void wait_for(world *w, const char *id, const char *kind, int count) {
+  wait_kind k = {w, id, kind, count};
+  cr_assert(ts_run_until_pred(&w->loop, has_kind, &k, 10000), "no %d x %s in session %s", count, kind, id);
+}
+
+static json_t *pending_requests(world *w, const char *id) {
+  json_t *r = ok_call(w, "request.list", json_pack("{s:s}", "sessionId", id));
+  json_t *l = json_incref(json_object_get(r, "requests"));
+  json_decref(r);
+  return l;
+}
+
+typedef struct wait_req {
+  world *w;
+  const char *id;
+} wait_req;
+
+static bool has_request(void *arg) {
+  wait_req *q = arg;
+  json_t *l = pending_requests(q->w, q->id);
+  bool has = json_array_size(l) > 0;
+  json_decref(l);
+  return has;
+}
+
+static json_t *wait_request(world *w, const char *id) {
+  wait_req q = {w, id};
+  cr_assert(ts_run_until_pred(&w->loop, has_request, &q, 10000), "no pending request");
+  json_t *l = pending_requests(w, id);
+  json_t *r = json_incref(json_array_get(l, 0));
+  json_decref(l);
+  return r;
+}
+
+static json_t *respond_as(world *w, uint64_t conn, json_t *params) {
+  ts_outcome o;
+  memset(&o, 0, sizeof o);
+  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LAN, .surface = "test", .connection_id = conn};
+  cr_assert_eq(ah__host_dispatch(w->h, &c, "request.respond", params, NULL, th_reply, &o), 0);
+  cr_assert(ts_run_until(&w->loop, &o.done, 5000));
+  cr_assert_eq(o.status, 0, "%s", o.message ? o.message : "");
+  free(o.message);
+  return o.result;
+}
+
+static bool seq_gapless(json_t *events) {
+  for (size_t i = 0; i < json_array_size(events); i++)
+    if (json_integer_value(json_object_get(json_array_get(events, i), "seq")) != (json_int_t)i + 1)
+      return false;
+  return true;
+}
+
+TestSuite(sessions, .timeout = 60);
+
+static bool five_published(void *arg) {
+  world *w = arg;
+  int n = 0;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    n += strcmp(json_string_value(json_array_get(e, 0)), "session.event") == 0;
+  }
+  return n >= 5;
+}
+
+Test(sessions, prompt_runs_a_turn_with_gapless_events_and_status) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *mid = prompt(&w, id, "hello");
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_assert(seq_gapless(ev));
+  const char *kinds[] = {"inbox/received", "inbox/claimed", "turn/started", "message/committed",
+                         "turn/ended"};
+  cr_assert_eq(json_array_size(ev), 5);
+  for (size_t i = 0; i < 5; i++)
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, i), "kind")), kinds[i]);
+  json_t *commit = find_kind(ev, "message/committed", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(commit, "data"), "text")),
+                   "echo: hello");
+  json_t *end = find_kind(ev, "turn/ended", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(end, "messageId")), mid);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(end, "data"), "reason")), "end");
+  cr_assert_gt(json_integer_value(json_object_get(end, "cursor")), 0);
+  cr_assert(ts_run_until_pred(&w.loop, five_published, &w, 5000), "the bus did not publish the five events");
+  /* The bus saw: created, running, the stored events in order (with cursors), a delta, idle. */
+  bool running = false, idle_after = false, delta = false;
+  int64_t last_seq = 0;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    const char *name = json_string_value(json_array_get(e, 0));
+    json_t *d = json_array_get(e, 1);
+    if (strcmp(name, "session.status") == 0) {
+      const char *st = json_string_value(json_object_get(d, "status"));
+      if (strcmp(st, "running") == 0)
+        running = true;
+      else if (running)
+        idle_after = true;
+    } else if (strcmp(name, "session.event") == 0) {
+      int64_t seq = json_integer_value(json_object_get(json_object_get(d, "event"), "seq"));
+      cr_assert_eq(seq, last_seq + 1, "bus order");
+      last_seq = seq;
+    } else if (strcmp(name, "session.delta") == 0) {
+      delta = true;
+    }
+  }
+  cr_assert(running && idle_after && delta);
+  cr_assert_eq(last_seq, 5);
+  json_decref(ev);
+  free(mid);
+  free(id);
+  world_down(&w);
+}
+
+static void receipt_checks_store(const ah_outcome *o, void *arg) {
+  world *w = arg;
+  cr_assert_eq(o->status, 0);
+  const char *mid = json_string_value(json_object_get(o->result, "messageId"));
+  const char *sid = json_string_value(json_object_get(o->result, "sessionId"));
+  /* At the moment of the receipt the inbox row and its event are already durable (read back through the
+   * store's own read connection). */
+  json_t *ev = ah__store_events(ah__sessions_store(ah__host_sessions(w->h)), sid, 0, 100);
+  json_t *first = json_array_get(ev, 0);
+  cr_assert_not_null(first, "no stored event at receipt time");
+  cr_assert_str_eq(json_string_value(json_object_get(first, "kind")), "inbox/received");
+  cr_assert_str_eq(json_string_value(json_object_get(first, "messageId")), mid);
+  json_decref(ev);
+  json_array_append_new(w->events, json_pack("[ss]", "receipt", mid));
+}
+
+Test(sessions, receipt_only_after_the_inbox_row_is_committed) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LAN, .surface = "test"};
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+                                 json_pack("{s:s, s:s}", "sessionId", id, "text", "x"), NULL,
+                                 receipt_checks_store, &w),
+               0);
+  wait_for(&w, id, "turn/ended", 1);
+  bool got = false;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    got = got || strcmp(json_string_value(json_array_get(e, 0)), "receipt") == 0;
+  }
+  cr_assert(got);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, failure_is_attributed_to_its_own_message) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *m1 = prompt(&w, id, "/sleep 50\nfirst");
+  char *m2 = prompt(&w, id, "/fail boom");
+  char *m3 = prompt(&w, id, "third");
+  wait_for(&w, id, "turn/ended", 3);
+  json_t *ev = history(&w, id);
+  cr_assert(seq_gapless(ev));
+  const char *mids[3] = {m1, m2, m3};
+  const char *reasons[3] = {"end", "error", "end"};
+  size_t from = 0;
+  for (int k = 0; k < 3; k++) {
+    json_t *end = find_kind(ev, "turn/ended", from);
+    cr_assert_not_null(end);
+    cr_assert_str_eq(json_string_value(json_object_get(end, "messageId")), mids[k], "turn %d", k);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(end, "data"), "reason")), reasons[k]);
+    from = (size_t)json_integer_value(json_object_get(end, "seq"));
+  }
+  cr_assert_str_eq(json_string_value(json_object_get(
+                       json_object_get(find_kind(ev, "turn/ended", 0 + 0), "data"), "reason")),
+                   "end");
+  json_decref(ev);
+  free(m1);
+  free(m2);
+  free(m3);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, history_never_wakes_an_agent_nor_changes_the_store) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *mid = prompt(&w, id, "hello");
+  wait_for(&w, id, "turn/ended", 1);
+  free(mid);
+  /* Restart the host: the session is cold. */
+  cr_assert_eq(th_host_stop_free(&w.loop, w.h), 0);
+  cr_assert_eq(uv_loop_init(&w.loop), 0);
+  w.h = host_on(&w);
+  cr_assert_eq(ah__sessions_live(ah__host_sessions(w.h)), 0);
+  char path[600];
+  snprintf(path, sizeof path, "%s/agenthost.db", w.state);
+  json_t *before = ah__store_get_session(ah__sessions_store(ah__host_sessions(w.h)), id);
+  json_t *ev = history(&w, id);
+  cr_assert_eq(json_array_size(ev), 5);
+  json_decref(ev);
+  json_t *g = ok_call(&w, "session.get", json_pack("{s:s}", "sessionId", id));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(g, "session"), "status")), "idle");
+  cr_assert(json_is_false(json_object_get(json_object_get(g, "session"), "live")));
+  json_decref(g);
+  json_t *after = ah__store_get_session(ah__sessions_store(ah__host_sessions(w.h)), id);
+  cr_assert(json_equal(before, after), "the row changed (a lease was taken?)");
+  cr_assert_eq(ah__sessions_live(ah__host_sessions(w.h)), 0);
+  cr_assert_eq(ah__sessions_loads(ah__host_sessions(w.h)), 0);
+  json_decref(before);
+  json_decref(after);
+  free(id);
+  world_down(&w);
+}
+
+typedef struct two {
+  ts_outcome a, b;
+} two;
+
+static bool both(void *arg) {
+  two *t = arg;
+  return t->a.done && t->b.done;
+}
+
+Test(sessions, concurrent_cold_resumes_load_once) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  cr_assert_eq(th_host_stop_free(&w.loop, w.h), 0);
+  cr_assert_eq(uv_loop_init(&w.loop), 0);
+  w.h = host_on(&w);
+  two t;
+  memset(&t, 0, sizeof t);
+  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LAN, .surface = "test"};
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+                                 json_pack("{s:s, s:s}", "sessionId", id, "text", "a"), NULL, th_reply, &t.a),
+               0);
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+                                 json_pack("{s:s, s:s}", "sessionId", id, "text", "b"), NULL, th_reply, &t.b),
+               0);
+  cr_assert(ts_run_until_pred(&w.loop, both, &t, 5000));
+  cr_assert_eq(t.a.status, 0);
+  cr_assert_eq(t.b.status, 0);
+  cr_assert_eq(ah__sessions_loads(ah__host_sessions(w.h)), 1, "two concurrent cold resumes, one load");
+  wait_for(&w, id, "turn/ended", 2);
+  th_outcome_clear(&t.a);
+  th_outcome_clear(&t.b);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, a_second_owner_gets_agent_busy) {
+  world w;
+  world_up(&w);
+  char *id = create(&w); /* live in host A, lease held */
+  /* Host B on the same state directory (a second process, as far as leases go: another owner). */
+  uv_loop_t loop_b;
+  cr_assert_eq(uv_loop_init(&loop_b), 0);
+  ah_host *b = NULL;
+  ah_host_opts opts = {.loop = &loop_b, .config = &w.cfg, .mode = "serve", .drain_ms = 1000};
+  cr_assert_eq(ah__host_new(&opts, &b), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop_b, b, AH_AUTH_LAN, "session.prompt",
+                       json_pack("{s:s, s:s}", "sessionId", id, "text", "x"), &o),
+               0);
+  cr_assert_eq(o.status, AH_EAGENTBUSY, "got %s", ah_err_name(o.status));
+  cr_assert_str_eq(ah_err_category(o.status), "agent-busy");
+  th_outcome_clear(&o);
+  cr_assert_eq(th_host_stop_free(&loop_b, b), 0);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, unknown_session_is_not_found_never_a_new_one) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(err_call(&w, "session.prompt", json_pack("{s:s, s:s}", "sessionId", "nope", "text", "x")),
+               AH_ENOENT);
+  cr_assert_eq(err_call(&w, "session.history", json_pack("{s:s}", "sessionId", "nope")), AH_ENOENT);
+  cr_assert_eq(err_call(&w, "session.create", json_pack("{s:s}", "cwd", "relative/dir")), AH_EINVAL);
+  cr_assert_eq(err_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", w.work, "provider", "nope")),
+               AH_EUNAVAILABLE);
+  json_t *l = ok_call(&w, "session.list", json_object());
+  cr_assert_eq(json_array_size(json_object_get(l, "sessions")), 0);
+  json_decref(l);
+  world_down(&w);
+}
+
+Test(sessions, approval_first_answer_wins_with_receipts) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *mid = prompt(&w, id, "/tool write_file {\"path\":\"out.txt\",\"content\":\"hi\"}");
+  json_t *req = wait_request(&w, id);
+  const char *rid = json_string_value(json_object_get(req, "id"));
+  cr_assert_str_eq(json_string_value(json_object_get(req, "kind")), "approval");
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(req, "params"), "tool")), "write_file");
+  /* A value that is not one of the options is refused and changes nothing. */
+  ts_outcome bad;
+  memset(&bad, 0, sizeof bad);
+  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LAN, .surface = "test", .connection_id = 7};
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "request.respond",
+                                 json_pack("{s:s, s:{s:s}}", "id", rid, "value", "optionId", "sure"), NULL,
+                                 th_reply, &bad),
+               0);
+  cr_assert(ts_run_until(&w.loop, &bad.done, 2000));
+  cr_assert_eq(bad.status, AH_EINVAL);
+  th_outcome_clear(&bad);
+  json_t *r1 = respond_as(&w, 1, json_pack("{s:s, s:{s:s}}", "id", rid, "value", "optionId", "allow_once"));
+  cr_assert(json_is_true(json_object_get(r1, "accepted")));
+  json_t *r2 = respond_as(&w, 1, json_pack("{s:s, s:{s:s}}", "id", rid, "value", "optionId", "reject_once"));
+  cr_assert(json_is_false(json_object_get(r2, "accepted")));
+  cr_assert_str_eq(json_string_value(json_object_get(r2, "reason")), "duplicate");
+  json_t *r3 = respond_as(&w, 2, json_pack("{s:s, s:{s:s}}", "id", rid, "value", "optionId", "reject_once"));
+  cr_assert(json_is_false(json_object_get(r3, "accepted")));
+  cr_assert_str_eq(json_string_value(json_object_get(r3, "reason")), "resolved");
+  json_t *r4 =
+      respond_as(&w, 2, json_pack("{s:s, s:{s:s}}", "id", "no-such-id", "value", "optionId", "allow_once"));
+  cr_assert_str_eq(json_string_value(json_object_get(r4, "reason")), "unknown");
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *appr = find_kind(ev, "tool/approval", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(appr, "data"), "outcome")), "granted");
+  json_t *res = find_kind(ev, "tool/result", 0);
+  cr_assert(json_is_false(json_object_get(json_object_get(res, "data"), "isError")));
+  char path[600];
+  snprintf(path, sizeof path, "%s/out.txt", w.work);
+  char *text = ts_read_file(path, NULL);
+  cr_assert_not_null(text, "the granted write ran");
+  cr_assert_str_eq(text, "hi");
+  free(text);
+  json_decref(ev);
+  json_decref(r1);
+  json_decref(r2);
+  json_decref(r3);
+  json_decref(r4);
+  json_decref(req);
+  free(mid);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, cancel_resolves_pending_approvals_as_cancelled_never_granted) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *mid = prompt(&w, id, "/tool write_file {\"path\":\"never.txt\",\"content\":\"x\"}");
+  json_t *req = wait_request(&w, id);
+  char *rid = strdup(json_string_value(json_object_get(req, "id")));
+  json_t *c = ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id));
+  cr_assert(json_is_true(json_object_get(c, "cancelled")));
+  json_decref(c);
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *end = find_kind(ev, "turn/ended", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(end, "data"), "reason")), "cancelled");
+  json_t *appr = find_kind(ev, "tool/approval", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(appr, "data"), "outcome")), "cancelled");
+  json_t *late = respond_as(&w, 3, json_pack("{s:s, s:{s:s}}", "id", rid, "value", "optionId", "allow_once"));
+  cr_assert(json_is_false(json_object_get(late, "accepted")), "a late grant after cancel is refused");
+  char path[600];
+  snprintf(path, sizeof path, "%s/never.txt", w.work);
+  cr_assert_neq(access(path, F_OK), 0, "the tool never ran");
+  json_t *pend = pending_requests(&w, id);
+  cr_assert_eq(json_array_size(pend), 0);
+  bool resolved_cancelled = false;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "request.resolved") == 0)
+      resolved_cancelled =
+          strcmp(json_string_value(json_object_get(json_array_get(e, 1), "state")), "cancelled") == 0;
+  }
+  cr_assert(resolved_cancelled);
+  json_decref(pend);
+  json_decref(late);
+  json_decref(ev);
+  json_decref(req);
+  free(rid);
+  free(mid);
+  free(id);
+  world_down(&w);
+}
+
+static bool group_gone(void *arg) {
+  pid_t pgid = *(pid_t *)arg;
+  while (waitpid(-pgid, NULL, WNOHANG) > 0) {
+  }
+  return kill(-pgid, 0) == -1 && errno == ESRCH;
+}
+
+Test(sessions, cancel_kills_a_sleeping_grandchild) {
+  cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  json_t *p = ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "run_command", "allow"));
+  json_decref(p);
+  char pidfile[600];
+  snprintf(pidfile, sizeof pidfile, "%s/pgid", w.dir);
+  char text[1200];
+  snprintf(text, sizeof text, "/tool run_command {\"command\":\"echo $$ > %s; sleep 1000 & sleep 1000\"}",
+           pidfile);
+  char *mid = prompt(&w, id, text);
+  uint64_t deadline = ts_now_ms() + 5000;
+  char *pg = NULL;
+  /* The file exists before the shell wrote its pid into it: wait for the whole line. */
+  while (ts_now_ms() < deadline) {
+    pg = ts_read_file(pidfile, NULL);
+    if (pg && strchr(pg, '\n'))
+      break;
+    free(pg);
+    pg = NULL;
+    uv_run(&w.loop, UV_RUN_NOWAIT);
+  }
+  cr_assert_not_null(pg);
+  cr_assert_gt(atoi(pg), 1);
+  pid_t pgid = (pid_t)atoi(pg);
+  free(pg);
+  usleep(100000);
+  cr_assert_eq(kill(-pgid, 0), 0, "the command's group is running");
+  json_decref(ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id)));
+  wait_for(&w, id, "turn/ended", 1);
+  cr_assert(ts_run_until_pred(&w.loop, group_gone, &pgid, 5000), "the sleep grandchild survived");
+  json_t *ev = history(&w, id);
+  json_t *res = find_kind(ev, "tool/result", 0);
+  cr_assert(
+      json_is_true(json_object_get(json_object_get(json_object_get(res, "data"), "result"), "cancelled")));
+  json_decref(ev);
+  free(mid);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, allow_always_sets_the_policy_stored_with_the_session) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *m1 = prompt(&w, id, "/tool write_file {\"path\":\"a.txt\",\"content\":\"1\"}");
+  json_t *req = wait_request(&w, id);
+  json_decref(respond_as(
+      &w, 1,
+      json_pack("{s:O, s:{s:s}}", "id", json_object_get(req, "id"), "value", "optionId", "allow_always")));
+  wait_for(&w, id, "turn/ended", 1);
+  char *m2 = prompt(&w, id, "/tool write_file {\"path\":\"b.txt\",\"content\":\"2\"}");
+  wait_for(&w, id, "turn/ended", 2);
+  json_t *pend = pending_requests(&w, id);
+  cr_assert_eq(json_array_size(pend), 0, "no second approval was asked");
+  json_t *row = ah__store_get_session(ah__sessions_store(ah__host_sessions(w.h)), id);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(row, "policy"), "write_file")), "allow");
+  json_decref(row);
+  json_decref(pend);
+  json_decref(req);
+  free(m1);
+  free(m2);
+  free(id);
+  world_down(&w);
+}
+
+static bool bus_has_subagent_finished(void *arg) {
+  world *w = arg;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "subagent.finished") == 0)
+      return true;
+  }
+  return false;
+}
+
+Test(sessions, question_answered_and_subagent_events_on_the_parent) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *m1 = prompt(&w, id, "/ask colour?");
+  json_t *req = wait_request(&w, id);
+  cr_assert_str_eq(json_string_value(json_object_get(req, "kind")), "question");
+  json_decref(respond_as(
+      &w, 1, json_pack("{s:O, s:{s:s}}", "id", json_object_get(req, "id"), "value", "answer", "blue")));
+  wait_for(&w, id, "turn/ended", 1);
+  char *m2 = prompt(&w, id, "/subagent say hi");
+  wait_for(&w, id, "turn/ended", 2);
+  cr_assert(ts_run_until_pred(&w.loop, bus_has_subagent_finished, &w, 5000));
+  json_t *ev = history(&w, id);
+  cr_assert(seq_gapless(ev));
+  json_t *c1 = find_kind(ev, "message/committed", 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(c1, "data"), "text")), "answer: blue");
+  json_t *st = find_kind(ev, "subagent/started", 0);
+  json_t *fin = find_kind(ev, "subagent/finished", 0);
+  cr_assert_not_null(st);
+  cr_assert_not_null(fin);
+  const char *child = json_string_value(json_object_get(json_object_get(st, "data"), "sessionId"));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(fin, "data"), "text")), "echo: say hi");
+  json_t *c2 =
+      find_kind(ev, "message/committed", (size_t)json_integer_value(json_object_get(fin, "seq")) - 1);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(c2, "data"), "text")),
+                   "subagent: echo: say hi");
+  json_t *g = ok_call(&w, "session.get", json_pack("{s:s}", "sessionId", child));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(g, "session"), "parent")), id);
+  cr_assert(json_is_true(json_object_get(json_object_get(g, "session"), "local")));
+  json_decref(g);
+  bool started = false, finished = false;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    started = started || strcmp(json_string_value(json_array_get(e, 0)), "subagent.started") == 0;
+    finished = finished || strcmp(json_string_value(json_array_get(e, 0)), "subagent.finished") == 0;
+  }
+  cr_assert(started && finished);
+  json_decref(ev);
+  json_decref(req);
+  free(m1);
+  free(m2);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, close_export_delete_and_list_pages) {
+  world w;
+  world_up(&w);
+  char *ids[3];
+  for (int i = 0; i < 3; i++)
+    ids[i] = create(&w);
+  char *mid = prompt(&w, ids[0], "hello");
+  wait_for(&w, ids[0], "turn/ended", 1);
+  json_t *p1 = ok_call(&w, "session.list", json_pack("{s:i}", "limit", 2));
+  cr_assert_eq(json_array_size(json_object_get(p1, "sessions")), 2);
+  const char *cur = json_string_value(json_object_get(p1, "nextCursor"));
+  cr_assert_not_null(cur);
+  json_t *p2 = ok_call(&w, "session.list", json_pack("{s:s, s:i}", "cursor", cur, "limit", 2));
+  cr_assert_eq(json_array_size(json_object_get(p2, "sessions")), 1);
+  cr_assert(json_is_null(json_object_get(p2, "nextCursor")) || !json_object_get(p2, "nextCursor"));
+  json_decref(p1);
+  json_decref(p2);
+  json_t *x = ok_call(&w, "session.export", json_pack("{s:s}", "sessionId", ids[0]));
+  const char *jsonl = json_string_value(json_object_get(x, "jsonl"));
+  int lines = 0;
+  for (const char *q = jsonl; *q; q++)
+    lines += *q == '\n';
+  cr_assert_eq(lines, 5);
+  json_decref(x);
+  cr_assert_eq(err_call(&w, "session.delete", json_pack("{s:s}", "sessionId", ids[0])), AH_EBUSY);
+  json_decref(ok_call(&w, "session.close", json_pack("{s:s}", "sessionId", ids[0])));
+  cr_assert_eq(err_call(&w, "session.prompt", json_pack("{s:s, s:s}", "sessionId", ids[0], "text", "x")),
+               AH_ECLOSED);
+  json_decref(ok_call(&w, "session.delete", json_pack("{s:s}", "sessionId", ids[0])));
+  cr_assert_eq(err_call(&w, "session.get", json_pack("{s:s}", "sessionId", ids[0])), AH_ENOENT);
+  for (int i = 0; i < 3; i++)
+    free(ids[i]);
+  free(mid);
+  world_down(&w);
+}

@@ -1,0 +1,1348 @@
+/* Unit tests for host/store.c and host/store_sqlite.c: every operation and read against a real SQLite file
+ * in a fresh directory, callbacks in submission order, group commit, an opset failing alone inside its
+ * group, leases (also between two stores on one file, as two processes would hold them), durability across
+ * close and open, refusal of newer schemas and of corrupt or foreign files (left byte-for-byte unchanged),
+ * read-only opens, another process holding the write lock, and JSON round trips.
+ *
+ * A "gated" backend wraps the SQLite one: it can park the writer thread after a commit until the test has
+ * queued everything it wants, so that "these opsets form one group" is certain rather than likely. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "agenthost/errors.h"
+#include "host_support.h"
+#include "store.h"
+#include "support.h"
+
+/* ---- helpers ------------------------------------------------------------------------------------------ */
+
+/* JSON from text written with single quotes for readability ('a' → "a"); no apostrophes in values. */
+static json_t *J(const char *text) {
+  char *copy = strdup(text);
+  cr_assert_not_null(copy);
+  for (char *p = copy; *p; p++)
+    if (*p == '\'')
+      *p = '"';
+  json_error_t e;
+  json_t *v = json_loads(copy, JSON_DECODE_ANY, &e);
+  cr_assert_not_null(v, "bad test JSON: %s: %s", e.text, copy);
+  free(copy);
+  return v;
+}
+
+typedef struct wres {
+  int status;
+  json_t *results;
+  bool done;
+  int order; /* completion index */
+} wres;
+
+static int completions;
+
+static void on_write(int status, const json_t *results, void *arg) {
+  wres *w = arg;
+  cr_assert_not(w->done, "a write callback ran twice");
+  w->status = status;
+  w->results = json_incref((json_t *)results);
+  w->done = true;
+  w->order = completions++;
+  if (status == 0)
+    cr_assert(json_is_array(results), "a successful write without a results array");
+  else
+    cr_assert_null(results);
+}
+
+typedef struct fx {
+  uv_loop_t loop;
+  char *dir;
+  char *path;
+  ah_store *s;
+} fx;
+
+static void fx_init(fx *f) {
+  memset(f, 0, sizeof *f);
+  completions = 0;
+  cr_assert_eq(uv_loop_init(&f->loop), 0);
+  f->dir = ts_mkdtemp();
+  cr_assert_not_null(f->dir);
+  cr_assert(asprintf(&f->path, "%s/agenthost.db", f->dir) > 0);
+}
+
+static int store_open(fx *f, const ah_store_backend *be, ah_store_sync sync, bool read_only, ah_store **out,
+                      char **why) {
+  ah_store_opts o = {.path = f->path, .sync = sync, .read_only = read_only};
+  return ah__store_open(&f->loop, be, &o, out, why);
+}
+
+static ah_store *open_ok(fx *f, const ah_store_backend *be) {
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(f, be, AH_STORE_SYNC_NORMAL, false, &s, &why);
+  cr_assert_eq(rc, 0, "open failed: %s (%s)", ah_err_name(rc), why ? why : "-");
+  cr_assert_null(why);
+  cr_assert_not_null(s);
+  return s;
+}
+
+static void on_closed(void *arg) {
+  *(bool *)arg = true;
+}
+
+static int completions_at_close = -1;
+
+static void on_closed_count(void *arg) {
+  completions_at_close = completions;
+  *(bool *)arg = true;
+}
+
+static void close_store(fx *f, ah_store *s) {
+  bool closed = false;
+  ah__store_close(s, on_closed, &closed);
+  cr_assert(ts_run_until(&f->loop, &closed, 10000), "the store did not close");
+}
+
+static void fx_fini(fx *f) {
+  if (f->s)
+    close_store(f, f->s);
+  f->s = NULL;
+  cr_assert_eq(ts_loop_close(&f->loop), 0, "a handle was left open on the loop");
+  ts_rmtree(f->dir);
+  free(f->dir);
+  free(f->path);
+  cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
+}
+
+static bool all_done(void *arg) {
+  wres **ws = arg;
+  for (; *ws; ws++)
+    if (!(*ws)->done)
+      return false;
+  return true;
+}
+
+/* Submit `opset` (stolen) and run the loop until its callback; returns the status, results in *w. */
+static int write_wait(fx *f, ah_store *s, json_t *opset, wres *w) {
+  memset(w, 0, sizeof *w);
+  int rc = ah__store_write(s, opset, on_write, w);
+  cr_assert_eq(rc, 0, "write refused: %s", ah_err_name(rc));
+  cr_assert(ts_run_until(&f->loop, &w->done, 10000), "write callback never ran");
+  return w->status;
+}
+
+/* The same for a write expected to succeed; the results are released. */
+static void write_ok(fx *f, ah_store *s, const char *text) {
+  wres w;
+  int rc = write_wait(f, s, J(text), &w);
+  cr_assert_eq(rc, 0, "write failed (%s): %s", ah_err_name(rc), text);
+  json_decref(w.results);
+}
+
+static int write_status(fx *f, ah_store *s, const char *text) {
+  wres w;
+  int rc = write_wait(f, s, J(text), &w);
+  json_decref(w.results);
+  return rc;
+}
+
+static void expect_json(json_t *got, const char *want_text) {
+  json_t *want = J(want_text);
+  char *g = got ? json_dumps(got, JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY) : strdup("(NULL)");
+  char *w = json_dumps(want, JSON_SORT_KEYS | JSON_COMPACT | JSON_ENCODE_ANY);
+  cr_expect(got && json_equal(got, want), "got %s\nwant %s", g, w);
+  free(g);
+  free(w);
+  json_decref(want);
+  json_decref(got);
+}
+
+static int64_t iget(const json_t *o, const char *key) {
+  return json_integer_value(json_object_get(o, key));
+}
+
+static const char *sget(const json_t *o, const char *key) {
+  return json_string_value(json_object_get(o, key));
+}
+
+static sqlite3_int64 raw_int(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_stmt *st = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  sqlite3_int64 v = sqlite3_column_int64(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return v;
+}
+
+static char *raw_text(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_stmt *st = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
+  char *v = strdup((const char *)sqlite3_column_text(st, 0));
+  sqlite3_finalize(st);
+  sqlite3_close(db);
+  return v;
+}
+
+static void raw_exec(const char *path, const char *sql) {
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  char *err = NULL;
+  cr_assert_eq(sqlite3_exec(db, sql, NULL, NULL, &err), SQLITE_OK, "%s", err ? err : "");
+  cr_assert_eq(sqlite3_close(db), SQLITE_OK);
+}
+
+static bool exists(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0;
+}
+
+/* ---- the gated backend ------------------------------------------------------------------------------- */
+
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool hold;        /* the writer waits inside write_group while set */
+  bool holding;     /* the writer is waiting */
+  size_t sizes[64]; /* group sizes in commit order */
+  size_t ngroups;
+} gate = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false, {0}, 0};
+
+/* Commits, then parks the writer thread while the gate is closed: whatever is submitted meanwhile is
+ * taken as one group once it opens. */
+static void gated_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
+  ah__store_sqlite.write_group(impl, opsets, n, results, statuses);
+  pthread_mutex_lock(&gate.mu);
+  if (gate.ngroups < 64)
+    gate.sizes[gate.ngroups++] = n;
+  while (gate.hold) {
+    gate.holding = true;
+    pthread_cond_broadcast(&gate.cv);
+    pthread_cond_wait(&gate.cv, &gate.mu);
+  }
+  gate.holding = false;
+  pthread_mutex_unlock(&gate.mu);
+}
+
+static ah_store_backend gated_backend(void) {
+  ah_store_backend b = ah__store_sqlite;
+  b.name = "gated";
+  b.write_group = gated_write_group;
+  return b;
+}
+
+static void gate_close(void) {
+  pthread_mutex_lock(&gate.mu);
+  gate.hold = true;
+  pthread_mutex_unlock(&gate.mu);
+}
+
+/* Wait until the writer thread is parked at the gate (it has committed a group and cannot take another). */
+static void gate_wait_holding(void) {
+  pthread_mutex_lock(&gate.mu);
+  while (!gate.holding)
+    pthread_cond_wait(&gate.cv, &gate.mu);
+  pthread_mutex_unlock(&gate.mu);
+}
+
+static void gate_open(void) {
+  pthread_mutex_lock(&gate.mu);
+  gate.hold = false;
+  pthread_cond_broadcast(&gate.cv);
+  pthread_mutex_unlock(&gate.mu);
+}
+
+static size_t gate_groups(void) {
+  pthread_mutex_lock(&gate.mu);
+  size_t n = gate.ngroups;
+  pthread_mutex_unlock(&gate.mu);
+  return n;
+}
+
+#define SESSION1                                                                                \
+  "{'op':'session.put','session':{'id':'s1','cwd':'/"                                           \
+  "w','title':'T','provider':'echo','model':'m','parent':null,"                                 \
+  "'local':true,'depth':0,'status':'idle','closed':false,'created':'2025-01-01T00:00:00.000Z'," \
+  "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b']}}"
+
+/* ---- open, schema -------------------------------------------------------------------------------------- */
+
+Test(store, open_creates_wal_database_at_current_schema) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  cr_expect(exists(f.path));
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 1);
+  char *mode = raw_text(f.path, "PRAGMA journal_mode");
+  cr_expect_str_eq(mode, "wal");
+  free(mode);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                               "('sessions', 'events', 'inbox', 'requests')"),
+               4);
+  cr_expect_eq(ah__store_commits(f.s), 0);
+  cr_expect_eq(ah__store_opsets(f.s), 0);
+  expect_json(ah__store_list_sessions(f.s, NULL, 0), "[]");
+  cr_expect_null(ah__store_get_session(f.s, "nope"));
+  fx_fini(&f);
+}
+
+Test(store, backend_open_failure_is_returned_with_its_reason) {
+  fx f;
+  fx_init(&f);
+  free(f.path);
+  cr_assert(asprintf(&f.path, "%s/no/such/dir/agenthost.db", f.dir) > 0);
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, false, &s, &why);
+  cr_expect_eq(rc, AH_EIO, "got %s", ah_err_name(rc));
+  cr_expect_null(s);
+  cr_assert_not_null(why);
+  cr_expect(strstr(why, "no/such/dir") != NULL, "why: %s", why);
+  free(why);
+  rc = store_open(&f, NULL, (ah_store_sync)42, false, &s, &why);
+  cr_expect_eq(rc, AH_EINVAL, "an unknown synchronous setting: %s", ah_err_name(rc));
+  free(why);
+  fx_fini(&f);
+}
+
+/* ---- operations and reads ------------------------------------------------------------------------------ */
+
+Test(store, session_put_get_replace_list) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  expect_json(ah__store_get_session(f.s, "s1"),
+              "{'id':'s1','cwd':'/w','title':'T','provider':'echo','model':'m','parent':null,'local':true,"
+              "'depth':0,'status':'idle','closed':false,'created':'2025-01-01T00:00:00.000Z',"
+              "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b'],"
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0}");
+  /* Minimal sessions get defaults; a put of an existing id replaces its description. */
+  write_ok(&f, f.s,
+           "[{'op':'session.put','session':{'id':'s3','parent':'s1','depth':1}},"
+           "{'op':'session.put','session':{'id':'s2'}},"
+           "{'op':'event','sessionId':'s1','seq':7,'kind':'k','time':'t','data':{}},"
+           "{'op':'session.put','session':{'id':'s1','title':'T2','status':'running','closed':true}}]");
+  json_t *s1 = ah__store_get_session(f.s, "s1");
+  cr_assert_not_null(s1);
+  cr_expect_str_eq(sget(s1, "title"), "T2");
+  cr_expect_str_eq(sget(s1, "status"), "running");
+  cr_expect(json_is_true(json_object_get(s1, "closed")));
+  cr_expect(json_is_null(json_object_get(s1, "cwd")), "a replace sets what it is given");
+  cr_expect_eq(iget(s1, "lastSeq"), 7, "a replace keeps lastSeq");
+  json_decref(s1);
+  expect_json(ah__store_get_session(f.s, "s3"),
+              "{'id':'s3','cwd':null,'title':null,'provider':null,'model':null,'parent':'s1','local':false,"
+              "'depth':1,'status':null,'closed':false,'created':null,'updated':null,'policy':{},'tags':[],"
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0}");
+  /* Listing: ordered by id, paged with after_id and limit (0 = no limit). */
+  json_t *all = ah__store_list_sessions(f.s, NULL, 0);
+  cr_assert_eq(json_array_size(all), 3);
+  cr_expect_str_eq(sget(json_array_get(all, 0), "id"), "s1");
+  cr_expect_str_eq(sget(json_array_get(all, 1), "id"), "s2");
+  cr_expect_str_eq(sget(json_array_get(all, 2), "id"), "s3");
+  json_decref(all);
+  json_t *page = ah__store_list_sessions(f.s, NULL, 2);
+  cr_expect_eq(json_array_size(page), 2);
+  json_decref(page);
+  page = ah__store_list_sessions(f.s, "s1", 1);
+  cr_assert_eq(json_array_size(page), 1);
+  cr_expect_str_eq(sget(json_array_get(page, 0), "id"), "s2");
+  json_decref(page);
+  page = ah__store_list_sessions(f.s, "s3", 10);
+  cr_expect_eq(json_array_size(page), 0);
+  json_decref(page);
+  /* A put without an id is refused. */
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.put','session':{'title':'x'}}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.put'}]"), AH_EINVAL);
+  fx_fini(&f);
+}
+
+Test(store, session_update_sets_fields_and_refuses_unknown_ones) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  write_ok(&f, f.s,
+           "[{'op':'session.update','id':'s1','set':{'title':'New','status':'running','closed':true,"
+           "'policy':{'write_file':'deny'},'tags':['x'],'depth':3,'parent':'p','updated':'2025-02-02T00:00:"
+           "00.000Z'}}]");
+  json_t *s = ah__store_get_session(f.s, "s1");
+  cr_assert_not_null(s);
+  cr_expect_str_eq(sget(s, "title"), "New");
+  cr_expect_str_eq(sget(s, "status"), "running");
+  cr_expect_str_eq(sget(s, "parent"), "p");
+  cr_expect_str_eq(sget(s, "updated"), "2025-02-02T00:00:00.000Z");
+  cr_expect_str_eq(sget(s, "cwd"), "/w", "fields not set are kept");
+  cr_expect(json_is_true(json_object_get(s, "closed")));
+  cr_expect_eq(iget(s, "depth"), 3);
+  json_t *policy = J("{'write_file':'deny'}");
+  cr_expect(json_equal(json_object_get(s, "policy"), policy));
+  json_decref(policy);
+  json_decref(s);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.update','id':'s1','set':{'lastSeq':9}}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.update','id':'s1','set':{'id':'s9'}}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.update','id':'s1','set':{'title; DROP TABLE x':1}}]"),
+               AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.update','id':'s1','set':{'depth':'deep'}}]"),
+               AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.update','id':'nope','set':{'title':'x'}}]"), AH_ENOENT);
+  s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "title"), "New", "refused updates changed nothing");
+  json_decref(s);
+  fx_fini(&f);
+}
+
+Test(store, session_delete_removes_its_events_inbox_and_requests) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s,
+           "[" SESSION1 ",{'op':'session.put','session':{'id':'s2'}},"
+           "{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}},"
+           "{'op':'event','sessionId':'s2','seq':1,'kind':'k','time':'t','data':{}},"
+           "{'op':'inbox.put','messageId':'m1','sessionId':'s1','content':[],'time':'t'},"
+           "{'op':'request.put','request':{'id':'r1','sessionId':'s1','kind':'approval','created':'t'}}]");
+  write_ok(&f, f.s, "[{'op':'session.delete','id':'s1'}]");
+  cr_expect_null(ah__store_get_session(f.s, "s1"));
+  expect_json(ah__store_events(f.s, "s1", 0, 0), "[]");
+  expect_json(ah__store_inbox_open(f.s, "s1"), "[]");
+  cr_expect_null(ah__store_get_request(f.s, "r1"));
+  json_t *s2 = ah__store_events(f.s, "s2", 0, 0);
+  cr_expect_eq(json_array_size(s2), 1, "another session's events are kept");
+  json_decref(s2);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'session.delete','id':'s1'}]"), 0, "deleting twice is harmless");
+  fx_fini(&f);
+}
+
+Test(store, events_cursor_paging_and_last_seq) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 ",{'op':'session.put','session':{'id':'s2'}}]");
+  /* Interleave two sessions; every event is its own opset (so cursors come from separate statements). */
+  wres w[20];
+  for (int i = 0; i < 20; i++) {
+    char text[256];
+    snprintf(
+        text, sizeof text,
+        "[{'op':'event','sessionId':'%s','seq':%d,'kind':'message','time':'2025-01-01T00:00:%02d.000Z'%s,"
+        "'data':{'i':%d}}]",
+        i % 2 ? "s2" : "s1", i / 2 + 1, i, i % 4 == 0 ? ",'turnId':'t1','messageId':'m1'" : "", i);
+    memset(&w[i], 0, sizeof w[i]);
+    cr_assert_eq(ah__store_write(f.s, J(text), on_write, &w[i]), 0);
+  }
+  wres *ws[21];
+  for (int i = 0; i < 20; i++)
+    ws[i] = &w[i];
+  ws[20] = NULL;
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 10000));
+  int64_t last = 0;
+  for (int i = 0; i < 20; i++) {
+    cr_assert_eq(w[i].status, 0);
+    cr_assert_eq(json_array_size(w[i].results), 1);
+    int64_t cursor = json_integer_value(json_array_get(w[i].results, 0));
+    cr_expect_gt(cursor, last, "cursor %lld after %lld", (long long)cursor, (long long)last);
+    last = cursor;
+    json_decref(w[i].results);
+  }
+  /* A session's events in seq order, paged. */
+  json_t *p = ah__store_events(f.s, "s1", 0, 3);
+  cr_assert_eq(json_array_size(p), 3);
+  for (int i = 0; i < 3; i++)
+    cr_expect_eq(iget(json_array_get(p, (size_t)i), "seq"), i + 1);
+  json_decref(p);
+  p = ah__store_events(f.s, "s1", 3, 3);
+  cr_assert_eq(json_array_size(p), 3);
+  cr_expect_eq(iget(json_array_get(p, 0), "seq"), 4);
+  json_decref(p);
+  p = ah__store_events(f.s, "s1", 9, 5);
+  cr_assert_eq(json_array_size(p), 1);
+  cr_expect_eq(iget(json_array_get(p, 0), "seq"), 10);
+  json_decref(p);
+  p = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_eq(json_array_size(p), 10);
+  /* The row's shape: turnId/messageId present only when given. */
+  json_t *e1 = json_array_get(p, 0);
+  expect_json(json_incref(e1),
+              "{'cursor':1,'sessionId':'s1','seq':1,'kind':'message',"
+              "'time':'2025-01-01T00:00:00.000Z','turnId':'t1','messageId':'m1','data':{'i':0}}");
+  json_t *e2 = json_array_get(p, 1);
+  cr_expect_null(json_object_get(e2, "turnId"));
+  cr_expect_null(json_object_get(e2, "messageId"));
+  cr_expect_eq(json_object_size(e2), 6);
+  json_decref(p);
+  /* Every session, in cursor order. */
+  json_t *all = ah__store_events_after(f.s, 0, 0);
+  cr_assert_eq(json_array_size(all), 20);
+  for (size_t i = 1; i < 20; i++)
+    cr_expect_gt(iget(json_array_get(all, i), "cursor"), iget(json_array_get(all, i - 1), "cursor"));
+  int64_t mid = iget(json_array_get(all, 9), "cursor");
+  json_decref(all);
+  p = ah__store_events_after(f.s, mid, 4);
+  cr_assert_eq(json_array_size(p), 4);
+  cr_expect_eq(iget(json_array_get(p, 0), "cursor"), mid + 1);
+  json_decref(p);
+  p = ah__store_events_after(f.s, last, 0);
+  cr_expect_eq(json_array_size(p), 0);
+  json_decref(p);
+  /* lastSeq follows the highest seq, never goes back. */
+  json_t *s1 = ah__store_get_session(f.s, "s1");
+  cr_expect_eq(iget(s1, "lastSeq"), 10);
+  json_decref(s1);
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s1','seq':15,'kind':'k','time':'t','data':{}}]");
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s1','seq':12,'kind':'k','time':'t','data':{}}]");
+  s1 = ah__store_get_session(f.s, "s1");
+  cr_expect_eq(iget(s1, "lastSeq"), 15);
+  json_decref(s1);
+  /* Malformed events are refused. */
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'event','sessionId':'s1','seq':'x','kind':'k','data':{}}]"),
+               AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'event','sessionId':'s1','seq':30,'data':{}}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'event','seq':30,'kind':'k','data':{}}]"), AH_EINVAL);
+  fx_fini(&f);
+}
+
+Test(store, inbox_put_state_and_open_rows) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(
+      &f, f.s,
+      "[{'op':'inbox.put','messageId':'m1','sessionId':'s1','content':[{'type':'text','text':'one'}],"
+      "'time':'2025-01-01T00:00:01.000Z'},"
+      "{'op':'inbox.put','messageId':'m2','sessionId':'s1','content':[],'time':'2025-01-01T00:00:02.000Z'},"
+      "{'op':'inbox.put','messageId':'m3','sessionId':'s1','content':[],'time':'2025-01-01T00:00:03.000Z'},"
+      "{'op':'inbox.put','messageId':'m4','sessionId':'s2','content':[],'time':'2025-01-01T00:00:04.000Z'}]");
+  json_t *open = ah__store_inbox_open(f.s, "s1");
+  cr_assert_eq(json_array_size(open), 3);
+  expect_json(json_incref(json_array_get(open, 0)),
+              "{'messageId':'m1','sessionId':'s1','content':[{'type':'text','text':'one'}],'state':'queued',"
+              "'turnId':null,'time':'2025-01-01T00:00:01.000Z'}");
+  cr_expect_str_eq(sget(json_array_get(open, 1), "messageId"), "m2");
+  cr_expect_str_eq(sget(json_array_get(open, 2), "messageId"), "m3");
+  json_decref(open);
+  write_ok(&f, f.s,
+           "[{'op':'inbox.state','messageId':'m1','state':'claimed','turnId':'t1'},"
+           "{'op':'inbox.state','messageId':'m2','state':'done'},"
+           "{'op':'inbox.state','messageId':'m3','state':'cancelled'}]");
+  open = ah__store_inbox_open(f.s, "s1");
+  cr_assert_eq(json_array_size(open), 1);
+  cr_expect_str_eq(sget(json_array_get(open, 0), "state"), "claimed");
+  cr_expect_str_eq(sget(json_array_get(open, 0), "turnId"), "t1");
+  json_decref(open);
+  write_ok(&f, f.s, "[{'op':'inbox.state','messageId':'m1','state':'done'}]");
+  expect_json(ah__store_inbox_open(f.s, "s1"), "[]");
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'nope','state':'done'}]"), AH_ENOENT);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'m4','state':'queued'}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'m4','state':'bogus'}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.put','messageId':'m4','sessionId':'s2','content':[]}]"),
+               AH_EEXIST, "a message id is stored once");
+  open = ah__store_inbox_open(f.s, "s2");
+  cr_expect_eq(json_array_size(open), 1);
+  cr_expect_str_eq(sget(json_array_get(open, 0), "state"), "queued");
+  json_decref(open);
+  fx_fini(&f);
+}
+
+Test(store, requests_put_pending_resolve_once) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s,
+           "[{'op':'request.put','request':{'id':'r1','sessionId':'s1','turnId':'t1','kind':'approval',"
+           "'params':{'tool':'run_command','input':{'command':'ls'}},'options':['allow_once','reject_once'],"
+           "'created':'2025-01-01T00:00:01.000Z'}},"
+           "{'op':'request.put','request':{'id':'r2','sessionId':'s2','kind':'question','params':{'q':'?'},"
+           "'created':'2025-01-01T00:00:02.000Z'}},"
+           "{'op':'request.put','request':{'id':'r3','sessionId':'s1','kind':'question',"
+           "'created':'2025-01-01T00:00:03.000Z'}}]");
+  expect_json(
+      ah__store_get_request(f.s, "r1"),
+      "{'id':'r1','sessionId':'s1','turnId':'t1','kind':'approval',"
+      "'params':{'tool':'run_command','input':{'command':'ls'}},'options':['allow_once','reject_once'],"
+      "'state':'pending','answer':null,'created':'2025-01-01T00:00:01.000Z','resolved':null}");
+  json_t *p = ah__store_requests_pending(f.s, NULL);
+  cr_assert_eq(json_array_size(p), 3);
+  cr_expect_str_eq(sget(json_array_get(p, 0), "id"), "r1");
+  cr_expect_str_eq(sget(json_array_get(p, 1), "id"), "r2");
+  cr_expect_str_eq(sget(json_array_get(p, 2), "id"), "r3");
+  json_decref(p);
+  p = ah__store_requests_pending(f.s, "s1");
+  cr_assert_eq(json_array_size(p), 2);
+  cr_expect_str_eq(sget(json_array_get(p, 1), "id"), "r3");
+  json_decref(p);
+  write_ok(&f, f.s,
+           "[{'op':'request.state','id':'r1','state':'granted','answer':{'option':'allow_once'},"
+           "'resolved':'2025-01-01T00:00:09.000Z'}]");
+  expect_json(
+      ah__store_get_request(f.s, "r1"),
+      "{'id':'r1','sessionId':'s1','turnId':'t1','kind':'approval',"
+      "'params':{'tool':'run_command','input':{'command':'ls'}},'options':['allow_once','reject_once'],"
+      "'state':'granted','answer':{'option':'allow_once'},'created':'2025-01-01T00:00:01.000Z',"
+      "'resolved':'2025-01-01T00:00:09.000Z'}");
+  p = ah__store_requests_pending(f.s, "s1");
+  cr_assert_eq(json_array_size(p), 1);
+  cr_expect_str_eq(sget(json_array_get(p, 0), "id"), "r3");
+  json_decref(p);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'request.state','id':'r1','state':'denied','resolved':'t'}]"),
+               AH_ESTATE, "the first resolution wins");
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'request.state','id':'rx','state':'denied','resolved':'t'}]"),
+               AH_ENOENT);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'request.state','id':'r2','state':'maybe','resolved':'t'}]"),
+               AH_EINVAL);
+  cr_expect_eq(
+      write_status(&f, f.s, "[{'op':'request.put','request':{'id':'r2','sessionId':'s2','kind':'q'}}]"),
+      AH_EEXIST);
+  cr_expect_null(ah__store_get_request(f.s, "rx"));
+  json_t *r1 = ah__store_get_request(f.s, "r1");
+  cr_expect_str_eq(sget(r1, "state"), "granted");
+  json_decref(r1);
+  fx_fini(&f);
+}
+
+Test(store, sessions_to_recover) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s,
+           "[{'op':'session.put','session':{'id':'a-running','status':'running'}},"
+           "{'op':'session.put','session':{'id':'b-inbox','status':'idle'}},"
+           "{'op':'session.put','session':{'id':'c-idle','status':'idle'}},"
+           "{'op':'session.put','session':{'id':'d-closed','status':'running','closed':true}},"
+           "{'op':'session.put','session':{'id':'e-done','status':'idle'}},"
+           "{'op':'inbox.put','messageId':'m1','sessionId':'b-inbox','content':[],'time':'t'},"
+           "{'op':'inbox.put','messageId':'m2','sessionId':'e-done','content':[],'time':'t'},"
+           "{'op':'inbox.put','messageId':'m3','sessionId':'d-closed','content':[],'time':'t'},"
+           "{'op':'inbox.state','messageId':'m2','state':'done'}]");
+  json_t *r = ah__store_sessions_to_recover(f.s);
+  cr_assert_eq(json_array_size(r), 2);
+  cr_expect_str_eq(sget(json_array_get(r, 0), "id"), "a-running");
+  cr_expect_str_eq(sget(json_array_get(r, 1), "id"), "b-inbox");
+  json_decref(r);
+  fx_fini(&f);
+}
+
+Test(store, leases) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  wres w;
+  /* Free → taken; another owner refused; the owner renews; expired → taken; steal; release rules. */
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'A','until':1000,'now':0},"
+                            "{'op':'lease','id':'s1','owner':'B','until':2000,'now':500},"
+                            "{'op':'lease','id':'s1','owner':'A','until':1500,'now':600}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[true,false,true]");
+  json_t *s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "A");
+  cr_expect_eq(iget(s, "leaseUntil"), 1500);
+  json_decref(s);
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'B','until':3000,'now':1500},"
+                            "{'op':'lease','id':'s1','owner':'B','until':3000,'now':1501}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[false,true]");
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'C','until':4000,'now':1600,'steal':'A'},"
+                            "{'op':'lease','id':'s1','owner':'C','until':4000,'now':1600,'steal':'B'},"
+                            "{'op':'lease','id':'nope','owner':'C','until':4000,'now':1600}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[false,true,false]");
+  write_ok(&f, f.s, "[{'op':'lease.release','id':'s1','owner':'B'}]");
+  s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "C", "a release by a non-owner is ignored");
+  json_decref(s);
+  write_ok(&f, f.s, "[{'op':'lease.release','id':'s1','owner':'C'}]");
+  s = ah__store_get_session(f.s, "s1");
+  cr_expect(json_is_null(json_object_get(s, "leaseOwner")));
+  json_decref(s);
+  cr_assert_eq(write_wait(&f, f.s, J("[{'op':'lease','id':'s1','owner':'B','until':10,'now':0}]"), &w), 0);
+  expect_json(w.results, "[true]");
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'lease','id':'s1','owner':'B'}]"), AH_EINVAL);
+  fx_fini(&f);
+}
+
+Test(store, two_stores_on_one_file_share_leases_and_rows) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  ah_store *other = open_ok(&f, NULL); /* what a second process sharing the state dir sees */
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  wres w;
+  cr_assert_eq(
+      write_wait(&f, f.s, J("[{'op':'lease','id':'s1','owner':'host-1','until':60000,'now':1000}]"), &w), 0);
+  expect_json(w.results, "[true]");
+  cr_assert_eq(
+      write_wait(&f, other, J("[{'op':'lease','id':'s1','owner':'host-2','until':61000,'now':2000}]"), &w),
+      0);
+  expect_json(w.results, "[false]");
+  json_t *s = ah__store_get_session(other, "s1");
+  cr_assert_not_null(s, "the second store reads the first one's rows");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "host-1");
+  json_decref(s);
+  write_ok(&f, other, "[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{'from':2}}]");
+  json_t *ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1, "and the first reads the second one's");
+  json_decref(ev);
+  cr_assert_eq(
+      write_wait(&f, other, J("[{'op':'lease','id':'s1','owner':'host-2','until':70000,'now':60001}]"), &w),
+      0);
+  expect_json(w.results, "[true]");
+  close_store(&f, other);
+  fx_fini(&f);
+}
+
+/* ---- the writer: order, grouping, failures --------------------------------------------------------------
+ */
+
+Test(store, callbacks_run_in_submission_order) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  enum { N = 300 };
+  static wres w[N];
+  static wres *ws[N + 1];
+  /* Submitted over several loop turns and with a few failing opsets mixed in. */
+  for (int i = 0; i < N; i++) {
+    char text[200];
+    if (i % 50 == 7)
+      snprintf(text, sizeof text, "[{'op':'inbox.state','messageId':'none','state':'done'}]");
+    else
+      snprintf(text, sizeof text, "[{'op':'event','sessionId':'s','seq':%d,'kind':'k','time':'t','data':{}}]",
+               i);
+    memset(&w[i], 0, sizeof w[i]);
+    cr_assert_eq(ah__store_write(f.s, J(text), on_write, &w[i]), 0);
+    ws[i] = &w[i];
+    if (i % 64 == 63)
+      uv_run(&f.loop, UV_RUN_NOWAIT);
+  }
+  ws[N] = NULL;
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 10000));
+  for (int i = 0; i < N; i++) {
+    cr_expect_eq(w[i].order, i, "opset %d completed as #%d", i, w[i].order);
+    cr_expect_eq(w[i].status, i % 50 == 7 ? AH_ENOENT : 0, "opset %d: %s", i, ah_err_name(w[i].status));
+    json_decref(w[i].results);
+  }
+  cr_expect_eq(ah__store_opsets(f.s), N);
+  fx_fini(&f);
+}
+
+Test(store, group_commit_groups_one_loop_turn) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  enum { N = 1000 };
+  static wres w[N];
+  static wres *ws[N + 1];
+  for (int i = 0; i < N; i++) {
+    json_t *op = json_pack("[{s:s, s:s, s:i, s:s, s:s, s:{s:i}}]", "op", "event", "sessionId", "s", "seq",
+                           i + 1, "kind", "k", "time", "t", "data", "i", i);
+    memset(&w[i], 0, sizeof w[i]);
+    cr_assert_eq(ah__store_write(f.s, op, on_write, &w[i]), 0);
+    ws[i] = &w[i];
+  }
+  ws[N] = NULL;
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 20000));
+  for (int i = 0; i < N; i++) {
+    cr_expect_eq(w[i].status, 0);
+    json_decref(w[i].results);
+  }
+  uint64_t commits = ah__store_commits(f.s);
+  cr_expect_eq(ah__store_opsets(f.s), N);
+  cr_expect_geq(commits, 1);
+  cr_expect_leq(commits, 10, "1000 opsets of one loop turn took %llu commits", (unsigned long long)commits);
+  json_t *ev = ah__store_events(f.s, "s", 0, 0);
+  cr_expect_eq(json_array_size(ev), N);
+  json_decref(ev);
+  fx_fini(&f);
+}
+
+Test(store, failing_opset_fails_alone_in_its_group) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = gated_backend();
+  f.s = open_ok(&f, &be);
+  write_ok(&f, f.s, "[" SESSION1 ",{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
+  /* Park the writer after a first opset, queue the group behind it, then let it go. */
+  gate_close();
+  wres first, w[5];
+  memset(&first, 0, sizeof first);
+  cr_assert_eq(ah__store_write(f.s, J("[{'op':'session.put','session':{'id':'s2'}}]"), on_write, &first), 0);
+  gate_wait_holding();
+  const char *group[5] = {
+      "[{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}}]",
+      /* its first op is valid, its second repeats seq 1: the whole opset rolls back */
+      "[{'op':'event','sessionId':'s1','seq':3,'kind':'k','time':'t','data':{}},"
+      "{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]",
+      "[{'op':'inbox.state','messageId':'unknown','state':'done'}]",
+      "[{'op':'no.such.op'}]",
+      "[{'op':'event','sessionId':'s1','seq':4,'kind':'k','time':'t','data':{}},"
+      "{'op':'session.update','id':'s1','set':{'status':'running'}}]",
+  };
+  for (int i = 0; i < 5; i++) {
+    memset(&w[i], 0, sizeof w[i]);
+    cr_assert_eq(ah__store_write(f.s, J(group[i]), on_write, &w[i]), 0);
+  }
+  gate_open();
+  wres *ws[] = {&first, &w[0], &w[1], &w[2], &w[3], &w[4], NULL};
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 10000));
+  cr_assert_eq(gate_groups(), 3);
+  cr_expect_eq(gate.sizes[2], 5, "the five opsets were one group (sizes %zu, %zu, %zu)", gate.sizes[0],
+               gate.sizes[1], gate.sizes[2]);
+  cr_expect_eq(first.status, 0);
+  cr_expect_eq(w[0].status, 0);
+  cr_expect_eq(w[1].status, AH_EEXIST, "a duplicate seq: %s", ah_err_name(w[1].status));
+  cr_expect_eq(w[2].status, AH_ENOENT, "an unknown message: %s", ah_err_name(w[2].status));
+  cr_expect_eq(w[3].status, AH_EINVAL, "an unknown operation: %s", ah_err_name(w[3].status));
+  cr_expect_eq(w[4].status, 0);
+  cr_expect_eq(json_array_size(w[4].results), 2);
+  cr_expect(json_is_integer(json_array_get(w[4].results, 0)));
+  cr_expect(json_is_null(json_array_get(w[4].results, 1)));
+  for (int i = 0; i < 5; i++)
+    json_decref(w[i].results);
+  json_decref(first.results);
+  json_t *ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_assert_eq(json_array_size(ev), 3, "seq 3 of the failed opset was rolled back");
+  cr_expect_eq(iget(json_array_get(ev, 0), "seq"), 1);
+  cr_expect_eq(iget(json_array_get(ev, 1), "seq"), 2);
+  cr_expect_eq(iget(json_array_get(ev, 2), "seq"), 4);
+  json_decref(ev);
+  json_t *s = ah__store_get_session(f.s, "s1");
+  cr_expect_eq(iget(s, "lastSeq"), 4);
+  cr_expect_str_eq(sget(s, "status"), "running");
+  json_decref(s);
+  cr_expect_eq(ah__store_commits(f.s), 3);
+  cr_expect_eq(ah__store_opsets(f.s), 7);
+  fx_fini(&f);
+}
+
+static void resubmit_cb(int status, const json_t *results, void *arg) {
+  fx *f = arg;
+  (void)results;
+  cr_assert_eq(status, 0);
+  static int round;
+  if (++round < 5) {
+    char text[128];
+    snprintf(text, sizeof text, "[{'op':'event','sessionId':'s','seq':%d,'kind':'k','time':'t','data':{}}]",
+             round + 1);
+    cr_assert_eq(ah__store_write(f->s, J(text), resubmit_cb, f), 0, "a callback may write");
+  } else {
+    bool *closed = f->loop.data;
+    ah__store_close(f->s, on_closed, closed); /* a callback may close */
+    f->s = NULL;
+  }
+}
+
+Test(store, callbacks_may_write_and_close) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  bool closed = false;
+  f.loop.data = &closed;
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s','seq':1,'kind':'k','time':'t','data':{}}]"),
+                               resubmit_cb, &f),
+               0);
+  cr_assert(ts_run_until(&f.loop, &closed, 10000));
+  cr_assert_null(f.s);
+  f.s = open_ok(&f, NULL);
+  json_t *ev = ah__store_events(f.s, "s", 0, 0);
+  cr_expect_eq(json_array_size(ev), 5);
+  json_decref(ev);
+  fx_fini(&f);
+}
+
+Test(store, close_drains_queued_writes_then_refuses) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = gated_backend();
+  ah_store *s = open_ok(&f, &be);
+  gate_close();
+  enum { N = 50 };
+  wres w[N];
+  for (int i = 0; i < N; i++) {
+    char text[128];
+    snprintf(text, sizeof text, "[{'op':'event','sessionId':'s','seq':%d,'kind':'k','time':'t','data':{}}]",
+             i);
+    memset(&w[i], 0, sizeof w[i]);
+    cr_assert_eq(ah__store_write(s, J(text), on_write, &w[i]), 0);
+  }
+  gate_wait_holding();
+  bool closed = false;
+  ah__store_close(s, on_closed_count, &closed);
+  cr_expect_eq(ah__store_write(s, J("[]"), on_write, &w[0]), AH_ECLOSED, "a write after close is refused");
+  cr_expect_not(closed, "close never calls back synchronously");
+  gate_open();
+  cr_assert(ts_run_until(&f.loop, &closed, 10000));
+  cr_expect_eq(completions_at_close, N, "every write callback ran before the close callback");
+  for (int i = 0; i < N; i++) {
+    cr_expect(w[i].done, "queued write %d lost its callback", i);
+    cr_expect_eq(w[i].status, 0);
+    json_decref(w[i].results);
+  }
+  f.s = open_ok(&f, NULL);
+  json_t *ev = ah__store_events(f.s, "s", -1, 0);
+  cr_expect_eq(json_array_size(ev), N, "the queued writes were committed");
+  json_decref(ev);
+  fx_fini(&f);
+}
+
+Test(store, write_argument_errors_never_call_back) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  wres w;
+  memset(&w, 0, sizeof w);
+  cr_expect_eq(ah__store_write(f.s, J("{'op':'event'}"), on_write, &w), AH_EINVAL, "an opset is an array");
+  cr_expect_eq(ah__store_write(f.s, NULL, on_write, &w), AH_EINVAL);
+  cr_expect_eq(ah__store_write(NULL, J("[]"), on_write, &w), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[]"), 0, "an empty opset commits nothing, successfully");
+  cr_expect_eq(write_status(&f, f.s, "[1]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'event'}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'nope'}]"), AH_EINVAL);
+  /* A NULL callback is allowed; the write still happens. */
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s','seq':1,'kind':'k','time':'t','data':{}}]"),
+                               NULL, NULL),
+               0);
+  cr_assert_eq(write_status(&f, f.s, "[]"), 0);
+  json_t *ev = ah__store_events(f.s, "s", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1);
+  json_decref(ev);
+  cr_expect_not(w.done);
+  fx_fini(&f);
+}
+
+/* Holds the write lock from another connection, as another agenthost process would. */
+typedef struct locker {
+  sqlite3 *db;
+  uv_timer_t timer;
+  int ticks;
+} locker;
+
+static void tick(uv_timer_t *t) {
+  locker *l = t->data;
+  l->ticks++;
+}
+
+static void lock_db(locker *l, const char *path) {
+  cr_assert_eq(sqlite3_open(path, &l->db), SQLITE_OK);
+  cr_assert_eq(
+      sqlite3_exec(l->db, "BEGIN IMMEDIATE; INSERT INTO sessions (id) VALUES ('other')", NULL, NULL, NULL),
+      SQLITE_OK);
+}
+
+Test(store, write_lock_held_elsewhere_waits_then_fails_whole_group, .timeout = 60) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = gated_backend();
+  f.s = open_ok(&f, &be);
+  locker l = {0};
+  cr_assert_eq(uv_timer_init(&f.loop, &l.timer), 0);
+  l.timer.data = &l;
+  cr_assert_eq(uv_timer_start(&l.timer, tick, 10, 10), 0);
+
+  /* Released after 300 ms: the write waits (busy timeout), the loop keeps running, then it commits. */
+  lock_db(&l, f.path);
+  wres w;
+  memset(&w, 0, sizeof w);
+  uint64_t t0 = ts_now_ms();
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s','seq':1,'kind':'k','time':'t','data':{}}]"),
+                               on_write, &w),
+               0);
+  cr_expect_lt(ts_now_ms() - t0, 100, "ah__store_write blocked the loop");
+  volatile bool never = false;
+  ts_run_until(&f.loop, &never, 300);
+  cr_expect_not(w.done, "committed while another connection held the write lock");
+  cr_expect_gt(l.ticks, 10, "the loop was blocked while the writer waited (%d ticks)", l.ticks);
+  cr_assert_eq(sqlite3_exec(l.db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  cr_assert(ts_run_until(&f.loop, &w.done, 10000));
+  cr_expect_eq(w.status, 0);
+  json_decref(w.results);
+
+  /* Held past the busy timeout (5 s): every opset of the group fails with AH_EIO, nothing is written. The
+   * writer is parked after a first commit so that the two opsets are queued as one group. */
+  gate_close();
+  wres x, a, b;
+  memset(&x, 0, sizeof x);
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  cr_assert_eq(ah__store_write(f.s, J("[]"), on_write, &x), 0);
+  gate_wait_holding();
+  cr_assert_eq(sqlite3_exec(l.db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s','seq':2,'kind':'k','time':'t','data':{}}]"),
+                               on_write, &a),
+               0);
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s','seq':3,'kind':'k','time':'t','data':{}}]"),
+                               on_write, &b),
+               0);
+  gate_open();
+  wres *ws[] = {&x, &a, &b, NULL};
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 20000));
+  cr_expect_eq(x.status, 0);
+  json_decref(x.results);
+  cr_expect_eq(gate.sizes[gate_groups() - 1], 2, "the two opsets were one group");
+  cr_expect_eq(a.status, AH_EIO, "%s", ah_err_name(a.status));
+  cr_expect_eq(b.status, AH_EIO, "%s", ah_err_name(b.status));
+  cr_assert_eq(sqlite3_exec(l.db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_close(l.db), SQLITE_OK);
+  json_t *ev = ah__store_events(f.s, "s", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1);
+  json_decref(ev);
+  /* And the store works again once the lock is gone. */
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s','seq':2,'kind':'k','time':'t','data':{}}]");
+  uv_close((uv_handle_t *)&l.timer, NULL);
+  fx_fini(&f);
+}
+
+/* ---- durability, refusals, read-only ------------------------------------------------------------------- */
+
+Test(store, reopen_keeps_everything) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  write_ok(&f, s,
+           "[" SESSION1
+           ",{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','turnId':'t1','data':{'x':1}},"
+           "{'op':'inbox.put','messageId':'m1','sessionId':'s1','content':['hi'],'time':'t'},"
+           "{'op':'request.put','request':{'id':'r1','sessionId':'s1','kind':'approval','created':'t'}},"
+           "{'op':'lease','id':'s1','owner':'A','until':99,'now':0}]");
+  json_t *sess = ah__store_get_session(s, "s1");
+  json_t *ev = ah__store_events_after(s, 0, 0);
+  json_t *inbox = ah__store_inbox_open(s, "s1");
+  json_t *req = ah__store_requests_pending(s, NULL);
+  close_store(&f, s);
+  char *wal = NULL;
+  cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
+  cr_expect_not(exists(wal), "a clean close checkpoints the WAL into the database and removes it");
+  free(wal);
+  f.s = open_ok(&f, NULL);
+  json_t *sess2 = ah__store_get_session(f.s, "s1");
+  json_t *ev2 = ah__store_events_after(f.s, 0, 0);
+  json_t *inbox2 = ah__store_inbox_open(f.s, "s1");
+  json_t *req2 = ah__store_requests_pending(f.s, NULL);
+  cr_expect(json_equal(sess, sess2));
+  cr_expect(json_equal(ev, ev2));
+  cr_expect_eq(json_array_size(ev2), 1);
+  cr_expect(json_equal(inbox, inbox2));
+  cr_expect_eq(json_array_size(inbox2), 1);
+  cr_expect(json_equal(req, req2));
+  cr_expect_eq(json_array_size(req2), 1);
+  cr_expect_str_eq(sget(sess2, "leaseOwner"), "A");
+  json_decref(sess);
+  json_decref(ev);
+  json_decref(inbox);
+  json_decref(req);
+  json_decref(sess2);
+  json_decref(ev2);
+  json_decref(inbox2);
+  json_decref(req2);
+  /* Cursors continue after the reopen. */
+  wres w;
+  cr_assert_eq(
+      write_wait(&f, f.s, J("[{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}}]"), &w),
+      0);
+  cr_expect_eq(json_integer_value(json_array_get(w.results, 0)), 2);
+  json_decref(w.results);
+  fx_fini(&f);
+}
+
+/* Open must fail, leave the file as it was and explain why. */
+static void expect_refused(fx *f, int want_rc, const char *const *needles) {
+  size_t before_len = 0;
+  char *before = ts_read_file(f->path, &before_len);
+  cr_assert_not_null(before);
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(f, NULL, AH_STORE_SYNC_NORMAL, false, &s, &why);
+  cr_expect_eq(rc, want_rc, "open returned %s", ah_err_name(rc));
+  cr_expect_null(s);
+  cr_assert_not_null(why);
+  for (; *needles; needles++)
+    cr_expect(strstr(why, *needles) != NULL, "'%s' not in: %s", *needles, why);
+  free(why);
+  /* A read-only open refuses it as well. */
+  rc = store_open(f, NULL, AH_STORE_SYNC_NORMAL, true, &s, &why);
+  cr_expect_eq(rc, want_rc, "read-only open returned %s", ah_err_name(rc));
+  cr_expect_null(s);
+  free(why);
+  size_t after_len = 0;
+  char *after = ts_read_file(f->path, &after_len);
+  cr_assert_not_null(after);
+  cr_expect_eq(after_len, before_len, "the file changed size");
+  cr_expect(after_len == before_len && memcmp(before, after, before_len) == 0, "the file was modified");
+  free(before);
+  free(after);
+}
+
+Test(store, newer_schema_is_refused_and_left_unchanged) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  write_ok(&f, s, "[" SESSION1 "]");
+  close_store(&f, s);
+  raw_exec(f.path, "PRAGMA user_version = 99");
+  const char *needles[] = {"version 99", "version 1 ", f.path, NULL};
+  expect_refused(&f, AH_ECONFIG, needles);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
+  fx_fini(&f);
+}
+
+Test(store, random_bytes_are_refused_and_left_unchanged) {
+  fx f;
+  fx_init(&f);
+  unsigned char buf[16384];
+  unsigned x = 12345;
+  for (size_t i = 0; i < sizeof buf; i++) {
+    x = x * 1103515245u + 12345u;
+    buf[i] = (unsigned char)(x >> 16);
+  }
+  FILE *fp = fopen(f.path, "wb");
+  cr_assert_not_null(fp);
+  cr_assert_eq(fwrite(buf, 1, sizeof buf, fp), sizeof buf);
+  fclose(fp);
+  const char *needles[] = {"not an SQLite database", NULL};
+  expect_refused(&f, AH_ECONFIG, needles);
+  fx_fini(&f);
+}
+
+Test(store, text_file_is_refused_and_left_unchanged) {
+  fx f;
+  fx_init(&f);
+  char *p = ts_write_file(f.dir, "agenthost.db", "[store]\npath = not a database\nthis is a text file\n");
+  cr_assert_not_null(p);
+  free(p);
+  const char *needles[] = {"not an SQLite database", NULL};
+  expect_refused(&f, AH_ECONFIG, needles);
+  fx_fini(&f);
+}
+
+Test(store, truncated_database_is_refused_and_left_unchanged) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  /* Enough rows for many pages, so that truncation cuts referenced ones. */
+  json_t *opset = json_array();
+  char big[2000];
+  memset(big, 'x', sizeof big - 1);
+  big[sizeof big - 1] = 0;
+  for (int i = 0; i < 400; i++)
+    json_array_append_new(opset, json_pack("{s:s, s:s, s:i, s:s, s:s, s:{s:s}}", "op", "event", "sessionId",
+                                           "s", "seq", i, "kind", "k", "time", "t", "data", "big", big));
+  wres w;
+  cr_assert_eq(write_wait(&f, s, opset, &w), 0);
+  json_decref(w.results);
+  close_store(&f, s);
+  struct stat st;
+  cr_assert_eq(stat(f.path, &st), 0);
+  cr_assert_gt(st.st_size, 100000);
+  cr_assert_eq(truncate(f.path, st.st_size / 2), 0);
+  const char *needles[] = {"corrupt", NULL};
+  expect_refused(&f, AH_EIO, needles);
+  fx_fini(&f);
+}
+
+Test(store, corrupt_page_is_refused_and_left_unchanged) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  json_t *opset = json_array();
+  char pad[300];
+  memset(pad, 'p', sizeof pad - 1);
+  pad[sizeof pad - 1] = 0;
+  for (int i = 0; i < 300; i++)
+    json_array_append_new(opset,
+                          json_pack("{s:s, s:s, s:i, s:s, s:s, s:{s:i, s:s}}", "op", "event", "sessionId",
+                                    "s", "seq", i, "kind", "k", "time", "t", "data", "i", i, "pad", pad));
+  wres w;
+  cr_assert_eq(write_wait(&f, s, opset, &w), 0);
+  json_decref(w.results);
+  close_store(&f, s);
+  /* Scribble over a whole page in the middle of the file (a b-tree page of the events), keeping the size. */
+  struct stat st;
+  cr_assert_eq(stat(f.path, &st), 0);
+  long pages = (long)st.st_size / 4096;
+  cr_assert_gt(pages, 4);
+  FILE *fp = fopen(f.path, "r+b");
+  cr_assert_not_null(fp);
+  cr_assert_eq(fseek(fp, 4096 * (pages / 2), SEEK_SET), 0);
+  char junk[4096];
+  memset(junk, 0xA5, sizeof junk);
+  cr_assert_eq(fwrite(junk, 1, sizeof junk, fp), sizeof junk);
+  fclose(fp);
+  const char *needles[] = {"corrupt", NULL};
+  expect_refused(&f, AH_EIO, needles);
+  fx_fini(&f);
+}
+
+Test(store, read_only_open_of_a_missing_file_fails_and_creates_nothing) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, true, &s, &why);
+  cr_expect_eq(rc, AH_ENOENT, "%s", ah_err_name(rc));
+  cr_expect_null(s);
+  cr_assert_not_null(why);
+  cr_expect(strstr(why, f.path) != NULL, "why: %s", why);
+  free(why);
+  cr_expect_not(exists(f.path), "a read-only open created the database");
+  fx_fini(&f);
+}
+
+Test(store, read_only_open_reads_but_never_writes) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  write_ok(&f, s, "[" SESSION1 ",{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
+  close_store(&f, s);
+  ah_store *ro = NULL;
+  char *why = NULL;
+  int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, true, &ro, &why);
+  cr_assert_eq(rc, 0, "%s: %s", ah_err_name(rc), why ? why : "-");
+  json_t *sess = ah__store_get_session(ro, "s1");
+  cr_expect_str_eq(sget(sess, "title"), "T");
+  json_decref(sess);
+  json_t *ev = ah__store_events(ro, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1);
+  json_decref(ev);
+  wres w;
+  memset(&w, 0, sizeof w);
+  cr_expect_eq(ah__store_write(ro, J("[{'op':'session.delete','id':'s1'}]"), on_write, &w), AH_EPERM);
+  uv_run(&f.loop, UV_RUN_NOWAIT);
+  cr_expect_not(w.done);
+  /* A read-only reader sees what a writer commits meanwhile. */
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}}]");
+  ev = ah__store_events(ro, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 2);
+  json_decref(ev);
+  close_store(&f, ro);
+  sess = ah__store_get_session(f.s, "s1");
+  cr_expect_not_null(sess, "the read-only store deleted nothing");
+  json_decref(sess);
+  fx_fini(&f);
+}
+
+Test(store, read_only_open_of_an_unmigrated_file_is_refused) {
+  fx f;
+  fx_init(&f);
+  raw_exec(f.path, "CREATE TABLE t (x)");
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, true, &s, &why);
+  cr_expect_eq(rc, AH_ECONFIG, "%s", ah_err_name(rc));
+  cr_assert_not_null(why);
+  cr_expect(strstr(why, "version 0") != NULL, "why: %s", why);
+  free(why);
+  fx_fini(&f);
+}
+
+Test(store, write_after_close_is_refused) {
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  bool closed = false;
+  ah__store_close(s, on_closed, &closed);
+  wres w;
+  memset(&w, 0, sizeof w);
+  cr_expect_eq(ah__store_write(s, J("[{'op':'session.put','session':{'id':'x'}}]"), on_write, &w),
+               AH_ECLOSED);
+  cr_assert(ts_run_until(&f.loop, &closed, 5000));
+  cr_expect_not(w.done);
+  fx_fini(&f);
+}
+
+Test(store, sync_settings_open) {
+  fx f;
+  fx_init(&f);
+  const ah_store_sync modes[] = {AH_STORE_SYNC_OFF, AH_STORE_SYNC_NORMAL, AH_STORE_SYNC_FULL,
+                                 AH_STORE_SYNC_INVALID};
+  for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++) {
+    ah_store *s = NULL;
+    char *why = NULL;
+    cr_assert_eq(store_open(&f, NULL, modes[i], false, &s, &why), 0, "mode %d: %s", (int)modes[i], why);
+    char text[128];
+    snprintf(text, sizeof text, "[{'op':'event','sessionId':'s','seq':%zu,'kind':'k','time':'t','data':{}}]",
+             i);
+    write_ok(&f, s, text);
+    close_store(&f, s);
+  }
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM events"), 4);
+  fx_fini(&f);
+}
+
+/* ---- JSON ---------------------------------------------------------------------------------------------- */
+
+Test(store, json_unicode_and_big_data_round_trip) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  size_t big_len = 3u << 20;
+  char *big = malloc(big_len + 1);
+  cr_assert_not_null(big);
+  for (size_t i = 0; i < big_len; i++)
+    big[i] = (char)('a' + i % 26);
+  big[big_len] = 0;
+  json_t *data = json_object();
+  json_object_set_new(data, "text",
+                      json_string("h\xc3\xa9llo \xe4\xb8\x96\xe7\x95\x8c \xf0\x9f\x8e\x89 \"q\" \\ \n\t"));
+  json_object_set_new(data, "nul", json_stringn("a\0b", 3));
+  json_object_set_new(data, "big", json_string(big));
+  json_object_set_new(
+      data, "nested",
+      json_pack("{s:[i,f,b,n,{s:s}]}", "k", -9007199254740991LL, 0.5, 1, "z", "\xe2\x82\xac"));
+  json_object_set_new(data, "num", json_integer(INT64_MAX));
+  free(big);
+  json_t *content =
+      json_pack("[{s:s,s:s}]", "type", "text", "text", "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82");
+  json_t *opset = json_pack("[{s:s,s:s,s:i,s:s,s:s,s:O},{s:s,s:s,s:s,s:O,s:s},"
+                            "{s:s,s:{s:s,s:s,s:o,s:[s]}}]",
+                            "op", "event", "sessionId", "s\xc3\xa9", "seq", 1, "kind", "message", "time", "t",
+                            "data", data, "op", "inbox.put", "messageId", "m\xf0\x9f\x8e\x89", "sessionId",
+                            "s\xc3\xa9", "content", content, "time", "t", "op", "session.put", "session",
+                            "id", "s\xc3\xa9", "title", "\xe6\xa0\x87\xe9\xa2\x98", "policy",
+                            json_pack("{s:s}", "run_command", "allow"), "tags", "\xf0\x9f\x8f\xb7");
+  cr_assert_not_null(opset);
+  wres w;
+  cr_assert_eq(write_wait(&f, f.s, opset, &w), 0);
+  json_decref(w.results);
+  json_t *ev = ah__store_events(f.s, "s\xc3\xa9", 0, 0);
+  cr_assert_eq(json_array_size(ev), 1);
+  json_t *got = json_object_get(json_array_get(ev, 0), "data");
+  cr_expect(json_equal(got, data), "event data did not round-trip");
+  cr_expect_eq(json_string_length(json_object_get(got, "nul")), 3);
+  cr_expect_eq(json_integer_value(json_object_get(got, "num")), INT64_MAX);
+  json_decref(ev);
+  json_t *inbox = ah__store_inbox_open(f.s, "s\xc3\xa9");
+  cr_assert_eq(json_array_size(inbox), 1);
+  cr_expect(json_equal(json_object_get(json_array_get(inbox, 0), "content"), content));
+  cr_expect_str_eq(sget(json_array_get(inbox, 0), "messageId"), "m\xf0\x9f\x8e\x89");
+  json_decref(inbox);
+  json_t *s = ah__store_get_session(f.s, "s\xc3\xa9");
+  cr_expect_str_eq(sget(s, "title"), "\xe6\xa0\x87\xe9\xa2\x98");
+  cr_expect_str_eq(json_string_value(json_array_get(json_object_get(s, "tags"), 0)), "\xf0\x9f\x8f\xb7");
+  json_decref(s);
+  json_decref(data);
+  json_decref(content);
+  fx_fini(&f);
+}
