@@ -44,12 +44,12 @@ typedef struct ah_turn_input {
   uint32_t struct_size;
   const char *session_id;
   const char *cwd;
-  const char *model;       /* may be NULL: the provider's default */
-  const json_t *history;   /* [{role: "user"|"assistant"|"tool", text, ...}] of earlier turns */
-  const json_t *content;   /* the new user message: [{type: "text", text} | {type: "resource_link", ...}] */
-  const json_t *tools;     /* [{name, description, params}] the agent offers */
-  int64_t max_tokens;      /* 0 = the provider's default */
-  int depth;               /* 0 for a root session; subagents are deeper */
+  const char *model;     /* may be NULL: the provider's default */
+  const json_t *history; /* [{role: "user"|"assistant"|"tool", text, ...}] of earlier turns */
+  const json_t *content; /* the new user message: [{type: "text", text} | {type: "resource_link", ...}] */
+  const json_t *tools;   /* [{name, description, params}] the agent offers */
+  int64_t max_tokens;    /* 0 = the provider's default */
+  int depth;             /* 0 for a root session; subagents are deeper */
   void *reserved[4];
 } ah_turn_input;
 
