@@ -391,6 +391,14 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         return;
       }
       cfg->log_level = level;
+    } else if (strcmp(key, "synchronous") == 0) {
+      /* The store's durability (docs/sessions.md): normal survives a killed process, full a power loss. */
+      if (strcmp(value, "off") != 0 && strcmp(value, "normal") != 0 && strcmp(value, "full") != 0) {
+        fail(L, "%s: unknown synchronous mode%s (expected off, normal or full)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      replace_str(L, &cfg->synchronous, value);
     } else if (strcmp(key, "default_provider") == 0) {
       if (!name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
@@ -894,12 +902,13 @@ static void load_defaults(loader *L) {
   ah_config *cfg = L->cfg;
   cfg->log_level = AH_LOG_INFO;
   cfg->default_provider = strdup("echo");
+  cfg->synchronous = strdup("normal");
   L->default_provider_where = strdup("");
   cfg->plugins = json_object();
   cfg->providers = json_object();
   L->provider_where = json_object();
-  if (!cfg->default_provider || !L->default_provider_where || !cfg->plugins || !cfg->providers ||
-      !L->provider_where) {
+  if (!cfg->default_provider || !cfg->synchronous || !L->default_provider_where || !cfg->plugins ||
+      !cfg->providers || !L->provider_where) {
     fail_nomem(L);
     return;
   }
@@ -1059,6 +1068,7 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->runtime_dir);
   free(cfg->plugin_dir);
   free(cfg->default_provider);
+  free(cfg->synchronous);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
   memset(cfg, 0, sizeof *cfg);

@@ -31,7 +31,8 @@
  * (197 bytes in Debian's build), the file at most 4 MiB; NUL bytes, control characters and invalid UTF-8
  * are refused with the line.
  *
- * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider;
+ * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
+ * (the store's durability: off | normal | full, default normal);
  * [plugin.NAME] with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
  * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo|acp|openai and its keys.
  * Unknown [host] keys and unknown sections are warned about (logged), not fatal. A bad value (a bool that
@@ -69,6 +70,7 @@ typedef struct ah_config {
   char *plugin_dir;  /* absolute */
   ah_log_level log_level;
   char *default_provider;
+  char *synchronous; /* "off" | "normal" | "full" */
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */

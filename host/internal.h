@@ -296,6 +296,8 @@ struct ah_process {
   bool orphaned;    /* the mount is gone: never call on_exit */
   uv_timer_t kill_timer;
   bool kill_timer_used;
+  uint64_t kill_deadline; /* loop time when SIGKILL follows SIGTERM */
+  bool kill_sent;
   uv_timer_t drain_timer; /* after the exit: closes the output pipes once their readers stopped */
   int drain_ticks;
   ah__link link;

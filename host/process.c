@@ -1,7 +1,10 @@
 /* Child processes for plugins and tools: one environment policy (an allowlist plus explicit variables,
  * SECURITY.md G10), an own process group, pipes owned by the host, and a kill that escalates from SIGTERM
  * to SIGKILL on the whole group and is done only when the exit has been observed. */
+#include <dirent.h>
+#include <errno.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,11 +209,64 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
   return 0;
 }
 
-static void kill_escalate(uv_timer_t *t) {
+/* A kill in progress polls the process group: it is done as soon as the group is empty (no need to sit
+ * out the grace period when everything left on SIGTERM), SIGKILLs what is left when the grace ends, and
+ * gives up watching a second after that. */
+#define KILL_POLL_MS 20
+
+static void kill_done(ah_process *p) {
+  uv_timer_stop(&p->kill_timer);
+  if (p->exited && !uv_is_closing((uv_handle_t *)&p->kill_timer))
+    uv_close((uv_handle_t *)&p->kill_timer, handle_closed);
+}
+
+/* Whether any member of process group `pgid` is still alive. Zombies do not count: an orphan waits to be
+ * reaped by whoever adopted it, which may take a while, but it no longer runs. */
+static bool group_alive(pid_t pgid) {
+  if (kill(-pgid, 0) != 0 && errno == ESRCH)
+    return false;
+  DIR *d = opendir("/proc");
+  if (!d)
+    return true;
+  bool alive = false;
+  struct dirent *e = NULL;
+  while (!alive && (e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+      continue;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "re");
+    if (!f)
+      continue;
+    char buf[512];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *rp = strrchr(buf, ')'); /* the command name may contain anything, even ')' */
+    char state = 0;
+    int ppid = 0;
+    int pgrp = 0;
+    if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z')
+      alive = true;
+  }
+  closedir(d);
+  return alive;
+}
+
+static void kill_tick(uv_timer_t *t) {
   ah_process *p = t->data;
-  kill(-p->pid, SIGKILL);
-  if (p->exited)
-    uv_close((uv_handle_t *)t, handle_closed);
+  uint64_t now = uv_now(t->loop);
+  bool empty = !group_alive(p->pid);
+  if (empty && p->exited) {
+    kill_done(p);
+    return;
+  }
+  if (!p->kill_sent && now >= p->kill_deadline) {
+    kill(-p->pid, SIGKILL);
+    p->kill_sent = true;
+  }
+  if (p->kill_sent && p->exited && now >= p->kill_deadline + 1000)
+    kill_done(p); /* members that cannot die (stopped in the kernel) are not waited for forever */
 }
 
 int ah__process_kill(ah_process *p, uint64_t grace_ms) {
@@ -232,7 +288,9 @@ int ah__process_kill(ah_process *p, uint64_t grace_ms) {
   /* The loop's cached time may be stale (a long callback, or a caller outside the loop): refresh it so
    * that the grace really lasts grace_ms. */
   uv_update_time(p->handle.loop);
-  uv_timer_start(&p->kill_timer, kill_escalate, grace_ms, 0);
+  p->kill_deadline = uv_now(p->handle.loop) + grace_ms;
+  p->kill_sent = false;
+  uv_timer_start(&p->kill_timer, kill_tick, KILL_POLL_MS, KILL_POLL_MS);
   return 0;
 }
 

@@ -1759,8 +1759,13 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
     free(m);
     return AH_EIO;
   }
-  ah_store_opts so = {
-      .path = path, .sync = opts->sync ? opts->sync : AH_STORE_SYNC_NORMAL, .read_only = false};
+  ah_store_sync sync = opts->sync;
+  const char *cs = opts->config->synchronous;
+  if (!sync && cs)
+    sync = strcmp(cs, "full") == 0  ? AH_STORE_SYNC_FULL
+           : strcmp(cs, "off") == 0 ? AH_STORE_SYNC_OFF
+                                    : AH_STORE_SYNC_NORMAL;
+  ah_store_opts so = {.path = path, .sync = sync ? sync : AH_STORE_SYNC_NORMAL, .read_only = false};
   int rc = ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, why);
   if (rc) {
     json_decref(m->resolved);

@@ -979,3 +979,26 @@ Test(config, plugins_for_mode_defaults) {
   json_decref(none);
   freeenv(env);
 }
+
+Test(config, synchronous_modes) {
+  const char *modes[] = {"off", "normal", "full"};
+  for (size_t i = 0; i < 3; i++) {
+    ah_config cfg;
+    char *path = NULL;
+    char *err = NULL;
+    char text[64];
+    snprintf(text, sizeof text, "[host]\nsynchronous = %s\n", modes[i]);
+    cr_assert_eq(load_text(&cfg, text, &path, &err), 0, "%s", err ? err : "");
+    cr_assert_str_eq(cfg.synchronous, modes[i]);
+    ah__config_free(&cfg);
+    free(path);
+  }
+  ah_config cfg;
+  char *path = NULL;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[host]\n", &path, &err), 0);
+  cr_assert_str_eq(cfg.synchronous, "normal", "the default");
+  ah__config_free(&cfg);
+  free(path);
+  file_error_case("[host]\nsynchronous = sometimes\n", "2: [host] synchronous: ", "unknown synchronous mode");
+}
