@@ -23,6 +23,7 @@
 
 #define LOG "sessions"
 #define HISTORY_MAX 200
+#define HISTORY_WINDOW 2000 /* events read to build the history */
 
 typedef struct session session;
 typedef struct turn turn;
@@ -101,6 +102,7 @@ struct turn {
   char *last_text;
   int tools_running;
   request *pending; /* an approval or question waiting for an answer */
+  json_t *history;  /* read on the provider's first sink->history() call */
   /* The provider ended while tools still ran: the end is recorded once they stopped, so turn/ended is
    * always the turn's last event. */
   bool end_pending;
@@ -560,34 +562,44 @@ static ah_provider *provider_for(ah_sessions *m, const char *name) {
   return NULL;
 }
 
-static json_t *history_for(session *s) {
-  /* The conversation so far as the provider sees it: user prompts and committed assistant messages, the
-   * last HISTORY_MAX of them. Read from the store, so a resumed session has its whole past. */
+static json_t *history_for(session *s, const char *current_message) {
+  /* The conversation so far as the provider sees it: each earlier turn's user message (in the order the
+   * turns started) and the committed assistant messages, the last HISTORY_MAX of them. Read from the
+   * store, so a resumed session has its past; only a recent window of events is read, so a long session
+   * does not make every turn slower. Prompts still queued are not part of it. */
   json_t *hist = json_array();
-  int64_t after = 0;
-  for (;;) {
-    json_t *page = ah__store_events(s->m->store, s->id, after, 1000);
-    size_t n = json_array_size(page);
-    size_t i = 0;
-    json_t *ev = NULL;
-    json_array_foreach(page, i, ev) {
-      const char *kind = str(ev, "kind");
-      json_t *data = json_object_get(ev, "data");
-      if (strcmp(kind, "inbox/received") == 0)
-        json_array_append_new(
-            hist, json_pack("{s:s, s:O}", "role", "user", "content", json_object_get(data, "content")));
-      else if (strcmp(kind, "message/committed") == 0)
-        json_array_append_new(
-            hist, json_pack("{s:s, s:O}", "role", "assistant", "text", json_object_get(data, "text")));
-      after = json_integer_value(json_object_get(ev, "seq"));
+  json_t *prompts = json_object(); /* messageId -> content, from inbox/received */
+  int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
+  json_t *page = ah__store_events(s->m->store, s->id, after, HISTORY_WINDOW);
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(page, i, ev) {
+    const char *kind = str(ev, "kind");
+    const char *mid = str(ev, "messageId");
+    json_t *data = json_object_get(ev, "data");
+    if (strcmp(kind, "inbox/received") == 0 && mid) {
+      json_object_set(prompts, mid, json_object_get(data, "content"));
+    } else if (strcmp(kind, "turn/started") == 0 && mid && strcmp(mid, current_message) != 0 &&
+               json_object_get(prompts, mid)) {
+      json_array_append_new(
+          hist, json_pack("{s:s, s:O}", "role", "user", "content", json_object_get(prompts, mid)));
+    } else if (strcmp(kind, "message/committed") == 0) {
+      json_array_append_new(
+          hist, json_pack("{s:s, s:O}", "role", "assistant", "text", json_object_get(data, "text")));
     }
-    json_decref(page);
-    if (n < 1000)
-      break;
   }
+  json_decref(page);
+  json_decref(prompts);
   while (json_array_size(hist) > HISTORY_MAX)
     json_array_remove(hist, 0);
   return hist;
+}
+
+static const json_t *sink_history(void *ctx) {
+  turn *t = ctx;
+  if (!t->history)
+    t->history = history_for(t->s, t->message_id);
+  return t->history;
 }
 
 static void turn_free(turn *t) {
@@ -601,6 +613,7 @@ static void turn_free(turn *t) {
   free(t->end_reason);
   free(t->end_error);
   json_decref(t->end_usage);
+  json_decref(t->history);
   free(t);
 }
 
@@ -875,22 +888,20 @@ static void maybe_claim(session *s) {
       .ask = sink_ask,
       .subagent = sink_subagent,
       .end = sink_end,
+      .history = sink_history,
   };
-  json_t *history = history_for(s);
   json_t *tools = ah__tools_describe();
   ah_turn_input in = {
       .struct_size = sizeof in,
       .session_id = s->id,
       .cwd = str(s->row, "cwd"),
       .model = model,
-      .history = history,
       .content = t->content,
       .tools = tools,
       .max_tokens = 0,
       .depth = (int)json_integer_value(json_object_get(s->row, "depth")),
   };
   int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
-  json_decref(history);
   json_decref(tools);
   if (rc) {
     t->pt = NULL;

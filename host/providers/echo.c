@@ -35,6 +35,7 @@ typedef enum echo_step_kind {
   ECHO_STEP_TOOL,
   ECHO_STEP_ASK,
   ECHO_STEP_SUBAGENT,
+  ECHO_STEP_HISTORY,
 } echo_step_kind;
 
 typedef struct echo_step {
@@ -235,6 +236,11 @@ static bool echo_directive(ah_provider_turn *t, size_t line, const char *name, c
     else
       t->refuse = true;
     return true;
+  } else if (strcmp(name, "history") == 0) {
+    if (argn)
+      return echo_fail_parse(t, line, "/history takes no argument, got \"%.*s\"", an, arg);
+    step.kind = ECHO_STEP_HISTORY;
+    step.text = strdup("history");
   } else if (strcmp(name, "fail") == 0) {
     step.kind = ECHO_STEP_FAIL;
     step.text = argn ? echo_strndup(arg, argn) : strdup("failed");
@@ -283,8 +289,8 @@ static bool echo_directive(ah_provider_turn *t, size_t line, const char *name, c
 }
 
 static bool echo_known_directive(const char *s, size_t n) {
-  static const char *const names[] = {"sleep",    "fail",   "tool",       "ask",
-                                      "subagent", "chunks", "max-tokens", "refuse"};
+  static const char *const names[] = {"sleep",  "fail",       "tool",   "ask",    "subagent",
+                                      "chunks", "max-tokens", "refuse", "history"};
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     if (strlen(names[i]) == n && memcmp(names[i], s, n) == 0)
       return true;
@@ -508,6 +514,32 @@ static void echo_run_step(ah_provider_turn *t, echo_step *s) {
     t->waiting = ECHO_STEP_SUBAGENT;
     t->sink.subagent(t->ctx, s->text);
     return;
+  case ECHO_STEP_HISTORY: {
+    /* "history: N (role, role, …)": what the agent says came before this turn. */
+    const json_t *h =
+        AH_HAS_FIELD(&t->sink, ah_turn_sink, history) && t->sink.history ? t->sink.history(t->ctx) : NULL;
+    echo_buf buf = {0};
+    char head[48];
+    snprintf(head, sizeof head, "history: %zu (", json_array_size(h));
+    echo_buf_add(&buf, head, strlen(head));
+    size_t i = 0;
+    json_t *e = NULL;
+    json_array_foreach(h, i, e) {
+      const char *role = json_string_value(json_object_get(e, "role"));
+      if (i)
+        echo_buf_add(&buf, ", ", 2);
+      echo_buf_add(&buf, role ? role : "?", strlen(role ? role : "?"));
+    }
+    echo_buf_add(&buf, ")", 1);
+    char *text = echo_buf_take(&buf);
+    if (!text) {
+      echo_end(t, "error", ah_strerror(AH_ENOMEM));
+      return;
+    }
+    t->pending_commit = text;
+    echo_arm(t, 0);
+    return;
+  }
   default:
     echo_end(t, "error", "echo: internal error (unknown step)");
     return;

@@ -11,6 +11,8 @@
  *   /chunks N          stream the echo in N deltas (default 1)
  *   /max-tokens        end with reason "max-tokens" after the echo
  *   /refuse            end at once with reason "refusal" (nothing committed)
+ *   /history           commit "history: N (role, role, …)": the conversation the agent hands the
+ *                      provider for this turn (earlier turns only)
  * Usage: inputTokens = bytes of the prompt's text / 4 rounded up, outputTokens likewise for what it
  * committed — deterministic numbers for tests.
  *

@@ -37,7 +37,12 @@ typedef struct ah_turn_sink {
   void (*ask)(void *ctx, const char *question, const json_t *options);
   void (*subagent)(void *ctx, const char *prompt);
   void (*end)(void *ctx, const char *reason, const json_t *usage, const char *error);
-  void *reserved[4];
+  /* The conversation before this turn: [{role: "user", content: [blocks]} | {role: "assistant", text}],
+   * oldest first, bounded. Read from the store on the first call only (a provider that needs no history,
+   * like echo, costs nothing); borrowed, valid until end(). Unlike the other entries it may be called from
+   * inside turn_start. */
+  const json_t *(*history)(void *ctx);
+  void *reserved[3];
 } ah_turn_sink;
 
 typedef struct ah_turn_input {
@@ -45,7 +50,6 @@ typedef struct ah_turn_input {
   const char *session_id;
   const char *cwd;
   const char *model;     /* may be NULL: the provider's default */
-  const json_t *history; /* [{role: "user"|"assistant"|"tool", text, ...}] of earlier turns */
   const json_t *content; /* the new user message: [{type: "text", text} | {type: "resource_link", ...}] */
   const json_t *tools;   /* [{name, description, params}] the agent offers */
   int64_t max_tokens;    /* 0 = the provider's default */

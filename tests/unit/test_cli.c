@@ -1,14 +1,18 @@
 /* Integration tests of the command line: the real agenthost binary ($AH_TEST_AGENTHOST), its exit codes,
  * stdout and stderr. Every test runs in a private directory and stops what it starts. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "support.h"
 
 static char *tmp_dir;
@@ -240,4 +244,413 @@ Test(cli, serve_with_a_missing_plugin_dir_runs_without_plugins, .timeout = 60, .
   free(runtime);
   free(log);
   free(sock);
+}
+
+/* ---- sessions list | show | export: the store read directly, read-only ------------------------------ */
+
+typedef struct sess_env {
+  char *config;
+  char *state;
+  char *runtime;
+  char *log;
+  char *sock;
+  char *db;
+  pid_t pid;
+} sess_env;
+
+static sess_env sess_env_new(void) {
+  sess_env e = {.config = quiet_config(),
+                .state = path_in("state"),
+                .runtime = path_in("run"),
+                .log = path_in("daemon.log"),
+                .sock = path_in("run/admin.sock"),
+                .db = path_in("state/agenthost.db")};
+  return e;
+}
+
+static void sess_env_free(sess_env *e) {
+  free(e->config);
+  free(e->state);
+  free(e->runtime);
+  free(e->log);
+  free(e->sock);
+  free(e->db);
+}
+
+static char *daemon_log(const sess_env *e) {
+  char *text = ts_read_file(e->log, NULL);
+  return text ? text : strdup("");
+}
+
+/* `agenthost --config C --state-dir S --runtime-dir R ARGS...` (NULL-terminated). */
+static int sess_cli(const sess_env *e, char **out, char **err, ...) {
+  char *argv[16] = {(char *)agenthost(), "--config", e->config, "--state-dir", e->state,
+                    "--runtime-dir",     e->runtime};
+  size_t n = 7;
+  va_list ap;
+  va_start(ap, err);
+  for (char *a = va_arg(ap, char *); a; a = va_arg(ap, char *)) {
+    cr_assert_lt(n, sizeof argv / sizeof argv[0] - 1);
+    argv[n++] = a;
+  }
+  va_end(ap);
+  argv[n] = NULL;
+  int code = ts_run(argv, 30000, out, err);
+  cr_assert_not_null(*out);
+  cr_assert_not_null(*err);
+  return code;
+}
+
+/* Start `serve` and wait until it answers on the admin socket. */
+static void sess_start(sess_env *e) {
+  char *argv[] = {(char *)agenthost(), "--config", e->config, "--state-dir", e->state,
+                  "--runtime-dir",     e->runtime, "serve",   NULL};
+  e->pid = ts_spawn(argv, NULL, e->log);
+  cr_assert_gt(e->pid, 0);
+  cr_assert(ts_wait_path(e->sock, 10000), "no admin socket after 10 s: %s", daemon_log(e));
+  uint64_t deadline = ts_now_ms() + 10000;
+  for (;;) {
+    json_t *result = NULL;
+    json_t *error = NULL;
+    int rc = ah__admin_call(e->runtime, "session.list", json_object(), 2000, &result, &error);
+    json_decref(result);
+    json_decref(error);
+    if (rc == 0)
+      break;
+    cr_assert_lt(ts_now_ms(), deadline, "the daemon does not answer: %s; log:\n%s", ah_strerror(rc),
+                 daemon_log(e));
+    usleep(20 * 1000);
+  }
+}
+
+/* SIGTERM; the daemon must exit 0 and log "stopped". */
+static void sess_stop(sess_env *e) {
+  int st = ts_stop(e->pid, SIGTERM, 10000);
+  e->pid = 0;
+  char *text = daemon_log(e);
+  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the daemon did not exit 0 (status %#x); log:\n%s", st,
+            text);
+  cr_assert(strstr(text, "stopped"), "%s", text);
+  free(text);
+}
+
+/* Call `method` (params stolen) on the admin socket and assert success; returns the result. */
+static json_t *sess_call(const sess_env *e, const char *method, json_t *params) {
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(e->runtime, method, params, 10000, &result, &error);
+  char *text = error ? json_dumps(error, JSON_COMPACT) : NULL;
+  cr_assert_eq(rc, 0, "%s failed: %s %s", method, ah_strerror(rc), text ? text : "");
+  free(text);
+  json_decref(error);
+  cr_assert_not_null(result);
+  return result;
+}
+
+static size_t turns_ended(const sess_env *e, const char *id) {
+  json_t *h = sess_call(e, "session.history", json_pack("{s:s, s:i}", "sessionId", id, "limit", 1000));
+  size_t n = 0;
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(json_object_get(h, "events"), i, ev) {
+    const char *kind = json_string_value(json_object_get(ev, "kind"));
+    n += kind && strcmp(kind, "turn/ended") == 0;
+  }
+  json_decref(h);
+  return n;
+}
+
+/* Send `text` as a prompt and wait until the session has `turns` ended turns. */
+static void sess_prompt(const sess_env *e, const char *id, const char *text, size_t turns) {
+  json_t *r = sess_call(e, "session.prompt", json_pack("{s:s, s:s}", "sessionId", id, "text", text));
+  cr_assert(json_is_string(json_object_get(r, "messageId")));
+  json_decref(r);
+  uint64_t deadline = ts_now_ms() + 10000;
+  while (turns_ended(e, id) < turns) {
+    cr_assert_lt(ts_now_ms(), deadline, "turn %zu did not end; log:\n%s", turns, daemon_log(e));
+    usleep(20 * 1000);
+  }
+}
+
+/* A session (its title and prompts carry control characters) with two ended turns; the caller frees the
+ * id. */
+static char *sess_make(const sess_env *e) {
+  json_t *r = sess_call(e, "session.create",
+                        json_pack("{s:s, s:s}", "cwd", test_dir(), "title", "t\x1b[31mred\x07 title"));
+  const char *sid = json_string_value(json_object_get(r, "sessionId"));
+  cr_assert_not_null(sid);
+  char *id = strdup(sid);
+  json_decref(r);
+  sess_prompt(e, id, "first\x1b[2J prompt\r\n", 1);
+  sess_prompt(e, id, "second prompt \x01\x7f", 2);
+  return id;
+}
+
+/* What the commands must leave alone: the database's bytes and whether -wal / -shm exist (and -wal's
+ * size). */
+typedef struct db_snapshot {
+  char *bytes;
+  size_t len;
+  bool wal;
+  off_t wal_size;
+  bool shm;
+} db_snapshot;
+
+static db_snapshot db_snap(const sess_env *e) {
+  db_snapshot s = {0};
+  s.bytes = ts_read_file(e->db, &s.len);
+  cr_assert_not_null(s.bytes, "cannot read %s", e->db);
+  char path[4200];
+  struct stat st;
+  snprintf(path, sizeof path, "%s-wal", e->db);
+  s.wal = stat(path, &st) == 0;
+  s.wal_size = s.wal ? st.st_size : 0;
+  snprintf(path, sizeof path, "%s-shm", e->db);
+  s.shm = stat(path, &st) == 0;
+  return s;
+}
+
+static void db_assert_same(const db_snapshot *a, const db_snapshot *b, const char *after) {
+  cr_assert(a->len == b->len && memcmp(a->bytes, b->bytes, a->len) == 0, "%s changed the database's bytes",
+            after);
+  cr_assert_eq(a->wal, b->wal, "%s %s the -wal file", after, b->wal ? "created" : "removed");
+  cr_assert_eq(a->wal_size, b->wal_size, "%s changed the size of the -wal file", after);
+  cr_assert_eq(a->shm, b->shm, "%s %s the -shm file", after, b->shm ? "created" : "removed");
+}
+
+/* No byte of `text` is a control character but a newline. */
+static void assert_no_controls(const char *text, const char *what) {
+  for (const char *p = text; *p; p++)
+    cr_assert(*p == '\n' || ((unsigned char)*p >= 0x20 && *p != 0x7f),
+              "%s printed a raw control byte %#x: %s", what, (unsigned char)*p, text);
+}
+
+Test(cli, sessions_read_a_stopped_daemons_store_without_touching_it, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  char *id = sess_make(&e);
+  sess_stop(&e);
+  db_snapshot before = db_snap(&e);
+  cr_assert_not(before.wal, "a cleanly stopped daemon left its -wal file");
+
+  /* list: the table, then the JSON array. */
+  char *out = NULL;
+  char *err = NULL;
+  int code = sess_cli(&e, &out, &err, "sessions", "list", NULL);
+  cr_assert_eq(code, 0, "sessions list exited %d: %s", code, err);
+  cr_assert(strncmp(out, "ID ", 3) == 0, "no header: %s", out);
+  char *line = strstr(out, id);
+  cr_assert_not_null(line, "the session is not listed: %s", out);
+  cr_assert(strstr(line, "  idle  "), "no status: %s", out);
+  cr_assert(strstr(line, test_dir()), "no cwd: %s", out);
+  cr_assert(strstr(line, "t\\u001b[31mred\\u0007 title"), "the title is not escaped: %s", out);
+  assert_no_controls(out, "sessions list");
+  cr_assert_str_empty(err);
+  free(out);
+  free(err);
+  db_snapshot now = db_snap(&e);
+  db_assert_same(&before, &now, "sessions list");
+  free(now.bytes);
+
+  code = sess_cli(&e, &out, &err, "sessions", "list", "--json", NULL);
+  cr_assert_eq(code, 0, "sessions list --json exited %d: %s", code, err);
+  json_error_t jerr;
+  json_t *list = json_loads(out, 0, &jerr);
+  cr_assert(json_is_array(list), "not a JSON array (%s): %s", jerr.text, out);
+  cr_assert_eq(json_array_size(list), 1);
+  json_t *row = json_array_get(list, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(row, "id")), id);
+  cr_assert_str_eq(json_string_value(json_object_get(row, "status")), "idle");
+  cr_assert_str_eq(json_string_value(json_object_get(row, "title")), "t\x1b[31mred\x07 title");
+  cr_assert_null(json_object_get(row, "leaseOwner"), "lease internals are shown");
+  json_decref(list);
+  free(out);
+  free(err);
+
+  /* show: the row, then one line per event in seq order. */
+  code = sess_cli(&e, &out, &err, "sessions", "show", id, NULL);
+  cr_assert_eq(code, 0, "sessions show exited %d: %s", code, err);
+  assert_no_controls(out, "sessions show");
+  cr_assert(strstr(out, id), "%s", out);
+  cr_assert(strstr(out, "first\\u001b[2J prompt\\r\\n"), "the prompt is not shown escaped: %s", out);
+  char *events = strstr(out, "\n   SEQ ");
+  cr_assert_not_null(events, "no event table: %s", out);
+  const char *kinds[] = {"inbox/received", "inbox/claimed", "turn/started", "message/committed",
+                         "turn/ended"};
+  long seq = 0;
+  size_t turn_ends = 0;
+  for (char *l = strchr(events + 1, '\n'); l && l[1]; l = strchr(l + 1, '\n')) {
+    char *end = NULL;
+    long n = strtol(l + 1, &end, 10);
+    cr_assert(end != l + 1, "not an event line: %.80s", l + 1);
+    cr_assert_eq(n, seq + 1, "events out of order at %ld: %s", n, out);
+    seq = n;
+    bool known = false;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+      known =
+          known || strncmp(strstr(end, "Z  ") ? strstr(end, "Z  ") + 3 : "", kinds[k], strlen(kinds[k])) == 0;
+    cr_assert(known, "no known kind: %.120s", l + 1);
+    turn_ends += strstr(end, "turn/ended") && strstr(end, "turn/ended") < strchr(end, '\n');
+  }
+  cr_assert_eq(seq, 10, "expected the 10 events of two echo turns: %s", out);
+  cr_assert_eq(turn_ends, 2, "%s", out);
+  free(out);
+  free(err);
+
+  code = sess_cli(&e, &out, &err, "sessions", "show", id, "--json", NULL);
+  cr_assert_eq(code, 0, "sessions show --json exited %d: %s", code, err);
+  json_t *shown = json_loads(out, 0, &jerr);
+  cr_assert_not_null(shown, "not JSON (%s): %s", jerr.text, out);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(shown, "session"), "id")), id);
+  cr_assert_eq(json_array_size(json_object_get(shown, "events")), 10);
+  free(out);
+  free(err);
+
+  /* export: JSON Lines, the stored events, seq 1..N — the same lines as the events of show --json. */
+  code = sess_cli(&e, &out, &err, "sessions", "export", id, NULL);
+  cr_assert_eq(code, 0, "sessions export exited %d: %s", code, err);
+  cr_assert_str_empty(err);
+  size_t n = 0;
+  for (char *l = out; *l; n++) {
+    char *nl = strchr(l, '\n');
+    cr_assert_not_null(nl, "the last line is not terminated: %s", l);
+    json_t *ev = json_loadb(l, (size_t)(nl - l), 0, &jerr);
+    cr_assert(json_is_object(ev), "line %zu does not parse (%s): %.*s", n + 1, jerr.text, (int)(nl - l), l);
+    cr_assert_eq(json_integer_value(json_object_get(ev, "seq")), (json_int_t)n + 1);
+    cr_assert_str_eq(json_string_value(json_object_get(ev, "sessionId")), id);
+    cr_assert(json_is_integer(json_object_get(ev, "cursor")));
+    cr_assert(json_is_string(json_object_get(ev, "time")));
+    cr_assert(json_is_object(json_object_get(ev, "data")));
+    cr_assert(json_equal(ev, json_array_get(json_object_get(shown, "events"), n)), "line %zu differs", n + 1);
+    cr_assert_null(memchr(l, '\x1b', (size_t)(nl - l)), "a raw control byte in JSON");
+    json_decref(ev);
+    l = nl + 1;
+  }
+  cr_assert_eq(n, 10, "%s", out);
+  json_decref(shown);
+  free(out);
+  free(err);
+
+  now = db_snap(&e);
+  db_assert_same(&before, &now, "sessions list/show/export");
+  free(now.bytes);
+  free(before.bytes);
+  free(id);
+  sess_env_free(&e);
+}
+
+Test(cli, sessions_unknown_id_and_usage_errors, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  char *id = sess_make(&e);
+  sess_stop(&e);
+  db_snapshot before = db_snap(&e);
+  const char *verbs[] = {"show", "export"};
+  for (size_t i = 0; i < 2; i++) {
+    char *out = NULL;
+    char *err = NULL;
+    int code = sess_cli(&e, &out, &err, "sessions", verbs[i], "01a00000-0000-7000-8000-000000000000", NULL);
+    cr_assert_eq(code, 1, "sessions %s of an unknown id exited %d: %s", verbs[i], code, err);
+    cr_assert(strstr(err, "no such session"), "unclear message: %s", err);
+    cr_assert_str_empty(out);
+    free(out);
+    free(err);
+  }
+  const char *bad[][4] = {{"sessions", NULL},           {"sessions", "frob", NULL},
+                          {"sessions", "show", NULL},   {"sessions", "list", "extra", NULL},
+                          {"sessions", "export", NULL}, {"sessions", "export", id, "--json"},
+                          {"sessions", "show", id, "x"}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *out = NULL;
+    char *err = NULL;
+    int code = sess_cli(&e, &out, &err, bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL);
+    cr_assert_eq(code, 2, "%s %s exited %d: %s", bad[i][0], bad[i][1] ? bad[i][1] : "", code, err);
+    cr_assert(strstr(err, "usage: agenthost"), "%s", err);
+    cr_assert_str_empty(out);
+    free(out);
+    free(err);
+  }
+  db_snapshot now = db_snap(&e);
+  db_assert_same(&before, &now, "the refused commands");
+  free(now.bytes);
+  free(before.bytes);
+  free(id);
+  sess_env_free(&e);
+}
+
+static size_t dir_entries(const char *path) {
+  DIR *d = opendir(path);
+  cr_assert_not_null(d, "cannot open %s", path);
+  size_t n = 0;
+  for (struct dirent *de = readdir(d); de; de = readdir(d))
+    n += strcmp(de->d_name, ".") != 0 && strcmp(de->d_name, "..") != 0;
+  closedir(d);
+  return n;
+}
+
+Test(cli, sessions_without_a_database_create_nothing, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  /* A state directory that does not exist, then one that exists but is empty. */
+  for (int pass = 0; pass < 2; pass++) {
+    if (pass == 1)
+      cr_assert_eq(mkdir(e.state, 0700), 0);
+    const char *verbs[][3] = {{"list", NULL}, {"show", "x"}, {"export", "x"}};
+    for (size_t i = 0; i < 3; i++) {
+      char *out = NULL;
+      char *err = NULL;
+      int code = sess_cli(&e, &out, &err, "sessions", verbs[i][0], verbs[i][1], NULL);
+      cr_assert_eq(code, 1, "sessions %s without a database exited %d: %s", verbs[i][0], code, err);
+      cr_assert(strstr(err, e.db), "the message does not name the database: %s", err);
+      cr_assert(strstr(err, "never creates"), "unclear message: %s", err);
+      cr_assert_str_empty(out);
+      free(out);
+      free(err);
+    }
+    if (pass == 0)
+      cr_assert_neq(access(e.state, F_OK), 0, "the state directory was created");
+    else
+      cr_assert_eq(dir_entries(e.state), 0, "something was created in the state directory");
+    cr_assert_neq(access(e.runtime, F_OK), 0, "the runtime directory was created");
+  }
+  sess_env_free(&e);
+}
+
+Test(cli, sessions_list_beside_a_running_daemon, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  char *id = sess_make(&e);
+  for (int round = 0; round < 3; round++) {
+    char *out = NULL;
+    char *err = NULL;
+    int code = sess_cli(&e, &out, &err, "sessions", "list", NULL);
+    cr_assert_eq(code, 0, "sessions list beside the daemon exited %d: %s", code, err);
+    cr_assert(strstr(out, id), "the session is not listed: %s", out);
+    free(out);
+    free(err);
+    code = sess_cli(&e, &out, &err, "sessions", "export", id, NULL);
+    cr_assert_eq(code, 0, "sessions export beside the daemon exited %d: %s", code, err);
+    free(out);
+    free(err);
+  }
+  /* The daemon goes on undisturbed: another turn runs and is stored. */
+  sess_prompt(&e, id, "third", 3);
+  char *out = NULL;
+  char *err = NULL;
+  int code = sess_cli(&e, &out, &err, "sessions", "show", id, "--json", NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  json_t *shown = json_loads(out, 0, NULL);
+  cr_assert_eq(json_array_size(json_object_get(shown, "events")), 15, "%s", out);
+  json_decref(shown);
+  free(out);
+  free(err);
+  sess_stop(&e);
+  char *text = daemon_log(&e);
+  cr_assert_null(strstr(text, " ERROR "), "the daemon logged an error:\n%s", text);
+  free(text);
+  /* The daemon, the last connection, removed its WAL as always: the readers kept nothing open. */
+  char wal[4200];
+  snprintf(wal, sizeof wal, "%s-wal", e.db);
+  cr_assert_neq(access(wal, F_OK), 0, "the -wal file is left after the daemon stopped");
+  free(id);
+  sess_env_free(&e);
 }

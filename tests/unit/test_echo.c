@@ -121,7 +121,6 @@ static int fx_start_content(fx *f, json_t *content) {
                       .session_id = "s1",
                       .cwd = "/",
                       .model = NULL,
-                      .history = NULL,
                       .content = content,
                       .tools = NULL,
                       .max_tokens = 0,

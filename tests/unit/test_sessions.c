@@ -698,3 +698,27 @@ Test(sessions, close_export_delete_and_list_pages) {
   free(mid);
   world_down(&w);
 }
+
+Test(sessions, the_provider_gets_the_earlier_turns_as_history) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *m1 = prompt(&w, id, "hello");
+  char *m2 = prompt(&w, id, "/history");
+  char *m3 = prompt(&w, id, "/history");
+  wait_for(&w, id, "turn/ended", 3);
+  json_t *ev = history(&w, id);
+  json_t *c2 = find_kind(ev, "message/committed", 0);
+  c2 = find_kind(ev, "message/committed", (size_t)json_integer_value(json_object_get(c2, "seq")));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(c2, "data"), "text")),
+                   "history: 2 (user, assistant)");
+  json_t *c3 = find_kind(ev, "message/committed", (size_t)json_integer_value(json_object_get(c2, "seq")));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(c3, "data"), "text")),
+                   "history: 4 (user, assistant, user, assistant)");
+  json_decref(ev);
+  free(m1);
+  free(m2);
+  free(m3);
+  free(id);
+  world_down(&w);
+}
