@@ -11,12 +11,14 @@
  * checks only read, and WAL mode and the migrations come after them.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "agenthost/errors.h"
 #include "log.h"
@@ -200,6 +202,15 @@ typedef struct sq_store {
   conn w; /* NULL db when read-only */
   conn r;
   char err[512]; /* the writer thread's description of the last failed operation */
+  /* Checkpoints run on their own thread and connection (PASSIVE: they never block the writer), so the
+   * writer's commits never pay for copying the WAL back into the database (automatic checkpoints are off
+   * on the writer). */
+  conn c;
+  pthread_t ckpt_thread;
+  bool ckpt_running;
+  pthread_mutex_t ckpt_mu;
+  pthread_cond_t ckpt_cv;
+  bool ckpt_stop;
 } sq_store;
 
 static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1026,10 +1037,52 @@ static void conn_close(conn *c) {
   c->db = NULL;
 }
 
+#define CKPT_INTERVAL_MS 200
+
+static void *ckpt_main(void *arg) {
+  sq_store *q = arg;
+  pthread_mutex_lock(&q->ckpt_mu);
+  while (!q->ckpt_stop) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_nsec += CKPT_INTERVAL_MS * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+      until.tv_sec++;
+      until.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&q->ckpt_cv, &q->ckpt_mu, &until);
+    if (q->ckpt_stop)
+      break;
+    pthread_mutex_unlock(&q->ckpt_mu);
+    int log = 0;
+    int done = 0;
+    /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". */
+    sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    pthread_mutex_lock(&q->ckpt_mu);
+  }
+  pthread_mutex_unlock(&q->ckpt_mu);
+  return NULL;
+}
+
+static void ckpt_stop(sq_store *q) {
+  if (!q->ckpt_running)
+    return;
+  pthread_mutex_lock(&q->ckpt_mu);
+  q->ckpt_stop = true;
+  pthread_cond_signal(&q->ckpt_cv);
+  pthread_mutex_unlock(&q->ckpt_mu);
+  pthread_join(q->ckpt_thread, NULL);
+  q->ckpt_running = false;
+  pthread_mutex_destroy(&q->ckpt_mu);
+  pthread_cond_destroy(&q->ckpt_cv);
+}
+
 static void sq_close(void *impl) {
   sq_store *q = impl;
   if (!q)
     return;
+  ckpt_stop(q);
+  conn_close(&q->c);
   /* The reader goes first: the last connection to close checkpoints the WAL into the database and removes
    * it, which a read-only connection cannot do. */
   conn_close(&q->r);
@@ -1223,6 +1276,24 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
     /* Opened after the migration, so it never sees a half-made schema. */
     if (rc == 0)
       rc = conn_open(&q->r, q->path, SQLITE_OPEN_READONLY, why);
+    if (rc == 0)
+      rc = conn_open(&q->c, q->path, SQLITE_OPEN_READWRITE, why);
+    if (rc == 0 && sqlite3_exec(q->w.db, "PRAGMA wal_autocheckpoint = 0", NULL, NULL, NULL) != SQLITE_OK) {
+      set_why(why, "store: %s: %s", q->path, sqlite3_errmsg(q->w.db));
+      rc = AH_EIO;
+    }
+    if (rc == 0) {
+      pthread_mutex_init(&q->ckpt_mu, NULL);
+      pthread_cond_init(&q->ckpt_cv, NULL);
+      if (pthread_create(&q->ckpt_thread, NULL, ckpt_main, q) != 0) {
+        pthread_mutex_destroy(&q->ckpt_mu);
+        pthread_cond_destroy(&q->ckpt_cv);
+        set_why(why, "store: cannot start the checkpoint thread");
+        rc = AH_EIO;
+      } else {
+        q->ckpt_running = true;
+      }
+    }
   }
   if (rc < 0) {
     AH_LOG_E(COMP, "%s", why && *why ? *why : "cannot open the store");
