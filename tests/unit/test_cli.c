@@ -654,3 +654,39 @@ Test(cli, sessions_list_beside_a_running_daemon, .timeout = 60, .fini = cleanup)
   free(id);
   sess_env_free(&e);
 }
+
+/* Two daemons on one state directory (two runtime directories): a session live in the first is refused
+ * to the second with agent-busy, and the second may take it once the first stopped (lease released). */
+Test(cli, a_second_process_gets_agent_busy, .timeout = 60, .fini = cleanup) {
+  sess_env a = sess_env_new();
+  sess_env b = sess_env_new();
+  free(b.runtime);
+  free(b.sock);
+  free(b.log);
+  b.runtime = path_in("run-b");
+  b.sock = path_in("run-b/admin.sock");
+  b.log = path_in("daemon-b.log");
+  sess_start(&a);
+  sess_start(&b);
+  json_t *r = sess_call(&a, "session.create", json_pack("{s:s}", "cwd", test_dir()));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(b.runtime, "session.prompt", json_pack("{s:s, s:s}", "sessionId", id, "text", "x"),
+                          10000, &result, &error);
+  cr_assert_eq(rc, AH_EPROTO, "the second process must refuse: %s", ah_strerror(rc));
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(error, "data"), "category")),
+                   "agent-busy");
+  json_decref(error);
+  json_decref(result);
+  /* The first process still runs it. */
+  sess_prompt(&a, id, "still mine", 1);
+  sess_stop(&a);
+  /* Released at a clean stop: the second process takes the session over. */
+  sess_prompt(&b, id, "now yours", 2);
+  sess_stop(&b);
+  free(id);
+  sess_env_free(&a);
+  sess_env_free(&b);
+}

@@ -722,3 +722,41 @@ Test(sessions, the_provider_gets_the_earlier_turns_as_history) {
   free(id);
   world_down(&w);
 }
+
+Test(sessions, subagents_stop_at_the_depth_limit) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  /* Each level starts the next: depths 1, 2 and 3 are allowed, the fourth is refused. */
+  char *mid = prompt(&w, id, "/subagent /subagent /subagent /subagent hi");
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *l = ok_call(&w, "session.list", json_pack("{s:i}", "limit", 100));
+  json_t *sessions = json_object_get(l, "sessions");
+  cr_assert_eq(json_array_size(sessions), 4, "the root and three levels of subagents");
+  int max_depth = 0;
+  const char *deepest = NULL;
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(sessions, i, row) {
+    int d = (int)json_integer_value(json_object_get(row, "depth"));
+    if (d > max_depth) {
+      max_depth = d;
+      deepest = json_string_value(json_object_get(row, "id"));
+    }
+  }
+  cr_assert_eq(max_depth, 3);
+  json_t *ev = history(&w, deepest);
+  json_t *err = find_kind(ev, "agent/error", 0);
+  cr_assert_not_null(err, "the deepest subagent recorded the refusal");
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(err, "data"), "message")),
+                   "subagent depth limit reached");
+  json_decref(ev);
+  json_t *root = history(&w, id);
+  json_t *fin = find_kind(root, "subagent/finished", 0);
+  cr_assert_not_null(fin);
+  json_decref(root);
+  json_decref(l);
+  free(mid);
+  free(id);
+  world_down(&w);
+}
