@@ -47,8 +47,7 @@ struct ah_sessions {
   ah_host *host;
   ah_mount *core;
   const ah_host_api *api;
-  const ah_config *config;
-  ah_store *store;
+  ah_store *store; /* the configuration is read through the host: SIGHUP replaces it */
   uint64_t lease_ttl;
   int max_depth;
   bool stopping;
@@ -356,6 +355,7 @@ static void wake_waiters(session *s, int status) {
 static void session_dispose(session *s) {
   if (s->disposed)
     return;
+  wake_waiters(s, AH_ECLOSED); /* nobody waits on a session that is going away */
   s->disposed = true;
   ah__list_remove(&s->link);
   s->m->nlive--;
@@ -438,7 +438,7 @@ static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
     return;
   }
   session *s = find_live(m, id);
-  if (s && s->ready) {
+  if (s && (s->ready || s->closing)) {
     cb(s->closing ? AH_ECLOSED : 0, s->closing ? NULL : s, arg);
     return;
   }
@@ -556,7 +556,8 @@ static ah_provider *provider_for(ah_sessions *m, const char *name) {
    * types come with their plugins. */
   if (!name || strcmp(name, "echo") == 0)
     return m->echo;
-  const json_t *p = m->config ? json_object_get(m->config->providers, name) : NULL;
+  const ah_config *cfg = ah__host_config(m->host);
+  const json_t *p = cfg ? json_object_get(cfg->providers, name) : NULL;
   if (p && str(p, "type") && strcmp(str(p, "type"), "echo") == 0)
     return m->echo;
   return NULL;
@@ -1099,6 +1100,13 @@ static void close_written(session *s, int status, const json_t *event, void *arg
     else
       ah__call_reply(call, json_object());
   }
+  if (status) {
+    /* Not closed in the store: the session stays live (its queued prompts were already cancelled). */
+    AH_LOG_E(LOG, "session %s could not be closed: %s", s->id, ah_strerror(status));
+    s->closing = false;
+    s->ready = true;
+    return;
+  }
   emit(s->m, "session.closed", json_pack("{s:s}", "sessionId", s->id));
   session_dispose(s);
 }
@@ -1269,7 +1277,9 @@ static void m_create(ah_call *call, const json_t *p, void *data) {
     return;
   }
   if (!provider)
-    provider = m->config && m->config->default_provider ? m->config->default_provider : "echo";
+    provider = ah__host_config(m->host) && ah__host_config(m->host)->default_provider
+                   ? ah__host_config(m->host)->default_provider
+                   : "echo";
   if (!provider_for(m, provider)) {
     ah__call_error(call, AH_EUNAVAILABLE, "params.provider: no such provider is available", NULL);
     return;
@@ -1434,6 +1444,18 @@ typedef struct prompt_ctx {
 static void prompt_written(session *s, int status, const json_t *event, void *arg) {
   ah_call *call = arg;
   if (status) {
+    /* No receipt, no run: take the prompt out of the queue unless a turn already claimed it. */
+    const char *mid = event ? str(event, "messageId") : NULL;
+    AH__LIST_EACH(it, &s->queue) {
+      queued *q = AH__CONTAINER(it, queued, link);
+      if (mid && strcmp(q->message_id, mid) == 0) {
+        ah__list_remove(&q->link);
+        free(q->message_id);
+        json_decref(q->content);
+        free(q);
+        break;
+      }
+    }
     ah__call_error(call, status, "the prompt could not be stored", NULL);
     return;
   }
@@ -1746,7 +1768,6 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   if (!m)
     return AH_ENOMEM;
   m->host = opts->host;
-  m->config = opts->config;
   m->api = &ah__api_table;
   m->lease_ttl = opts->lease_ttl_ms ? opts->lease_ttl_ms : 30000;
   m->max_depth = opts->max_depth ? opts->max_depth : 3;
