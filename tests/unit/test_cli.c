@@ -690,3 +690,29 @@ Test(cli, a_second_process_gets_agent_busy, .timeout = 60, .fini = cleanup) {
   sess_env_free(&a);
   sess_env_free(&b);
 }
+
+/* After a SIGHUP the daemon works on the new configuration: sessions read it through the host (the old
+ * one is freed), so creating and running a session afterwards must work (and stay clean under ASan). */
+Test(cli, sessions_work_after_a_config_reload, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  cr_assert_eq(kill(e.pid, SIGHUP), 0);
+  uint64_t deadline = ts_now_ms() + 10000;
+  for (;;) {
+    char *log = daemon_log(&e);
+    bool applied = strstr(log, "applying the configuration again") != NULL;
+    free(log);
+    if (applied)
+      break;
+    cr_assert_lt(ts_now_ms(), deadline, "SIGHUP was not applied");
+    usleep(20 * 1000);
+  }
+  usleep(100 * 1000);
+  json_t *r = sess_call(&e, "session.create", json_pack("{s:s}", "cwd", test_dir()));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  sess_prompt(&e, id, "after reload", 1);
+  sess_stop(&e);
+  free(id);
+  sess_env_free(&e);
+}
