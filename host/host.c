@@ -139,6 +139,8 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   h->drain_ms = opts->drain_ms ? opts->drain_ms : 2000;
   const char *keep = getenv("AH_KEEP_PLUGINS_MAPPED");
   h->keep_mapped = keep && strcmp(keep, "1") == 0;
+  h->on_stop_request = opts->on_stop_request;
+  h->stop_request_arg = opts->stop_request_arg;
   ah__list_init(&h->mounts);
   ah__list_init(&h->zombies);
   ah__list_init(&h->dying);

@@ -24,6 +24,9 @@ typedef struct ah_host_opts {
   const char *mode;        /* "serve", "sdk" or "acp"; NULL = "serve" */
   uint64_t drain_ms;       /* withdraw's drain deadline; 0 = 2000 */
   bool recover_sessions;   /* resume sessions left running or with queued prompts at start */
+  /* Called (on the loop) when a plugin asks the host to stop (api->host_stop); NULL = refused. */
+  void (*on_stop_request)(int exit_code, void *arg);
+  void *stop_request_arg;
 } ah_host_opts;
 
 /* Create the host and mount the core (its methods: host.describe, plugin.list, plugin.load,

@@ -306,6 +306,7 @@ struct ah_process {
 extern ah_host_api ah__api_table; /* .rpc is filled by ah__host_new() */
 
 void ah__services_withdraw(ah_mount *m); /* stop what the plugin left: timers, posts, processes, tokens */
+void ah__stdio_release(ah_mount *m);     /* close the stdio streams a mount holds */
 void ah__services_cancel_work(ah_mount *m);
 int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out);
 int ah__process_kill(ah_process *p, uint64_t grace_ms);
@@ -337,6 +338,13 @@ struct ah_host {
   uint64_t bus_pass;
   int audit_fd;                 /* state_dir/audit.log, append-only; -1 without a configuration */
   struct ah_sessions *sessions; /* NULL without a state directory */
+  /* stdio for a stdio surface (api->stdio) */
+  uv_stream_t *stdio_in;
+  uv_stream_t *stdio_out;
+  ah_mount *stdio_owner;
+  int stdio_closing;
+  void (*on_stop_request)(int exit_code, void *arg);
+  void *stop_request_arg;
   bool sessions_stopped;
 };
 

@@ -88,6 +88,14 @@ static void begin_stop(serve_ctx *s, const char *why) {
   ah__admin_stop(s->admin, admin_stopped, s);
 }
 
+/* A stdio surface whose client closed stdin: stop like on SIGTERM, exiting with its code. */
+static void on_stop_request(int exit_code, void *arg) {
+  serve_ctx *s = arg;
+  if (!s->stopping)
+    s->exit_code = exit_code;
+  begin_stop(s, "the stdio surface ended");
+}
+
 static void on_stop_signal(uv_signal_t *h, int signum) {
   begin_stop(h->data, signum == SIGINT ? "SIGINT" : "SIGTERM");
 }
@@ -128,6 +136,10 @@ static void on_sighup(uv_signal_t *h, int signum) {
 }
 
 static int run_host(const ah_cli_overrides *cli, const char *mode) {
+  /* A stdio surface is a child of its client (an SDK, an editor): when that parent dies, stop (orderly, as
+   * on SIGTERM) instead of living on as an orphan. */
+  if (strcmp(mode, "sdk") == 0 || strcmp(mode, "acp") == 0)
+    (void)prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
   serve_ctx *s = calloc(1, sizeof *s);
   if (!s)
     return 1;
@@ -161,8 +173,13 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
     }
   }
   uv_loop_init(&s->loop);
-  ah_host_opts opts = {
-      .loop = &s->loop, .config = s->config, .mode = mode, .drain_ms = 0, .recover_sessions = true};
+  ah_host_opts opts = {.loop = &s->loop,
+                       .config = s->config,
+                       .mode = mode,
+                       .drain_ms = 0,
+                       .recover_sessions = true,
+                       .on_stop_request = on_stop_request,
+                       .stop_request_arg = s};
   int rc = ah__host_new(&opts, &s->host);
   /* Signals first: once the admin socket exists, a client may consider the daemon ready. */
   uv_signal_init(&s->loop, &s->sigint);

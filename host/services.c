@@ -367,6 +367,94 @@ static ah_process *api_process_of_stream(uv_stream_t *s) {
   return s ? s->data : NULL;
 }
 
+/* ---- stdio ----------------------------------------------------------------------------------------- */
+
+static void stdio_closed(uv_handle_t *h) {
+  ah_host *host = h->data;
+  free(h);
+  if (--host->stdio_closing == 0 && host->stdio_owner) {
+    ah_mount *m = host->stdio_owner;
+    host->stdio_owner = NULL;
+    ah__mount_closing_done(m);
+  }
+}
+
+static uv_stream_t *stdio_open(ah_host *h, int fd) {
+  uv_handle_type t = uv_guess_handle(fd);
+  if (t == UV_NAMED_PIPE || t == UV_TCP) {
+    uv_pipe_t *p = calloc(1, sizeof *p);
+    if (!p || uv_pipe_init(h->loop, p, 0) != 0) {
+      free(p);
+      return NULL;
+    }
+    if (uv_pipe_open(p, fd) != 0) {
+      p->data = NULL;
+      uv_close((uv_handle_t *)p, (uv_close_cb)free);
+      return NULL;
+    }
+    return (uv_stream_t *)p;
+  }
+  if (t == UV_TTY) {
+    uv_tty_t *tty = calloc(1, sizeof *tty);
+    if (!tty || uv_tty_init(h->loop, tty, fd, 0) != 0) {
+      free(tty);
+      return NULL;
+    }
+    return (uv_stream_t *)tty;
+  }
+  return NULL;
+}
+
+static int api_stdio(ah_mount *m, uv_stream_t **in, uv_stream_t **out) {
+  if (!m || !in || !out)
+    return AH_EINVAL;
+  ah_host *h = m->host;
+  if (strcmp(h->mode, "serve") == 0)
+    return AH_ENOENT;
+  if (h->stdio_owner)
+    return AH_EBUSY;
+  if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE)
+    return AH_ESTATE;
+  uv_stream_t *i = stdio_open(h, 0);
+  uv_stream_t *o = i ? stdio_open(h, 1) : NULL;
+  if (!i || !o) {
+    if (i) {
+      i->data = NULL;
+      uv_close((uv_handle_t *)i, (uv_close_cb)free);
+    }
+    return AH_ENOENT;
+  }
+  i->data = h;
+  o->data = h;
+  h->stdio_in = i;
+  h->stdio_out = o;
+  h->stdio_owner = m;
+  *in = i;
+  *out = o;
+  return 0;
+}
+
+void ah__stdio_release(ah_mount *m) {
+  ah_host *h = m->host;
+  if (h->stdio_owner != m || !h->stdio_in)
+    return;
+  /* Counted as the mount's pending closes: the module is unloaded only after both close callbacks ran. */
+  m->closing++;
+  h->stdio_closing = 2;
+  uv_close((uv_handle_t *)h->stdio_in, stdio_closed);
+  uv_close((uv_handle_t *)h->stdio_out, stdio_closed);
+  h->stdio_in = h->stdio_out = NULL;
+}
+
+static void api_host_stop(ah_mount *m, int exit_code) {
+  if (!m)
+    return;
+  ah_host *h = m->host;
+  AH_LOG_I("host", "plugin %s asks the host to stop (exit %d)", m->name, exit_code);
+  if (h->on_stop_request)
+    h->on_stop_request(exit_code, h->stop_request_arg);
+}
+
 /* ---- information ---------------------------------------------------------------------------------- */
 
 static uv_loop_t *api_loop(ah_mount *m) {
@@ -418,6 +506,7 @@ void ah__services_withdraw(ah_mount *m) {
     ah_cancel *t = AH__CONTAINER(m->tokens.next, ah_cancel, owner_link);
     ah__cancel_free(t);
   }
+  ah__stdio_release(m);
 }
 
 ah_host_api ah__api_table = {
@@ -454,6 +543,8 @@ ah_host_api ah__api_table = {
     .process_close_stdin = ah__process_close_stdin,
     .process_arg = api_process_arg,
     .process_of_stream = api_process_of_stream,
+    .stdio = api_stdio,
+    .host_stop = api_host_stop,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -273,14 +273,26 @@ static void update_row(session *s, json_t *set) {
   write_ops(s, ops, NULL, NULL, NULL, NULL, NULL, NULL);
 }
 
+/* session.status is emitted once the row update is committed: the store commits in order, so the status
+ * reaches subscribers after every session.event written before it (idle after the turn/ended). */
+static void status_written(session *s, int status, const json_t *event, void *arg) {
+  (void)status;
+  (void)event;
+  emit(s->m, "session.status", arg);
+}
+
 static void set_running(session *s, bool running) {
   if (s->running == running)
     return;
   s->running = running;
   char now[32];
   ah__time_rfc3339(now);
-  update_row(s, json_pack("{s:s, s:s}", "status", status_of(s), "updated", now));
-  emit(s->m, "session.status", json_pack("{s:s, s:s}", "sessionId", s->id, "status", status_of(s)));
+  json_t *set = json_pack("{s:s, s:s}", "status", status_of(s), "updated", now);
+  json_t *ops = json_pack("[{s:s, s:s, s:O}]", "op", "session.update", "id", s->id, "set", set);
+  json_object_update(s->row, set);
+  json_decref(set);
+  write_ops(s, ops, NULL, NULL, NULL, NULL, status_written,
+            json_pack("{s:s, s:s}", "sessionId", s->id, "status", status_of(s)));
 }
 
 /* ---- leases ------------------------------------------------------------------------------------------ */

@@ -336,7 +336,16 @@ struct ah_host_api {
   void *(*process_arg)(ah_process *proc);
   ah_process *(*process_of_stream)(uv_stream_t *stream);
 
-  void *reserved[16];
+  /* The process's standard input and output for a stdio surface (the sdk and acp modes): host-owned
+   * streams on fd 0 and 1, given to one mount at a time (AH_EBUSY for a second one; AH_ENOENT when the
+   * host runs as a daemon, whose stdio is not a protocol channel, or when fd 0/1 are not pipes, sockets
+   * or terminals). The host closes them when the mount is withdrawn; close your JSON-RPC peer first. */
+  int (*stdio)(ah_mount *m, uv_stream_t **in, uv_stream_t **out);
+  /* Ask the host to stop as on SIGTERM (every plugin withdrawn, the loop closed) and to exit with
+   * `exit_code`: what a stdio surface does when its client closes stdin. Returns at once. */
+  void (*host_stop)(ah_mount *m, int exit_code);
+
+  void *reserved[14];
 };
 
 /* The one exported entry of a plugin. */
