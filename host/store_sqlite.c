@@ -1039,8 +1039,17 @@ static void conn_close(conn *c) {
 
 #define CKPT_INTERVAL_MS 200
 
+static int conn_open(conn *c, const char *path, int flags, char **why);
+
 static void *ckpt_main(void *arg) {
   sq_store *q = arg;
+  /* Opened here, not in open(): a host that starts to answer one request (an sdk child) does not wait for
+   * a third connection it may never need. Without it, checkpoints are skipped and the last connection to
+   * close still checkpoints the WAL. */
+  if (conn_open(&q->c, q->path, SQLITE_OPEN_READWRITE, NULL) != 0) {
+    AH_LOG_W(COMP, "%s: no checkpoint connection; the WAL is checkpointed only at close", q->path);
+    return NULL;
+  }
   pthread_mutex_lock(&q->ckpt_mu);
   while (!q->ckpt_stop) {
     struct timespec until;
@@ -1276,8 +1285,6 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
     /* Opened after the migration, so it never sees a half-made schema. */
     if (rc == 0)
       rc = conn_open(&q->r, q->path, SQLITE_OPEN_READONLY, why);
-    if (rc == 0)
-      rc = conn_open(&q->c, q->path, SQLITE_OPEN_READWRITE, why);
     if (rc == 0 && sqlite3_exec(q->w.db, "PRAGMA wal_autocheckpoint = 0", NULL, NULL, NULL) != SQLITE_OK) {
       set_why(why, "store: %s: %s", q->path, sqlite3_errmsg(q->w.db));
       rc = AH_EIO;
