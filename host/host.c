@@ -164,7 +164,11 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   int rc = 0;
   if (h->config && h->config->state_dir) {
     char *why = NULL;
-    ah_sessions_opts so = {.host = h, .config = h->config, .recover = opts->recover_sessions};
+    /* A stdio child opens the store at its first session call: it answers `initialize` without it. */
+    ah_sessions_opts so = {.host = h,
+                           .config = h->config,
+                           .recover = opts->recover_sessions,
+                           .lazy_store = strcmp(h->mode, "serve") != 0};
     rc = ah__sessions_new(&so, &h->sessions, &why);
     if (rc) {
       AH_LOG_E("host", "cannot open the store: %s", why ? why : ah_strerror(rc));

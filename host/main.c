@@ -177,7 +177,9 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
                        .config = s->config,
                        .mode = mode,
                        .drain_ms = 0,
-                       .recover_sessions = true,
+                       /* Only the daemon takes over sessions a crashed host left behind: a stdio child
+                        * serves its own client. */
+                       .recover_sessions = strcmp(mode, "serve") == 0,
                        .on_stop_request = on_stop_request,
                        .stop_request_arg = s};
   int rc = ah__host_new(&opts, &s->host);

@@ -66,6 +66,9 @@ struct ah_sessions {
   ah_timer *stop_deadline;
   bool stop_finishing;
   bool recover_on_start;
+  char *store_path; /* the store is opened on first use when opts.lazy_store */
+  ah_store_sync store_sync;
+  bool store_failed;
 };
 
 struct session {
@@ -135,6 +138,25 @@ static void resolve_request(request *r, const char *state, const json_t *answer,
                             const ah_caller *by);
 static void check_stopped(ah_sessions *m);
 static void on_turn_token(ah_cancel *token, void *arg);
+
+/* ---- the store ----------------------------------------------------------------------------------- */
+
+/* The store, opened now when the manager was made with a lazy store (a stdio child that may never touch
+ * a session does not pay for opening the database before it answers its client). NULL when it cannot be
+ * opened (logged once): every session method then fails with AH_EIO. */
+static ah_store *store_of(ah_sessions *m) {
+  if (m->store || m->store_failed || !m->store_path)
+    return m->store;
+  char *why = NULL;
+  ah_store_opts so = {.path = m->store_path, .sync = m->store_sync, .read_only = false};
+  if (ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, &why) != 0) {
+    AH_LOG_E(LOG, "cannot open the store: %s", why ? why : "unknown error");
+    m->store = NULL;
+    m->store_failed = true;
+  }
+  free(why);
+  return m->store;
+}
 
 /* ---- small helpers --------------------------------------------------------------------------------- */
 
@@ -253,7 +275,7 @@ static void write_ops(session *s, json_t *ops, const char *kind, const char *tur
     json_decref(data);
   }
   s->pending_writes++;
-  int rc = ah__store_write(s->m->store, ops, write_done, w);
+  int rc = ah__store_write(store_of(s->m), ops, write_done, w);
   if (rc)
     write_done(rc, NULL, w);
 }
@@ -382,7 +404,7 @@ static void recover_after_load(session *s) {
   ah_sessions *m = s->m;
   /* Prompts acknowledged before a restart: a claimed one was interrupted (its turn is recorded as ended
    * with an error, attributed to its own message), queued ones are run in order. */
-  json_t *open = ah__store_inbox_open(m->store, s->id);
+  json_t *open = ah__store_inbox_open(store_of(m), s->id);
   size_t i = 0;
   json_t *row = NULL;
   json_array_foreach(open, i, row) {
@@ -404,7 +426,7 @@ static void recover_after_load(session *s) {
     }
   }
   json_decref(open);
-  json_t *reqs = ah__store_requests_pending(m->store, s->id);
+  json_t *reqs = ah__store_requests_pending(store_of(m), s->id);
   char now[32];
   ah__time_rfc3339(now);
   json_array_foreach(reqs, i, row) {
@@ -465,7 +487,7 @@ static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
     ah__list_push(&s->waiters, &w->link);
     return;
   }
-  json_t *row = ah__store_get_session(m->store, id);
+  json_t *row = ah__store_get_session(store_of(m), id);
   if (!row || json_is_true(json_object_get(row, "closed"))) {
     free(w);
     cb(row ? AH_ECLOSED : AH_ENOENT, NULL, arg);
@@ -483,7 +505,7 @@ static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
   }
   ah__list_push(&s->waiters, &w->link);
   s->pending_writes++;
-  int rc = ah__store_write(m->store, json_pack("[o]", op), load_written, s);
+  int rc = ah__store_write(store_of(m), json_pack("[o]", op), load_written, s);
   if (rc)
     load_written(rc, NULL, s);
 }
@@ -583,7 +605,7 @@ static json_t *history_for(session *s, const char *current_message) {
   json_t *hist = json_array();
   json_t *prompts = json_object(); /* messageId -> content, from inbox/received */
   int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
-  json_t *page = ah__store_events(s->m->store, s->id, after, HISTORY_WINDOW);
+  json_t *page = ah__store_events(store_of(s->m), s->id, after, HISTORY_WINDOW);
   size_t i = 0;
   json_t *ev = NULL;
   json_array_foreach(page, i, ev) {
@@ -981,7 +1003,7 @@ static int session_create(ah_sessions *m, const char *cwd, const char *provider,
   json_t *put = json_pack("{s:s, s:O}", "op", "session.put", "session", row);
   json_t *ops = json_pack("[o, o]", put, lease_op(m, id, NULL));
   s->pending_writes++;
-  int rc = ah__store_write(m->store, ops, created_written, s);
+  int rc = ah__store_write(store_of(m), ops, created_written, s);
   if (rc)
     created_written(rc, NULL, s);
   return 0;
@@ -1255,6 +1277,14 @@ static bool is_option(const json_t *options, const char *id) {
 
 #define SM(data) ((ah_sessions *)(data))
 
+/* Every session method needs the store; a store that cannot be opened fails them all the same way. */
+static bool store_ready(ah_call *call, void *data) {
+  if (store_of(SM(data)))
+    return true;
+  ah__call_error(call, AH_EIO, "the store cannot be opened (see the host's log)", NULL);
+  return false;
+}
+
 static bool absolute_dir(const char *p) {
   struct stat st;
   return p && p[0] == '/' && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -1272,6 +1302,8 @@ static void reply_created(int status, session *s, void *arg) {
 }
 
 static void m_create(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *cwd = str(p, "cwd");
   const char *provider = str(p, "provider");
@@ -1298,7 +1330,7 @@ static void m_create(ah_call *call, const json_t *p, void *data) {
   }
   int depth = 0;
   if (parent) {
-    json_t *prow = ah__store_get_session(m->store, parent);
+    json_t *prow = ah__store_get_session(store_of(m), parent);
     if (!prow) {
       ah__call_error(call, AH_ENOENT, "params.parent: no such session", NULL);
       return;
@@ -1338,6 +1370,8 @@ static json_t *live_status_row(ah_sessions *m, json_t *row) {
 }
 
 static void m_list(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   size_t limit = 0;
   json_t *cursor = json_object_get(p, "cursor");
@@ -1345,7 +1379,7 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: cursor must be a string and limit an integer in 1..500", NULL);
     return;
   }
-  json_t *rows = ah__store_list_sessions(m->store, json_string_value(cursor), limit + 1);
+  json_t *rows = ah__store_list_sessions(store_of(m), json_string_value(cursor), limit + 1);
   json_t *out = json_array();
   size_t i = 0;
   json_t *row = NULL;
@@ -1359,9 +1393,11 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_get(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(m->store, id) : NULL;
+  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
   if (!row) {
     ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
                    NULL);
@@ -1372,6 +1408,8 @@ static void m_get(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_history(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   /* A pure store read: never wakes an agent, never changes state. */
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
@@ -1383,13 +1421,13 @@ static void m_history(ah_call *call, const json_t *p, void *data) {
                    NULL);
     return;
   }
-  json_t *row = ah__store_get_session(m->store, id);
+  json_t *row = ah__store_get_session(store_of(m), id);
   if (!row) {
     ah__call_error(call, AH_ENOENT, "no such session", NULL);
     return;
   }
   json_decref(row);
-  json_t *events = ah__store_events(m->store, id, after ? json_integer_value(after) : 0, limit + 1);
+  json_t *events = ah__store_events(store_of(m), id, after ? json_integer_value(after) : 0, limit + 1);
   json_t *next = NULL;
   if (json_array_size(events) > limit) {
     json_array_remove(events, limit);
@@ -1399,9 +1437,11 @@ static void m_history(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_export(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(m->store, id) : NULL;
+  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
   if (!row) {
     ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
                    NULL);
@@ -1413,7 +1453,7 @@ static void m_export(ah_call *call, const json_t *p, void *data) {
   char *buf = malloc(cap);
   int64_t after = 0;
   for (bool more = true; more && buf;) {
-    json_t *page = ah__store_events(m->store, id, after, 1000);
+    json_t *page = ah__store_events(store_of(m), id, after, 1000);
     more = json_array_size(page) == 1000;
     size_t i = 0;
     json_t *ev = NULL;
@@ -1525,6 +1565,8 @@ static json_t *prompt_content(const json_t *p, const char **why) {
 }
 
 static void m_prompt(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
   const char *why = NULL;
@@ -1545,6 +1587,8 @@ static void m_prompt(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_cancel(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
   if (!id) {
@@ -1556,7 +1600,7 @@ static void m_cancel(ah_call *call, const json_t *p, void *data) {
   if (cancelled)
     ah__cancel_trip(s->turn->cancel);
   else if (!s) {
-    json_t *row = ah__store_get_session(m->store, id);
+    json_t *row = ah__store_get_session(store_of(m), id);
     if (!row) {
       ah__call_error(call, AH_ENOENT, "no such session", NULL);
       return;
@@ -1580,6 +1624,8 @@ static void close_found(int status, session *s, void *arg) {
 }
 
 static void m_close(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   const char *id = str(p, "sessionId");
   if (!id) {
     ah__call_error(call, AH_EINVAL, "params.sessionId is required", NULL);
@@ -1599,9 +1645,11 @@ static void delete_written(int status, const json_t *results, void *arg) {
 }
 
 static void m_delete(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(m->store, id) : NULL;
+  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
   if (!row) {
     ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
                    NULL);
@@ -1613,7 +1661,7 @@ static void m_delete(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EBUSY, "close the session before deleting it", NULL);
     return;
   }
-  int rc = ah__store_write(m->store, json_pack("[{s:s, s:s}]", "op", "session.delete", "id", id),
+  int rc = ah__store_write(store_of(m), json_pack("[{s:s, s:s}]", "op", "session.delete", "id", id),
                            delete_written, call);
   if (rc)
     ah__call_error(call, rc, ah_strerror(rc), NULL);
@@ -1646,6 +1694,8 @@ static void policy_found(int status, session *s, void *arg) {
 }
 
 static void m_set_policy(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   const char *id = str(p, "sessionId");
   json_t *policy = json_object_get(p, "policy");
   const char *k = NULL;
@@ -1672,6 +1722,8 @@ static void m_set_policy(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_request_list(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *sid = str(p, "sessionId");
   json_t *out = json_array();
@@ -1684,6 +1736,8 @@ static void m_request_list(ah_call *call, const json_t *p, void *data) {
 }
 
 static void m_request_respond(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "id");
   json_t *value = json_object_get(p, "value");
@@ -1704,7 +1758,7 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
                (unsigned long long)by->connection_id);
       reason = strcmp(str(seen, "by"), who) == 0 ? "duplicate" : "resolved";
     } else {
-      json_t *row = ah__store_get_request(m->store, id);
+      json_t *row = ah__store_get_request(store_of(m), id);
       if (row)
         reason = "resolved";
       json_decref(row);
@@ -1809,9 +1863,14 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
     sync = strcmp(cs, "full") == 0  ? AH_STORE_SYNC_FULL
            : strcmp(cs, "off") == 0 ? AH_STORE_SYNC_OFF
                                     : AH_STORE_SYNC_NORMAL;
-  ah_store_opts so = {.path = path, .sync = sync ? sync : AH_STORE_SYNC_NORMAL, .read_only = false};
-  int rc = ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, why);
+  m->store_sync = sync ? sync : AH_STORE_SYNC_NORMAL;
+  m->store_path = strdup(path);
+  ah_store_opts so = {.path = path, .sync = m->store_sync, .read_only = false};
+  int rc = !m->store_path     ? AH_ENOMEM
+           : opts->lazy_store ? 0
+                              : ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, why);
   if (rc) {
+    free(m->store_path);
     json_decref(m->resolved);
     json_decref(m->resolved_order);
     free(m);
@@ -1838,7 +1897,7 @@ static void recovered(int status, session *s, void *arg) {
 }
 
 static void recover(ah_sessions *m) {
-  json_t *ids = ah__store_sessions_to_recover(m->store);
+  json_t *ids = ah__store_sessions_to_recover(store_of(m));
   size_t i = 0;
   json_t *row = NULL;
   json_array_foreach(ids, i, row) {
@@ -1885,6 +1944,10 @@ static void check_stopped(ah_sessions *m) {
     m->api->timer_stop(m->stop_deadline);
     m->stop_deadline = NULL;
   }
+  if (!m->store) {
+    store_closed(m); /* never opened (lazy) */
+    return;
+  }
   ah__store_close(m->store, store_closed, m);
 }
 
@@ -1925,11 +1988,12 @@ void ah__sessions_free(ah_sessions *m) {
   json_decref(m->resolved);
   json_decref(m->resolved_order);
   ah__echo_provider_free(m->echo);
+  free(m->store_path);
   free(m);
 }
 
 ah_store *ah__sessions_store(ah_sessions *m) {
-  return m->store;
+  return store_of(m);
 }
 size_t ah__sessions_live(ah_sessions *m) {
   return m->nlive;

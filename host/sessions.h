@@ -37,7 +37,8 @@ typedef struct ah_sessions_opts {
   ah_store_sync sync;      /* 0 = NORMAL */
   uint64_t lease_ttl_ms;   /* 0 = 30000 */
   int max_depth;           /* subagent depth limit; 0 = 3 */
-  bool recover;            /* resume sessions left running or with queued prompts (serve/sdk/acp) */
+  bool recover;            /* resume sessions left running or with queued prompts (the daemon) */
+  bool lazy_store;         /* open the store at the first use instead of now (stdio children) */
 } ah_sessions_opts;
 
 /* Open the store at state_dir/agenthost.db and create the manager. Returns 0 or the store's error with

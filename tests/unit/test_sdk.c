@@ -677,3 +677,36 @@ Test(sdk, serve_does_not_mount_sdk, .timeout = 60) {
   ts_rmtree(dir);
   free(dir);
 }
+
+/* A stdio child opens the store at its first session call (it answers initialize without it): a store
+ * that cannot be opened then fails that call with a clear error, leaves the file alone, and the host keeps
+ * answering. */
+Test(sdk, a_broken_store_fails_session_calls_not_the_handshake, .timeout = 60) {
+  sdk_host h;
+  host_start(&h);
+  initialize(&h, false);
+  char *db = NULL;
+  cr_assert(asprintf(&db, "%s/agenthost.db", h.dir) > 0);
+  const char garbage[] = "this is not a database\n";
+  FILE *f = fopen(db, "w");
+  cr_assert_not_null(f);
+  fputs(garbage, f);
+  fclose(f);
+  json_t *r = call(&h, 2, "session/prompt", json_pack("{s:s}", "text", "x"));
+  json_t *err = json_object_get(r, "error");
+  cr_assert_not_null(err, "the prompt must fail");
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(err, "data"), "name")), "EIO");
+  cr_assert(strstr(json_string_value(json_object_get(err, "message")), "store"));
+  json_decref(r);
+  size_t len = 0;
+  char *after = ts_read_file(db, &len);
+  cr_assert_not_null(after);
+  cr_assert_eq(len, sizeof garbage - 1);
+  cr_assert_eq(memcmp(after, garbage, len), 0, "the file was rewritten");
+  free(after);
+  r = call(&h, 3, "no/such-method", json_object());
+  cr_assert_eq(error_code(r), -32601, "the host keeps answering");
+  json_decref(r);
+  free(db);
+  host_kill(&h);
+}
