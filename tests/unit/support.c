@@ -290,3 +290,40 @@ bool ts_wait_path(const char *path, uint64_t timeout_ms) {
   }
   return true;
 }
+
+/* Reap whatever of the group was reparented to us (we are a subreaper) and report whether it is gone. */
+bool ts_group_gone(void *arg) {
+  pid_t pgid = *(pid_t *)arg;
+  while (waitpid(-pgid, NULL, WNOHANG) > 0) {
+  }
+  return kill(-pgid, 0) == -1 && errno == ESRCH;
+}
+
+/* Live (non-zombie) processes whose process group is `pgid`, from /proc. */
+int ts_group_members(pid_t pgid) {
+  DIR *d = opendir("/proc");
+  if (!d)
+    return -1;
+  int n = 0;
+  struct dirent *e = NULL;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9')
+      continue;
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+      continue;
+    char buf[512];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = '\0';
+    const char *rp = strrchr(buf, ')'); /* the command name may contain anything */
+    char state = 0;
+    int ppid = 0, pgrp = 0;
+    if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z')
+      n++;
+  }
+  closedir(d);
+  return n;
+}

@@ -65,4 +65,12 @@ char *ts_read_file(const char *path, size_t *len);
 /* Poll every 10 ms until `path` exists; true when it did within `timeout_ms`. */
 bool ts_wait_path(const char *path, uint64_t timeout_ms);
 
+/* Processes of process group `pgid` that are alive (zombies do not count), from /proc; -1 when /proc
+ * cannot be read. */
+int ts_group_members(pid_t pgid);
+
+/* For ts_run_until_pred (arg: a pid_t *): reap what of the group was reparented to us (a subreaper) and
+ * tell whether the group is gone. */
+bool ts_group_gone(void *arg);
+
 #endif

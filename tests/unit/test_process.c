@@ -282,42 +282,6 @@ Test(process, spawn_env_has_no_canaries) {
   fx_down(&f);
 }
 
-/* Reap whatever of the group was reparented to us (we are a subreaper) and report whether it is gone. */
-static bool group_gone(void *arg) {
-  pid_t pgid = *(pid_t *)arg;
-  while (waitpid(-pgid, NULL, WNOHANG) > 0) {
-  }
-  return kill(-pgid, 0) == -1 && errno == ESRCH;
-}
-
-/* Live (non-zombie) processes whose process group is `pgid`, from /proc. */
-static int group_members(pid_t pgid) {
-  DIR *d = opendir("/proc");
-  cr_assert_not_null(d);
-  int n = 0;
-  struct dirent *e = NULL;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9')
-      continue;
-    char path[300];
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f)
-      continue;
-    char buf[512];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = '\0';
-    const char *rp = strrchr(buf, ')'); /* the command name may contain anything */
-    char state = 0;
-    int ppid = 0, pgrp = 0;
-    if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z')
-      n++;
-  }
-  closedir(d);
-  return n;
-}
-
 Test(process, kill_reaches_the_whole_group) {
   cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   fixture f;
@@ -332,7 +296,7 @@ Test(process, kill_reaches_the_whole_group) {
   /* Wait until the background sleep exists, so the kill has two processes to reach. */
   uint64_t deadline = ts_now_ms() + 5000;
   int members = 0;
-  while (ts_now_ms() < deadline && (members = group_members(pgid)) < 3)
+  while (ts_now_ms() < deadline && (members = ts_group_members(pgid)) < 3)
     usleep(10000);
   cr_assert_geq(members, 3, "the shell and its two sleeps should be in group %d", (int)pgid);
   cr_expect_eq(getpgid(pgid), pgid, "the child is not the leader of its own group");
@@ -344,7 +308,7 @@ Test(process, kill_reaches_the_whole_group) {
   cr_expect_eq(run.calls, 1);
   cr_expect_eq(run.signal, SIGTERM, "killed by signal %d", run.signal);
   cr_expect_lt(run.exit_ms - t0, 1000u, "SIGTERM should end sh at once");
-  cr_expect(ts_run_until_pred(&f.loop, group_gone, &pgid, 5000), "group %d still has members", (int)pgid);
+  cr_expect(ts_run_until_pred(&f.loop, ts_group_gone, &pgid, 5000), "group %d still has members", (int)pgid);
   fx_down(&f);
 }
 
@@ -498,14 +462,14 @@ Test(process, sigkill_reaches_members_that_ignore_sigterm_after_the_leader_exits
   run.proc = p;
   pid_t pgid = f.api->process_pid(p);
   uint64_t deadline = ts_now_ms() + 5000;
-  while (ts_now_ms() < deadline && group_members(pgid) < 3)
+  while (ts_now_ms() < deadline && ts_group_members(pgid) < 3)
     usleep(10000);
-  cr_assert_geq(group_members(pgid), 3);
+  cr_assert_geq(ts_group_members(pgid), 3);
   cr_assert_eq(f.api->process_kill(p, 200), 0);
   cr_assert(ts_run_until(&f.loop, &run.exited, 5000));
   cr_assert_eq(run.signal, SIGTERM);
   /* The survivor is still there until the grace period ends, then SIGKILL reaches it. */
-  cr_assert(ts_run_until_pred(&f.loop, group_gone, &pgid, 5000), "group %d still has members", (int)pgid);
+  cr_assert(ts_run_until_pred(&f.loop, ts_group_gone, &pgid, 5000), "group %d still has members", (int)pgid);
   fx_down(&f);
 }
 

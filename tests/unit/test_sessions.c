@@ -529,13 +529,6 @@ Test(sessions, cancel_resolves_pending_approvals_as_cancelled_never_granted) {
   world_down(&w);
 }
 
-static bool group_gone(void *arg) {
-  pid_t pgid = *(pid_t *)arg;
-  while (waitpid(-pgid, NULL, WNOHANG) > 0) {
-  }
-  return kill(-pgid, 0) == -1 && errno == ESRCH;
-}
-
 Test(sessions, cancel_kills_a_sleeping_grandchild) {
   cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   world w;
@@ -569,7 +562,7 @@ Test(sessions, cancel_kills_a_sleeping_grandchild) {
   cr_assert_eq(kill(-pgid, 0), 0, "the command's group is running");
   json_decref(ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id)));
   wait_for(&w, id, "turn/ended", 1);
-  cr_assert(ts_run_until_pred(&w.loop, group_gone, &pgid, 5000), "the sleep grandchild survived");
+  cr_assert(ts_run_until_pred(&w.loop, ts_group_gone, &pgid, 5000), "the sleep grandchild survived");
   json_t *ev = history(&w, id);
   json_t *res = find_kind(ev, "tool/result", 0);
   cr_assert(

@@ -765,42 +765,6 @@ Test(tools, run_command_cwd_is_the_session_cwd) {
   fx_down(&f);
 }
 
-/* Reap whatever of the group was reparented to us (we are a subreaper) and report whether it is gone. */
-static bool group_gone(void *arg) {
-  pid_t pgid = *(pid_t *)arg;
-  while (waitpid(-pgid, NULL, WNOHANG) > 0) {
-  }
-  return kill(-pgid, 0) == -1 && errno == ESRCH;
-}
-
-/* Live (non-zombie) processes whose process group is `pgid`, from /proc. */
-static int group_members(pid_t pgid) {
-  DIR *d = opendir("/proc");
-  cr_assert_not_null(d);
-  int n = 0;
-  struct dirent *e = NULL;
-  while ((e = readdir(d))) {
-    if (e->d_name[0] < '0' || e->d_name[0] > '9')
-      continue;
-    char path[300];
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *f = fopen(path, "r");
-    if (!f)
-      continue;
-    char buf[512];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = '\0';
-    const char *rp = strrchr(buf, ')');
-    char state = 0;
-    int ppid = 0, pgrp = 0;
-    if (rp && sscanf(rp + 1, " %c %d %d", &state, &ppid, &pgrp) == 3 && pgrp == pgid && state != 'Z')
-      n++;
-  }
-  closedir(d);
-  return n;
-}
-
 /* The group of a command that wrote $$ to `file` in the cwd; waits until it has `members` processes. */
 static pid_t wait_group(fixture *f, const char *file, int members) {
   char *p = path_in(f->cwd, file);
@@ -812,13 +776,13 @@ static pid_t wait_group(fixture *f, const char *file, int members) {
     if (text && strchr(text, '\n'))
       pgid = (pid_t)atoi(text);
     free(text);
-    if (pgid > 0 && group_members(pgid) >= members)
+    if (pgid > 0 && ts_group_members(pgid) >= members)
       break;
     usleep(10000);
   }
   free(p);
   cr_assert_gt(pgid, 0);
-  cr_assert_geq(group_members(pgid), members, "group %d", (int)pgid);
+  cr_assert_geq(ts_group_members(pgid), members, "group %d", (int)pgid);
   return pgid;
 }
 
@@ -844,8 +808,8 @@ Test(tools, cancellation_kills_the_whole_group) {
   cr_expect_lt(t.at_ms - t0, 3000u);
   /* After the result, nothing of the group is left (the background sleep included): its members held the
    * output pipe, so they were exiting already; reap what was reparented to us. */
-  cr_expect(ts_run_until_pred(&f.loop, group_gone, &pgid, 2000), "group %d still exists", (int)pgid);
-  cr_expect_eq(group_members(pgid), 0);
+  cr_expect(ts_run_until_pred(&f.loop, ts_group_gone, &pgid, 2000), "group %d still exists", (int)pgid);
+  cr_expect_eq(ts_group_members(pgid), 0);
   json_decref(t.result);
   ah__cancel_free(token);
   fx_down(&f);
@@ -896,9 +860,9 @@ Test(tools, host_stop_kills_a_running_command) {
   cr_expect_str_eq(sget(t.result, "signal"), "SIGKILL");
   json_decref(t.result);
   uint64_t deadline = ts_now_ms() + 5000;
-  while (!group_gone(&pgid) && ts_now_ms() < deadline)
+  while (!ts_group_gone(&pgid) && ts_now_ms() < deadline)
     usleep(10000);
-  cr_expect(group_gone(&pgid), "group %d survived the host", (int)pgid);
+  cr_expect(ts_group_gone(&pgid), "group %d survived the host", (int)pgid);
   ts_rmtree(cwd);
   ts_rmtree(outside);
   free(cwd);
