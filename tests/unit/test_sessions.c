@@ -198,6 +198,23 @@ static bool seq_gapless(json_t *events) {
 
 TestSuite(sessions, .timeout = 60);
 
+static bool idle_published(void *arg) {
+  world *w = arg;
+  bool running = false;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.status") != 0)
+      continue;
+    const char *st = json_string_value(json_object_get(json_array_get(e, 1), "status"));
+    if (strcmp(st, "running") == 0)
+      running = true;
+    else if (running)
+      return true;
+  }
+  return false;
+}
+
 static bool five_published(void *arg) {
   world *w = arg;
   int n = 0;
@@ -230,6 +247,8 @@ Test(sessions, prompt_runs_a_turn_with_gapless_events_and_status) {
   cr_assert_str_eq(json_string_value(json_object_get(json_object_get(end, "data"), "reason")), "end");
   cr_assert_gt(json_integer_value(json_object_get(end, "cursor")), 0);
   cr_assert(ts_run_until_pred(&w.loop, five_published, &w, 5000), "the bus did not publish the five events");
+  /* session.status is published once its own write committed, after the events it follows. */
+  cr_assert(ts_run_until_pred(&w.loop, idle_published, &w, 5000), "the bus did not publish idle");
   /* The bus saw: created, running, the stored events in order (with cursors), a delta, idle. */
   bool running = false, idle_after = false, delta = false;
   int64_t last_seq = 0;
