@@ -51,6 +51,12 @@ typedef struct serve_ctx {
   uv_signal_t sigint;
   uv_signal_t sigterm;
   uv_signal_t sighup;
+  /* A stdio surface is a child of its client (an SDK, an editor): when that parent dies, stop (orderly, as
+   * on SIGTERM) instead of living on as an orphan. Polled, not PR_SET_PDEATHSIG: that signal follows the
+   * parent's *thread*, and a client that spawned us from a short-lived thread would stop us while alive. */
+  uv_timer_t parent_watch;
+  bool watching_parent;
+  pid_t parent;
   bool stopping;
   int exit_code;
 } serve_ctx;
@@ -85,6 +91,8 @@ static void begin_stop(serve_ctx *s, const char *why) {
   uv_close((uv_handle_t *)&s->sigint, NULL);
   uv_close((uv_handle_t *)&s->sigterm, NULL);
   uv_close((uv_handle_t *)&s->sighup, NULL);
+  if (s->watching_parent)
+    uv_close((uv_handle_t *)&s->parent_watch, NULL);
   ah__admin_stop(s->admin, admin_stopped, s);
 }
 
@@ -94,6 +102,14 @@ static void on_stop_request(int exit_code, void *arg) {
   if (!s->stopping)
     s->exit_code = exit_code;
   begin_stop(s, "the stdio surface ended");
+}
+
+#define PARENT_POLL_MS 100
+
+static void parent_tick(uv_timer_t *t) {
+  serve_ctx *s = t->data;
+  if (getppid() != s->parent)
+    begin_stop(s, "the parent process ended");
 }
 
 static void on_stop_signal(uv_signal_t *h, int signum) {
@@ -136,10 +152,6 @@ static void on_sighup(uv_signal_t *h, int signum) {
 }
 
 static int run_host(const ah_cli_overrides *cli, const char *mode) {
-  /* A stdio surface is a child of its client (an SDK, an editor): when that parent dies, stop (orderly, as
-   * on SIGTERM) instead of living on as an orphan. */
-  if (strcmp(mode, "sdk") == 0 || strcmp(mode, "acp") == 0)
-    (void)prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0);
   serve_ctx *s = calloc(1, sizeof *s);
   if (!s)
     return 1;
@@ -188,6 +200,14 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
   uv_signal_init(&s->loop, &s->sigterm);
   uv_signal_init(&s->loop, &s->sighup);
   s->sigint.data = s->sigterm.data = s->sighup.data = s;
+  if (rc == 0 && (strcmp(mode, "sdk") == 0 || strcmp(mode, "acp") == 0)) {
+    s->parent = getppid();
+    uv_timer_init(&s->loop, &s->parent_watch);
+    s->parent_watch.data = s;
+    s->watching_parent = true;
+    uv_timer_start(&s->parent_watch, parent_tick, PARENT_POLL_MS, PARENT_POLL_MS);
+    uv_unref((uv_handle_t *)&s->parent_watch);
+  }
   if (rc == 0) {
     uv_signal_start(&s->sigint, on_stop_signal, SIGINT);
     uv_signal_start(&s->sigterm, on_stop_signal, SIGTERM);

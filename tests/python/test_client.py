@@ -364,6 +364,16 @@ class RealHostTest(TmpDirCase):
         dt = time.monotonic() - t0
         print(f"\n  {n / dt:.0f} sequential round trips/s ({1e6 * dt / n:.0f} us each)", flush=True)
 
+    def test_a_host_spawned_from_a_short_lived_thread_outlives_that_thread(self) -> None:
+        # The host watches its parent process, not the thread that spawned it.
+        c = self.client(initialize=False)
+        t = threading.Thread(target=lambda: c.initialize(self.work))
+        t.start()
+        t.join()
+        time.sleep(0.5)
+        self.assertTrue(process_alive(c.pid))
+        self.assertEqual(c.session().run("still here").final_response, "echo: still here")
+
     def test_kill_9_of_the_client_leaves_no_orphan_host(self) -> None:
         code = ("import sys, time\n"
                 "from agenthost import Client\n"
