@@ -1392,17 +1392,23 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
   json_decref(rows);
 }
 
+/* The stored row of params.sessionId, or NULL after answering the call (missing id or no such session). */
+static json_t *stored_row(ah_call *call, ah_sessions *m, const char *id) {
+  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
+  if (!row)
+    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
+                   NULL);
+  return row;
+}
+
 static void m_get(ah_call *call, const json_t *p, void *data) {
   if (!store_ready(call, data))
     return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
-  if (!row) {
-    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
-                   NULL);
+  json_t *row = stored_row(call, m, id);
+  if (!row)
     return;
-  }
   ah__call_reply(call, json_pack("{s:o}", "session", live_status_row(m, row)));
   json_decref(row);
 }
@@ -1441,12 +1447,9 @@ static void m_export(ah_call *call, const json_t *p, void *data) {
     return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
-  if (!row) {
-    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
-                   NULL);
+  json_t *row = stored_row(call, m, id);
+  if (!row)
     return;
-  }
   json_decref(row);
   size_t cap = 4096;
   size_t len = 0;
@@ -1649,12 +1652,9 @@ static void m_delete(ah_call *call, const json_t *p, void *data) {
     return;
   ah_sessions *m = SM(data);
   const char *id = str(p, "sessionId");
-  json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
-  if (!row) {
-    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
-                   NULL);
+  json_t *row = stored_row(call, m, id);
+  if (!row)
     return;
-  }
   bool closed = json_is_true(json_object_get(row, "closed"));
   json_decref(row);
   if (!closed || find_live(m, id)) {
