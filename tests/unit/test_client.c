@@ -364,8 +364,9 @@ Test(client, approval_via_server_request, .timeout = 60) {
   fixture_fini(&f);
 }
 
-/* SDK-TS-CLIENT: a 1 ms timeout on the first request (which must also spawn the child) abandons the local
- * wait: outcome UNKNOWN with method and id; the late answer is ignored and the client goes on working. */
+/* SDK-TS-CLIENT: a request whose answer does not come within its timeout abandons the local wait: outcome
+ * UNKNOWN with method and id; the late answer is ignored and the client goes on working. The host is
+ * stopped (SIGSTOP) around the request, so the answer is late for certain, not by a race with a fast host. */
 Test(client, timeout_unknown_outcome, .timeout = 60) {
   fixture f;
   fixture_init(&f);
@@ -373,17 +374,26 @@ Test(client, timeout_unknown_outcome, .timeout = 60) {
   ah_client *c = client_with(&f, NULL, 0, &d);
   ah_client_error err;
   memset(&err, 0, sizeof err);
+  /* Spawn the child with a first request (id 1), and wait until it runs. */
+  cr_assert_eq(ah_client_request_async(c, "no/such-method", json_object(), 0, NULL, NULL), 0);
+  pid_t pid = 0;
+  for (int i = 0; i < 400 && !(pid = ah_client_pid(c)); i++)
+    usleep(5000);
+  cr_assert_gt(pid, 0);
+  usleep(200 * 1000);
+  cr_assert_eq(kill(pid, SIGSTOP), 0);
   json_t *res = NULL;
-  int rc = ah_client_request(c, "session/list-nothing", json_object(), 1, &res, &err);
+  int rc = ah_client_request(c, "session/list-nothing", json_object(), 50, &res, &err);
+  cr_assert_eq(kill(pid, SIGCONT), 0);
   cr_assert_eq(rc, AH_ETIMEDOUT);
   cr_assert_null(res);
   cr_assert_eq(err.kind, AH_CLIENT_ERR_TIMEOUT);
   cr_assert_eq(err.outcome, AH_CLIENT_OUTCOME_UNKNOWN);
   cr_assert_str_eq(err.method, "session/list-nothing");
-  cr_assert_eq(err.id, 1);
+  cr_assert_eq(err.id, 2);
   printf("timeout: %s\n", err.message);
   ah_client_error_clear(&err);
-  /* The late answer to id 1 comes while this initialize (id 2) waits: it must not be taken for it. */
+  /* The late answer to id 2 comes while this initialize waits: it must not be taken for it. */
   init_client(c, &f, false);
   ah_client_run_result r;
   memset(&r, 0, sizeof r);
@@ -391,7 +401,7 @@ Test(client, timeout_unknown_outcome, .timeout = 60) {
   cr_assert_str_eq(r.final_response, "echo: after");
   ah_client_run_result_clear(&r);
   client_done(c);
-  cr_assert_eq(d.late, 1, "the late answer to id 1 was not observed as such");
+  cr_assert_eq(d.late, 1, "the late answer to id 2 was not observed as such");
   fixture_fini(&f);
 }
 
