@@ -59,6 +59,7 @@ typedef struct core_call {
   ah_rpc_inbound *req; /* NULL for CALL_CREATE and CALL_RESPOND */
   char *session_id;    /* the closed session of a session/close (to forget the default one) */
   bool closing;
+  bool client_work; /* answers a client request, directly or through the prompts waiting on it */
 } core_call;
 
 /* One server→client request in flight. */
@@ -88,7 +89,11 @@ struct sdk {
   waiter *waiters;
   waiter **waiters_tail;
   /* teardown */
-  size_t outstanding; /* core calls and server requests whose callback has not run */
+  size_t outstanding;           /* core calls and server requests whose callback has not run */
+  size_t client_calls;          /* core calls answering a client request (a subset of outstanding) */
+  ah_rpc_inbound *shutdown_req; /* `shutdown` waiting for client_calls to reach 0 */
+  ah_timer *shutdown_timer;
+  json_t *failures; /* what went wrong during the teardown, reported together in one log record */
   bool withdrawing;
   bool finished;
   ah_withdraw_done_fn done;
@@ -119,8 +124,14 @@ static int core(sdk *s, const char *method, json_t *params, ah_reply_fn cb, core
   const ah_caller caller = {
       .struct_size = sizeof caller, .authority = AH_AUTH_STDIO_OWNER, .surface = "sdk", .connection_id = 1};
   int rc = s->api->dispatch(s->m, &caller, method, params, s->token, cb, c);
-  if (rc == 0)
+  if (rc == 0) {
     s->outstanding++;
+    /* A session creation is client work too: prompts wait on it. */
+    if (c && (c->req || c->kind == CALL_CREATE)) {
+      c->client_work = true;
+      s->client_calls++;
+    }
+  }
   return rc;
 }
 
@@ -143,10 +154,17 @@ static void call_free(core_call *c) {
 
 static void send_prompt(sdk *s, ah_rpc_inbound *req, const char *session_id, json_t *prompt);
 
+static void shutdown_answer(sdk *s);
+
 static void on_core_reply(const ah_outcome *o, void *arg) {
   core_call *c = arg;
   sdk *s = c->s;
   s->outstanding--;
+  if (c->client_work && s->client_calls > 0)
+    s->client_calls--;
+  if (s->shutdown_req && o->status != 0 && s->failures)
+    json_array_append_new(s->failures, json_sprintf("%s: %s", ah_err_name(o->status),
+                                                    o->message ? o->message : ah_strerror(o->status)));
   switch (c->kind) {
   case CALL_PROMPT:
   case CALL_SIMPLE:
@@ -174,12 +192,14 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     s->waiters_tail = &s->waiters;
     while (w) {
       waiter *next = w->next;
-      if (s->default_sid && s->phase != PHASE_SHUT) {
+      /* Prompts admitted before a shutdown still go through (the shutdown waits for them); only a
+       * withdraw drops them. */
+      if (s->default_sid && !s->withdrawing) {
         send_prompt(s, w->req, s->default_sid, w->params); /* steals the params */
       } else {
         if (o->status)
           respond_status(s, w->req, o->status, o->message, false);
-        else if (s->phase == PHASE_SHUT)
+        else if (s->withdrawing)
           respond_status(s, w->req, AH_ECLOSED, "the server is shutting down", false);
         else
           respond_status(s, w->req, AH_EINTERNAL, "the session could not be created", false);
@@ -196,6 +216,8 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     break;
   }
   call_free(c);
+  if (s->shutdown_req && s->client_calls == 0)
+    shutdown_answer(s);
   maybe_finish(s);
 }
 
@@ -388,11 +410,50 @@ static void close_peer(sdk *s) {
   }
 }
 
+/* SDK-SERVER-SESSIONS / SDK-SERVER-SHUTDOWN: admission stops at once (later requests get -32600), the
+ * requests already accepted are answered (bounded: 2 s), then `{}` is written and flushed, the peer closed,
+ * and only then the host asked to stop. What failed on the way is logged together, in one record. */
+#define SHUTDOWN_WAIT_MS 2000
+
+static void shutdown_answer(sdk *s) {
+  ah_rpc_inbound *req = s->shutdown_req;
+  if (!req)
+    return;
+  s->shutdown_req = NULL;
+  if (s->shutdown_timer) {
+    s->api->timer_stop(s->shutdown_timer);
+    s->shutdown_timer = NULL;
+  }
+  if (s->client_calls > 0 && s->failures)
+    json_array_append_new(s->failures, json_sprintf("%zu request(s) still unanswered after %d ms",
+                                                    s->client_calls, SHUTDOWN_WAIT_MS));
+  if (s->failures && json_array_size(s->failures) > 0) {
+    char *text = json_dumps(s->failures, JSON_COMPACT);
+    s->api->log(s->m, AH_PLOG_WARN, "shutdown: %zu failure(s): %s", json_array_size(s->failures),
+                text ? text : "?");
+    free(text);
+  }
+  if (s->api->rpc->respond(req, json_object()) != 0 && s->failures)
+    s->api->log(s->m, AH_PLOG_WARN, "shutdown: the answer could not be written");
+  close_peer(s); /* flushes the answer, then peer_closed() asks the host to stop */
+}
+
+static void shutdown_deadline(ah_timer *t, void *arg) {
+  (void)t;
+  sdk *s = arg;
+  s->shutdown_timer = NULL;
+  shutdown_answer(s);
+}
+
 static void m_shutdown(sdk *s, ah_rpc_inbound *req) {
   s->phase = PHASE_SHUT;
   unsubscribe_all(s);
-  s->api->rpc->respond(req, json_object());
-  close_peer(s); /* flushes the answer, then peer_closed() asks the host to stop */
+  s->shutdown_req = req;
+  if (!s->failures)
+    s->failures = json_array();
+  if (s->client_calls == 0 ||
+      s->api->timer_start(s->m, SHUTDOWN_WAIT_MS, 0, shutdown_deadline, s, &s->shutdown_timer) != 0)
+    shutdown_answer(s);
 }
 
 static void on_request(ah_rpc_peer *peer, ah_rpc_inbound *req, const char *method, const json_t *params,
@@ -538,6 +599,7 @@ static void sdk_free(sdk *s) {
     w = next;
   }
   free(s->default_sid);
+  json_decref(s->failures);
   free(s->cwd);
   free(s->provider);
   free(s->model);

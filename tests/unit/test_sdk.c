@@ -710,3 +710,33 @@ Test(sdk, a_broken_store_fails_session_calls_not_the_handshake, .timeout = 60) {
   free(db);
   host_kill(&h);
 }
+
+/* SDK-SERVER-SESSIONS, SDK-SERVER-SHUTDOWN: a shutdown that arrives while requests are in flight stops
+ * admission at once, lets the accepted requests be answered (the prompt gets its durable receipt), then
+ * answers `{}` and exits 0. */
+Test(sdk, shutdown_answers_the_requests_in_flight_first, .timeout = 60) {
+  sdk_host h;
+  host_start(&h);
+  initialize(&h, false);
+  /* One write: the prompt (lazy session creation, then the durable receipt) is in flight when shutdown is
+   * read. */
+  const char both[] =
+      "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/prompt\",\"params\":{\"text\":\"last\"}}\n"
+      "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"shutdown\"}\n";
+  send_raw(&h, both, sizeof both - 1);
+  json_t *a = next_response(&h, 10000);
+  json_t *b = next_response(&h, 10000);
+  cr_assert(a && b, "both requests must be answered");
+  cr_assert_eq(json_integer_value(json_object_get(a, "id")), 2, "the prompt is answered first");
+  cr_assert(json_is_string(json_object_get(json_object_get(a, "result"), "messageId")),
+            "the prompt got its receipt");
+  cr_assert_eq(json_integer_value(json_object_get(b, "id")), 3);
+  cr_assert(json_is_object(json_object_get(b, "result")));
+  json_decref(a);
+  json_decref(b);
+  int status = 0;
+  cr_assert(ts_wait_exit(h.pid, 10000, &status), "the host did not exit");
+  h.pid = -1;
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+  host_kill(&h);
+}
