@@ -144,28 +144,28 @@ static void expect_confined(const char *cwd, const char *path, const char *want)
 }
 
 Test(tools, confine_cases) {
-  expect_refused("/work/s", "../x");
-  expect_refused("/work/s", "/etc/passwd");
-  expect_refused("/work/s", "a/../../x");
-  expect_refused("/work/s", "");
-  expect_refused("/work/s", NULL);
-  expect_refused("/work/s", "..");
-  expect_refused("/work/s", "/work/sx/y");     /* a sibling sharing the prefix */
-  expect_refused("/work/s", "/work/s/../s/x"); /* climbs above the cwd on the way */
-  expect_refused("/work/s", "/work");
-  expect_refused("/work/s", "/");
+  expect_refused("/srv/s", "../x");
+  expect_refused("/srv/s", "/etc/passwd");
+  expect_refused("/srv/s", "a/../../x");
+  expect_refused("/srv/s", "");
+  expect_refused("/srv/s", NULL);
+  expect_refused("/srv/s", "..");
+  expect_refused("/srv/s", "/srv/sx/y");     /* a sibling sharing the prefix */
+  expect_refused("/srv/s", "/srv/s/../s/x"); /* climbs above the cwd on the way */
+  expect_refused("/srv/s", "/srv");
+  expect_refused("/srv/s", "/");
   expect_refused("relative", "x");
   expect_refused(NULL, "x");
   expect_refused("/", "../x");
-  expect_confined("/work/s", "/work/s/inside/f", "/work/s/inside/f");
-  expect_confined("/work/s", "a/./b//c", "/work/s/a/b/c");
-  expect_confined("/work/s", ".", "/work/s");
-  expect_confined("/work/s", "a/..", "/work/s");
-  expect_confined("/work/s", "a/b/../c/", "/work/s/a/c");
-  expect_confined("/work/s", "/work/s", "/work/s");
-  expect_confined("/work/s", "//work/./s//x", "/work/s/x");
-  expect_confined("/work/s/", "x", "/work/s/x");
-  expect_confined("/work//s/./t/..", "x", "/work/s/x");
+  expect_confined("/srv/s", "/srv/s/inside/f", "/srv/s/inside/f");
+  expect_confined("/srv/s", "a/./b//c", "/srv/s/a/b/c");
+  expect_confined("/srv/s", ".", "/srv/s");
+  expect_confined("/srv/s", "a/..", "/srv/s");
+  expect_confined("/srv/s", "a/b/../c/", "/srv/s/a/c");
+  expect_confined("/srv/s", "/srv/s", "/srv/s");
+  expect_confined("/srv/s", "//work/./s//x", "/srv/s/x");
+  expect_confined("/srv/s/", "x", "/srv/s/x");
+  expect_confined("/srv//s/./t/..", "x", "/srv/s/x");
   expect_confined("/", "etc/passwd", "/etc/passwd");
   expect_confined("/", "/", "/");
 
@@ -175,7 +175,7 @@ Test(tools, confine_cases) {
   for (size_t i = 0; i < PATH_MAX + 8; i += 2)
     memcpy(longp + i, "a/", 2);
   longp[PATH_MAX + 8] = '\0';
-  expect_refused("/work/s", longp);
+  expect_refused("/srv/s", longp);
   char *longcwd = malloc(4001);
   cr_assert_not_null(longcwd);
   memset(longcwd, 'c', 4000);
@@ -186,7 +186,7 @@ Test(tools, confine_cases) {
   free(longp);
   free(longcwd);
   /* why may be NULL. */
-  cr_expect_null(ah__tool_confine("/work/s", "../x", NULL));
+  cr_expect_null(ah__tool_confine("/srv/s", "../x", NULL));
 }
 
 Test(tools, describe_known_and_policies) {
