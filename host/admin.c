@@ -30,23 +30,10 @@ int ah__runtime_dir_prepare(const char *dir, char **why) {
     set_why(why, "runtime_dir must be an absolute path");
     return AH_EINVAL;
   }
-  char *copy = strdup(dir);
-  if (!copy)
-    return AH_ENOMEM;
-  for (char *p = copy + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    if (mkdir(copy, 0700) != 0 && errno != EEXIST) {
-      set_why(why, "cannot create %s: %s", copy, strerror(errno));
-      free(copy);
-      return AH_EIO;
-    }
-    *p = '/';
-  }
-  free(copy);
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    set_why(why, "cannot create %s: %s", dir, strerror(errno));
+  const char *failed = NULL;
+  int e = ah__mkdirs(dir, &failed);
+  if (e) {
+    set_why(why, "cannot create %s: %s", failed, strerror(-e));
     return AH_EIO;
   }
   struct stat st;

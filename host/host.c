@@ -66,25 +66,10 @@ void ah__host_kick(ah_host *h) {
 /* ---- audit -----------------------------------------------------------------------------------------------
  */
 
-static int mkdirs(const char *dir) {
-  char *copy = strdup(dir);
-  if (!copy)
-    return -1;
-  for (char *p = copy + 1; *p; p++) {
-    if (*p != '/')
-      continue;
-    *p = '\0';
-    mkdir(copy, 0700);
-    *p = '/';
-  }
-  free(copy);
-  return mkdir(dir, 0700) == 0 || errno == EEXIST ? 0 : -1;
-}
-
 static void audit_open(ah_host *h) {
   char path[4096];
   snprintf(path, sizeof path, "%s/audit.log", h->config->state_dir);
-  if (mkdirs(h->config->state_dir) == 0)
+  if (ah__mkdirs(h->config->state_dir, NULL) == 0)
     h->audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (h->audit_fd < 0)
     AH_LOG_W("host", "cannot open the audit log %s: %s", path, strerror(errno));

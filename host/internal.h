@@ -28,6 +28,9 @@ char *ah__strdup(const char *s);     /* NULL-safe */
 void ah__time_rfc3339(char out[32]); /* now, UTC, milliseconds: 2026-11-30T17:15:03.123Z */
 uint64_t ah__time_ms(void);          /* now, Unix milliseconds */
 void ah__uuid7(char out[37]);        /* a new UUIDv7 (text), sorting by creation time */
+/* mkdir -p with mode 0700 for what is created. Returns 0 or -errno; *failed (may be NULL) names the path
+ * that could not be created (static storage until the next call). */
+int ah__mkdirs(const char *dir, const char **failed);
 
 /* ---- cancellation (cancel.c) ---------------------------------------------------------------------- */
 

@@ -1849,8 +1849,10 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   snprintf(m->owner, sizeof m->owner, "%s:%ld:%s", m->hostname, (long)getpid(), nonce);
   char path[4096];
   snprintf(path, sizeof path, "%s/agenthost.db", opts->config->state_dir);
-  if (mkdir(opts->config->state_dir, 0700) != 0 && errno != EEXIST) {
-    if (why && asprintf(why, "cannot create %s: %s", opts->config->state_dir, strerror(errno)) < 0)
+  const char *failed = NULL;
+  int e = ah__mkdirs(opts->config->state_dir, &failed);
+  if (e) {
+    if (why && asprintf(why, "cannot create %s: %s", failed, strerror(-e)) < 0)
       *why = NULL;
     json_decref(m->resolved);
     json_decref(m->resolved_order);

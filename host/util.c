@@ -1,8 +1,10 @@
 /* Small helpers shared by the core. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "internal.h"
@@ -80,4 +82,28 @@ void ah__uuid7(char out[37]) {
   b[8] = (uint8_t)(0x80 | (b[8] & 0x3f));
   snprintf(out, 37, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1], b[2],
            b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+}
+
+int ah__mkdirs(const char *dir, const char **failed) {
+  static char where[4096];
+  if (failed)
+    *failed = dir;
+  if (!dir || strlen(dir) >= sizeof where)
+    return -ENAMETOOLONG;
+  /* Each missing parent, then the directory itself: created 0700; existing ones are left as they are. */
+  memcpy(where, dir, strlen(dir) + 1);
+  for (char *p = where + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    if (mkdir(where, 0700) != 0 && errno != EEXIST) {
+      if (failed)
+        *failed = where;
+      return -errno;
+    }
+    *p = '/';
+  }
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+    return -errno;
+  return 0;
 }
