@@ -5,6 +5,10 @@
 #   missing, running as root -> apt-get update (once) + apt-get install of the missing ones
 #   missing, not root      -> prints the sudo command to run, exits 1
 #
+# Then the npm packages of the integration tests (tests/integration/package-lock.json, pinned) are
+# installed with the machine's Node.js (>= 20; Debian's own nodejs is older and is not installed) into
+# tests/integration/node_modules, which git ignores; a stamp of the lock file's hash skips it when current.
+#
 # Never reads stdin (CI runs with none). AH_SKIP_DEPS=1 skips the check entirely (for machines that
 # provide the libraries some other way; meson then reports anything still missing).
 set -euo pipefail
@@ -52,8 +56,33 @@ missing_packages() {
   done
 }
 
+node_packages() {
+  local dir lock stamp major want
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/integration"
+  lock="$dir/package-lock.json"
+  stamp="$dir/node_modules/.ah-lock-sha256"
+  [[ -f "$lock" ]] || return 0
+  if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+    echo "deps.sh: Node.js >= 20 with npm is needed for tests/integration (not found in PATH)" >&2
+    return 1
+  fi
+  major="$(node -p 'process.versions.node.split(".")[0]')"
+  if ((major < 20)); then
+    echo "deps.sh: Node.js >= 20 is needed for tests/integration (found $(node --version))" >&2
+    return 1
+  fi
+  want="$(sha256sum "$lock" | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    return 0
+  fi
+  echo "deps.sh: installing the pinned npm packages of tests/integration" >&2
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error </dev/null)
+  printf '%s\n' "$want" >"$stamp"
+}
+
 mapfile -t missing < <(missing_packages)
 if ((${#missing[@]} == 0)); then
+  node_packages
   exit 0
 fi
 
@@ -74,3 +103,5 @@ if ((${#still_missing[@]} != 0)); then
   echo "deps.sh: still missing after apt-get install: ${still_missing[*]}" >&2
   exit 1
 fi
+node_packages
+
