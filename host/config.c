@@ -1094,5 +1094,22 @@ json_t *ah__config_plugins_for_mode(const ah_config *cfg, const char *mode) {
       return NULL;
     }
   }
+  /* A configured provider of a type other than echo is served by the plugin of that name (type acp →
+   * plugin acp), wanted in every mode so that the sessions of every surface can use it. */
+  json_object_foreach(cfg->providers, name, p) {
+    const char *type = json_string_value(json_object_get(p, "type"));
+    bool listed = false;
+    size_t i = 0;
+    json_t *n = NULL;
+    json_array_foreach(out, i, n) {
+      listed |= type && strcmp(json_string_value(n), type) == 0;
+    }
+    if (!type || strcmp(type, "echo") == 0 || listed)
+      continue;
+    if (json_array_append_new(out, json_string(type)) != 0) {
+      json_decref(out);
+      return NULL;
+    }
+  }
   return out;
 }

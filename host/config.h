@@ -87,8 +87,9 @@ int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *en
 void ah__config_free(ah_config *cfg);
 
 /* The plugins to mount in `mode` ("serve", "sdk", "acp"): every plugin with enabled = true whose modes
- * contain `mode`. A plugin's default modes are "serve" (DECISIONS.md). Returns a new array of names in
- * config order. */
+ * contain `mode`. A plugin's default modes are "serve" (DECISIONS.md). Then, in every mode, the plugin
+ * named by the type of each configured provider other than echo (type acp → plugin acp). Returns a new
+ * array of names in config order. */
 json_t *ah__config_plugins_for_mode(const ah_config *cfg, const char *mode);
 
 #endif

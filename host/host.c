@@ -245,6 +245,7 @@ static json_t *describe_mount(const ah_mount *m) {
   json_t *methods = json_array();
   json_t *events = json_array();
   json_t *descriptors = json_array();
+  json_t *providers = json_array();
   AH__LIST_EACH(it, &m->journal) {
     const ah__entry *e = AH__CONTAINER(it, ah__entry, journal);
     if (e->state != AH__ST_ACTIVE)
@@ -258,10 +259,12 @@ static json_t *describe_mount(const ah_mount *m) {
                                               (e->flags & AH_EVENT_ALLOWLISTED) != 0));
     else if (e->kind == AH__ENTRY_REMOTE)
       json_array_append_new(descriptors, describe_remote(e));
+    else if (e->kind == AH__ENTRY_PROVIDER)
+      json_array_append_new(providers, json_string(e->name));
   }
-  return json_pack("{s:s, s:s, s:s, s:s?, s:o, s:o, s:o}", "name", m->name, "version", m->version,
+  return json_pack("{s:s, s:s, s:s, s:s?, s:o, s:o, s:o, s:o}", "name", m->name, "version", m->version,
                    "description", m->description, "path", m->path, "methods", methods, "events", events,
-                   "descriptors", descriptors);
+                   "descriptors", descriptors, "providers", providers);
 }
 
 json_t *ah__host_describe(ah_host *h) {

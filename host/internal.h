@@ -68,6 +68,7 @@ typedef enum ah__entry_kind {
   AH__ENTRY_EVENT,
   AH__ENTRY_REMOTE,
   AH__ENTRY_NAMESPACE, /* a remote namespace, owned by the first mount that uses it */
+  AH__ENTRY_PROVIDER,  /* a provider type ("acp"); `data` is the plugin's ah_provider */
 } ah__entry_kind;
 
 typedef enum ah__entry_state {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agenthost/provider.h"
 #include "internal.h"
 
 /* ---- logging ------------------------------------------------------------------------------------- */
@@ -98,6 +99,52 @@ static int api_register_event(ah_mount *m, const char *name, uint32_t flags) {
     return refuse(m, "event", name, "name", rc, "already registered (live or staged)");
   }
   return 0;
+}
+
+static bool valid_provider_type(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > 40 || s[0] < 'a' || s[0] > 'z')
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static int api_register_provider(ah_mount *m, ah_provider *p) {
+  const char *name = p && p->struct_size >= offsetof(ah_provider, name) + sizeof p->name ? p->name : NULL;
+  int rc = gate(m, "provider", name);
+  if (rc)
+    return rc;
+  if (!p)
+    return refuse(m, "provider", NULL, "p", AH_EINVAL, "NULL provider");
+  if (!AH_HAS_FIELD(p, ah_provider, data))
+    return refuse(m, "provider", name, "struct_size", AH_EINVAL, "smaller than the ABI 1.0 ah_provider");
+  if (!valid_provider_type(name))
+    return refuse(m, "provider", name, "name", AH_EINVAL, "must match [a-z][a-z0-9-]* (at most 40 bytes)");
+  if (strcmp(name, "echo") == 0)
+    return refuse(m, "provider", name, "name", AH_EEXIST, "echo is the core's embedded provider");
+  if (!p->turn_start || !p->turn_tool_result || !p->turn_answer || !p->turn_subagent_result ||
+      !p->turn_cancel || !p->turn_free)
+    return refuse(m, "provider", name, "turn_*", AH_EINVAL, "every turn_* entry is required");
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(name))) {
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_PROVIDER;
+  e->data = p;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "provider", name, "name", rc, "already registered (live or staged)");
+  }
+  return 0;
+}
+
+static const char *api_host_mode(ah_mount *m) {
+  return m && m->host && m->host->mode ? m->host->mode : "serve";
 }
 
 static int api_register_remote(ah_mount *m, const ah_remote_def *def) {
@@ -545,6 +592,8 @@ ah_host_api ah__api_table = {
     .process_of_stream = api_process_of_stream,
     .stdio = api_stdio,
     .host_stop = api_host_stop,
+    .register_provider = api_register_provider,
+    .host_mode = api_host_mode,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -59,6 +59,7 @@ struct ah_sessions {
   ah_provider *echo;
   ah_timer *lease_timer;
   ah__link requests; /* pending server requests */
+  ah__link turns;    /* every turn not yet freed (also ended ones waiting for their posted free) */
   json_t *resolved;  /* request id → {state, by}: the recent resolutions, for late-answer receipts */
   json_t *resolved_order;
   void (*stop_cb)(void *arg);
@@ -98,7 +99,10 @@ struct turn {
   json_t *content;
   ah_cancel *cancel;
   ah_provider *prov;
+  ah_mount *prov_mount; /* the plugin providing `prov`; NULL for the embedded echo */
   ah_provider_turn *pt;
+  ah__link all;       /* in the manager's `turns` until freed */
+  bool provider_gone; /* its plugin is being withdrawn: the turn ends with that error */
   bool ended;
   bool cancelled;
   char *last_text;
@@ -585,16 +589,66 @@ static void remember_resolution(ah_sessions *m, const char *id, const char *stat
 /* ---- turns ------------------------------------------------------------------------------------------------
  */
 
-static ah_provider *provider_for(ah_sessions *m, const char *name) {
-  /* Every configured provider of type echo (and the built-in "echo") runs on the embedded provider; other
-   * types come with their plugins. */
+/* The provider of the configured [provider.NAME]: the embedded echo for type echo (and the built-in
+ * "echo"), else the provider type a mounted plugin registered (acp, openai, …), with its mount in *mount.
+ * NULL when the name is not configured or no active mount provides its type. */
+static ah_provider *provider_for(ah_sessions *m, const char *name, ah_mount **mount, const json_t **config) {
+  if (mount)
+    *mount = NULL;
+  const ah_config *cfg = ah__host_config(m->host);
+  const json_t *p = cfg && name ? json_object_get(cfg->providers, name) : NULL;
+  if (config)
+    *config = p;
   if (!name || strcmp(name, "echo") == 0)
     return m->echo;
-  const ah_config *cfg = ah__host_config(m->host);
-  const json_t *p = cfg ? json_object_get(cfg->providers, name) : NULL;
-  if (p && str(p, "type") && strcmp(str(p, "type"), "echo") == 0)
+  const char *type = p ? str(p, "type") : NULL;
+  if (!type)
+    return NULL;
+  if (strcmp(type, "echo") == 0)
     return m->echo;
-  return NULL;
+  ah__entry *e = ah__registry_find(&m->host->reg, AH__ENTRY_PROVIDER, type);
+  if (!e || e->state != AH__ST_ACTIVE || !e->mount || e->mount->state != AH__MOUNT_ACTIVE)
+    return NULL;
+  if (mount)
+    *mount = e->mount;
+  return e->data;
+}
+
+/* The end of a turn whose provider's plugin is withdrawn: a host that stops cancels its turns (as
+ * ah__sessions_stop does); an unload is a failure of the turn. */
+static void turn_end_provider_gone(turn *t, json_t *usage) {
+  if (t->s->m->host->stopping)
+    turn_end_now(t, "cancelled", usage, NULL);
+  else
+    turn_end_now(t, "error", usage, "the provider's plugin was withdrawn during the turn");
+}
+
+void ah__sessions_provider_withdrawn(ah_sessions *m, ah_mount *mount) {
+  /* Before the plugin's withdraw() runs: every turn on one of its providers is cancelled and its provider
+   * turn freed now (the plugin may finish reclaiming children before its withdraw completes). The provider
+   * may still commit what it has while cancelling; the turn's end is recorded by the core. Ended turns
+   * waiting for their posted free lose only their provider turn. */
+  if (!m)
+    return;
+  ah__link *it = m->turns.next;
+  while (it != &m->turns) {
+    turn *t = AH__CONTAINER(it, turn, all);
+    it = it->next;
+    if (t->prov_mount != mount || !t->pt)
+      continue;
+    if (!t->ended && !t->end_pending) {
+      t->provider_gone = true;
+      t->cancelled = true;
+      if (t->pending)
+        resolve_request(t->pending, "cancelled", NULL, NULL, NULL);
+      t->prov->turn_cancel(t->pt);
+    }
+    ah_provider_turn *pt = t->pt;
+    t->pt = NULL;
+    t->prov->turn_free(pt);
+    if (!t->ended && !t->end_pending)
+      turn_end_provider_gone(t, NULL);
+  }
 }
 
 static json_t *history_for(session *s, const char *current_message) {
@@ -638,6 +692,7 @@ static const json_t *sink_history(void *ctx) {
 }
 
 static void turn_free(turn *t) {
+  ah__list_remove(&t->all);
   if (t->pt && t->prov)
     t->prov->turn_free(t->pt);
   ah__cancel_free(t->cancel);
@@ -731,6 +786,10 @@ static void sink_end(void *ctx, const char *reason, const json_t *usage, const c
                  "the provider ended the turn with an unknown reason");
     return;
   }
+  if (t->provider_gone) {
+    turn_end_provider_gone(t, usage ? json_deep_copy(usage) : NULL);
+    return;
+  }
   /* A turn the user cancelled ends `cancelled` whatever the provider says afterwards. */
   turn_end_now(t, t->cancelled ? "cancelled" : reason, usage ? json_deep_copy(usage) : NULL, error);
 }
@@ -771,7 +830,7 @@ static void tool_refused(turn *t, const char *call_id, const char *name, const c
   json_t *res = json_pack("{s:s}", "error", why);
   append(t->s, "tool/result", t->id, NULL,
          json_pack("{s:s, s:s, s:O, s:b}", "callId", call_id, "name", name, "result", res, "isError", 1));
-  if (!t->ended)
+  if (!t->ended && t->pt)
     t->prov->turn_tool_result(t->pt, call_id, res, true);
   json_decref(res);
 }
@@ -887,6 +946,7 @@ static void maybe_claim(session *s) {
     ah__list_push(&s->queue, &q->link);
     return;
   }
+  ah__list_push(&m->turns, &t->all);
   t->s = s;
   ah__uuid7(t->id);
   t->message_id = q->message_id;
@@ -910,7 +970,8 @@ static void maybe_claim(session *s) {
   const char *model = str(s->row, "model");
   append(s, "turn/started", t->id, t->message_id,
          json_pack("{s:s, s:s?}", "provider", prov_name ? prov_name : "echo", "model", model));
-  t->prov = provider_for(m, prov_name);
+  const json_t *prov_config = NULL;
+  t->prov = provider_for(m, prov_name, &t->prov_mount, &prov_config);
   if (!t->prov) {
     turn_end_now(t, "error", NULL, "the session's provider is not available");
     return;
@@ -926,6 +987,7 @@ static void maybe_claim(session *s) {
       .history = sink_history,
   };
   json_t *tools = ah__tools_describe();
+  json_t *empty_config = json_object();
   ah_turn_input in = {
       .struct_size = sizeof in,
       .session_id = s->id,
@@ -935,9 +997,12 @@ static void maybe_claim(session *s) {
       .tools = tools,
       .max_tokens = 0,
       .depth = (int)json_integer_value(json_object_get(s->row, "depth")),
+      .provider_name = prov_name ? prov_name : "echo",
+      .provider_config = prov_config ? prov_config : empty_config,
   };
   int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
   json_decref(tools);
+  json_decref(empty_config);
   if (rc) {
     t->pt = NULL;
     turn_end_now(t, "error", NULL, ah_strerror(rc));
@@ -1324,7 +1389,7 @@ static void m_create(ah_call *call, const json_t *p, void *data) {
     provider = ah__host_config(m->host) && ah__host_config(m->host)->default_provider
                    ? ah__host_config(m->host)->default_provider
                    : "echo";
-  if (!provider_for(m, provider)) {
+  if (!provider_for(m, provider, NULL, NULL)) {
     ah__call_error(call, AH_EUNAVAILABLE, "params.provider: no such provider is available", NULL);
     return;
   }
@@ -1839,6 +1904,7 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   m->max_depth = opts->max_depth ? opts->max_depth : 3;
   ah__list_init(&m->sessions);
   ah__list_init(&m->requests);
+  ah__list_init(&m->turns);
   m->resolved = json_object();
   m->resolved_order = json_array();
   if (gethostname(m->hostname, sizeof m->hostname) != 0)

@@ -57,6 +57,10 @@ void ah__sessions_start(ah_sessions *s, ah_mount *core);
 void ah__sessions_stop(ah_sessions *s, void (*cb)(void *arg), void *arg);
 void ah__sessions_free(ah_sessions *s);
 
+/* A plugin is being withdrawn (before its withdraw() runs): end every turn running on a provider it
+ * registered, cancel and free those provider turns (provider.h "withdraw"). */
+void ah__sessions_provider_withdrawn(ah_sessions *s, ah_mount *mount);
+
 /* For tests and benchmarks. */
 ah_store *ah__sessions_store(ah_sessions *s);
 size_t ah__sessions_live(ah_sessions *s);

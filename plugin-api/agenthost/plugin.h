@@ -40,7 +40,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 0
+#define AH_ABI_MINOR 1
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -60,6 +60,7 @@ typedef struct ah_sub ah_sub;         /* an event subscription */
 typedef struct ah_timer ah_timer;     /* a host timer */
 typedef struct ah_process ah_process; /* a child process */
 typedef struct ah_host_api ah_host_api;
+typedef struct ah_provider ah_provider; /* agenthost/provider.h */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* The descriptor                                                                                        */
@@ -345,7 +346,19 @@ struct ah_host_api {
    * `exit_code`: what a stdio surface does when its client closes stdin. Returns at once. */
   void (*host_stop)(ah_mount *m, int exit_code);
 
-  void *reserved[14];
+  /* ABI 1.1. */
+  /* Register a provider type (agenthost/provider.h): a session whose provider is configured with
+   * `[provider.NAME] type = <p->name>` runs its turns on `p`; each turn's input names the configured
+   * provider and carries its [provider.NAME] keys. `p->name` is the type ([a-z][a-z0-9-]*, not "echo");
+   * one mount per type. Only inside mount(). `p` stays the plugin's and must stay valid until withdraw()
+   * was called: before it, the host ends every turn still running on `p` (turn_cancel, then turn_free,
+   * the turn recorded as ended with an error) and starts no new one. */
+  int (*register_provider)(ah_mount *m, ah_provider *p);
+  /* The mode the host runs in: "serve", "sdk" or "acp" (a plugin that is also a stdio surface claims
+   * stdio only in its own mode). */
+  const char *(*host_mode)(ah_mount *m);
+
+  void *reserved[12];
 };
 
 /* The one exported entry of a plugin. */

@@ -17,6 +17,11 @@
  * provider reports with end("cancelled", ...) — once, possibly after pending work was stopped.
  *
  * Strings passed to the sink are borrowed for the call; JSON arguments are borrowed for the call.
+ *
+ * A plugin provides a provider type with ah_host_api.register_provider(). When the plugin is withdrawn
+ * while a turn runs on it, the host calls turn_cancel() and then turn_free() without waiting for end():
+ * the provider stops at once (it may finish reclaiming resources later, before its withdraw completes) and
+ * makes no further sink calls; the host records the turn as ended with an error.
  */
 #ifndef AGENTHOST_PROVIDER_H
 #define AGENTHOST_PROVIDER_H
@@ -55,6 +60,10 @@ typedef struct ah_turn_input {
   int64_t max_tokens;    /* 0 = the provider's default */
   int depth;             /* 0 for a root session; subagents are deeper */
   void *reserved[4];
+  /* ABI 1.1 (check with AH_HAS_FIELD). */
+  const char *provider_name; /* the configured [provider.NAME] the session uses */
+  const json_t
+      *provider_config; /* its keys as strings, "type" included (borrowed for the call; never NULL) */
 } ah_turn_input;
 
 struct ah_provider {

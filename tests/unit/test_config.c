@@ -962,6 +962,30 @@ Test(config, plugins_for_mode) {
   ah__config_free(&cfg);
 }
 
+Test(config, plugins_for_mode_adds_the_plugin_of_each_provider_type) {
+  /* A provider of type acp is served by the acp plugin: it is wanted in every mode, once, after the
+   * enabled plugins; echo needs no plugin. */
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg,
+                         "[plugin.sdk]\nenabled = true\nmodes = sdk\n"
+                         "[provider.one]\ntype = acp\ncommand = a\n"
+                         "[provider.two]\ntype = acp\ncommand = b\n"
+                         "[provider.quiet]\ntype = echo\n",
+                         NULL, &err),
+               0, "%s", err);
+  json_t *sdk = ah__config_plugins_for_mode(&cfg, "sdk");
+  json_t *serve = ah__config_plugins_for_mode(&cfg, "serve");
+  json_t *acp = ah__config_plugins_for_mode(&cfg, "acp");
+  expect_json(sdk, "[\"sdk\", \"acp\"]");
+  expect_json(serve, "[\"browser\", \"remote\", \"acp\"]");
+  expect_json(acp, "[\"acp\"]");
+  json_decref(sdk);
+  json_decref(serve);
+  json_decref(acp);
+  ah__config_free(&cfg);
+}
+
 Test(config, plugins_for_mode_defaults) {
   char **env = mkenv(home_env, NULL);
   ah_config cfg;

@@ -772,3 +772,119 @@ Test(sessions, subagents_stop_at_the_depth_limit) {
   free(id);
   world_down(&w);
 }
+
+/* ---- providers registered by plugins (ah_host_api.register_provider) -------------------------------- */
+
+static json_t *fixture_stats(world *w) {
+  return ok_call(w, "fixture.stats", json_object());
+}
+
+static bool no_live_fixture_turn(void *arg) {
+  json_t *st = fixture_stats(arg);
+  bool none = json_integer_value(json_object_get(st, "live")) == 0;
+  json_decref(st);
+  return none;
+}
+
+static const char *event_text(json_t *ev, const char *kind, const char *field) {
+  return json_string_value(json_object_get(json_object_get(find_kind(ev, kind, 0), "data"), field));
+}
+
+Test(sessions, a_plugin_provider_runs_turns_with_its_configured_section) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s, s:s}}", "fx", "type", "fixture", "greeting", "hola");
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0);
+  json_t *d = ok_call(&w, "host.describe", NULL);
+  bool listed = false;
+  size_t i = 0;
+  json_t *p = NULL;
+  json_array_foreach(json_object_get(d, "plugins"), i, p) {
+    listed |= strcmp(json_string_value(json_object_get(p, "name")), "provider") == 0 &&
+              json_equal(json_object_get(p, "providers"), json_pack("[s]", "fixture"));
+  }
+  json_decref(d);
+  cr_assert(listed, "host.describe lists the provider type under its plugin");
+  json_t *r = ok_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", w.work, "provider", "fx"));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  free(prompt(&w, id, "hi"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_assert_str_eq(event_text(ev, "message/committed", "text"), "fixture fx hola: hi");
+  cr_assert_str_eq(event_text(ev, "turn/started", "provider"), "fx");
+  cr_assert_str_eq(event_text(ev, "turn/ended", "reason"), "end");
+  json_t *st = fixture_stats(&w);
+  json_t *in = json_object_get(st, "lastInput");
+  cr_assert_str_eq(json_string_value(json_object_get(in, "providerName")), "fx");
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(in, "config"), "type")), "fixture");
+  cr_assert_str_eq(json_string_value(json_object_get(in, "cwd")), w.work);
+  cr_assert_eq(json_integer_value(json_object_get(st, "started")), 1);
+  json_decref(st);
+  cr_assert(ts_run_until_pred(&w.loop, no_live_fixture_turn, &w, 5000), "the core freed the provider turn");
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+}
+
+Test(sessions, unloading_a_provider_plugin_mid_turn_ends_the_turn_and_refuses_new_ones) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s}}", "fx", "type", "fixture");
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0);
+  json_t *r = ok_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", w.work, "provider", "fx"));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  free(prompt(&w, id, "hang"));
+  wait_for(&w, id, "turn/started", 1);
+  json_t *st = fixture_stats(&w);
+  cr_assert_eq(json_integer_value(json_object_get(st, "live")), 1);
+  json_decref(st);
+  /* The fixture frees its state in withdraw(): a provider turn freed after it would be a use after free
+   * (the ASan run catches it), one never freed a leak. */
+  cr_assert_eq(th_unload(&w.loop, w.h, "provider"), 0);
+  cr_assert_null(ah__host_find_mount(w.h, "provider"), "unloaded, not kept as a zombie");
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_assert_str_eq(event_text(ev, "turn/ended", "reason"), "error");
+  cr_assert_str_eq(event_text(ev, "turn/ended", "error"),
+                   "the provider's plugin was withdrawn during the turn");
+  json_decref(ev);
+  /* Without the plugin: new sessions are refused, a new prompt of the old one ends in an error. */
+  cr_assert_eq(err_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", w.work, "provider", "fx")),
+               AH_EUNAVAILABLE);
+  free(prompt(&w, id, "again"));
+  wait_for(&w, id, "turn/ended", 2);
+  ev = history(&w, id);
+  json_t *last = json_array_get(ev, json_array_size(ev) - 1);
+  cr_assert_str_eq(json_string_value(json_object_get(last, "kind")), "turn/ended");
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(last, "data"), "error")),
+                   "the session's provider is not available");
+  json_decref(ev);
+  /* Loaded again, the type serves the same session. */
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0);
+  free(prompt(&w, id, "back"));
+  wait_for(&w, id, "turn/ended", 3);
+  ev = history(&w, id);
+  last = json_array_get(ev, json_array_size(ev) - 1);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(last, "data"), "reason")), "end");
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+}
+
+Test(sessions, provider_registrations_are_checked) {
+  world w;
+  world_up(&w);
+  const char *bad[] = {"name", "echo", "missing", "twice"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = th_load(w.h, "provider", json_pack("{s:s}", "bad", bad[i]));
+    cr_assert_neq(rc, 0, "bad=%s must fail the mount", bad[i]);
+    cr_assert_null(ah__host_find_mount(w.h, "provider"), "bad=%s left a mount", bad[i]);
+    cr_assert(!th_described(w.h, "method", "fixture.stats"), "bad=%s left a method", bad[i]);
+  }
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0, "a correct registration mounts after the refusals");
+  world_down(&w);
+}
