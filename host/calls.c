@@ -56,7 +56,7 @@ static void answer_caller(ah_call *c, int status, json_t *result, const char *me
   }
   c->answered = true;
   c->host->inflight--;
-  if (c->entry->flags & AH_METHOD_PRIVILEGED)
+  if (c->audited)
     ah__audit(c->host, c->method, &c->caller, status);
   ah__complete(c->host, c->cb, c->arg, status, result, message, data);
 }
@@ -123,49 +123,18 @@ void ah__calls_cancel_mount(ah_mount *m) {
   }
 }
 
-static bool privileged(ah_authority a) {
-  return a == AH_AUTH_LOOPBACK || a == AH_AUTH_STDIO_OWNER || a == AH_AUTH_ADMIN;
-}
-
-int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, json_t *params,
-                      ah_cancel *parent, ah_reply_fn cb, void *arg) {
-  int rc = 0;
-  if (!h || !caller || !method || !cb || caller->struct_size < offsetof(ah_caller, reserved) ||
-      caller->authority < AH_AUTH_LAN || caller->authority > AH_AUTH_ADMIN) {
-    rc = AH_EINVAL;
-    goto out;
-  }
-  if (params && !json_is_object(params) && !json_is_array(params)) {
-    rc = AH_EINVAL;
-    goto out;
-  }
-  if (h->stopping) {
-    rc = AH_ESTATE;
-    goto out;
-  }
-  ah__entry *e = ah__registry_find(&h->reg, AH__ENTRY_METHOD, method);
-  if (!e || e->state == AH__ST_STAGED) {
-    rc = ah__registry_tombstoned(&h->reg, AH__ENTRY_METHOD, method) ? AH_EUNAVAILABLE : AH_ENOMETHOD;
-    goto out;
-  }
-  if (e->state != AH__ST_ACTIVE || e->mount->state != AH__MOUNT_ACTIVE) {
-    rc = AH_EUNAVAILABLE;
-    goto out;
-  }
-  if ((e->flags & AH_METHOD_PRIVILEGED) && !privileged(caller->authority)) {
-    AH_LOG_W("calls", "refused privileged method %s to a %s caller on %s", method,
-             caller->authority == AH_AUTH_LAN ? "LAN" : "non-privileged",
-             caller->surface ? caller->surface : "?");
-    ah__audit(h, method, caller, AH_EPERM);
-    rc = AH_EPERM;
-    goto out;
-  }
+int ah__call_new(ah_host *h, ah__entry *e, const ah_caller *caller, const char *name, json_t *params,
+                 bool cancellable, bool audited, ah_cancel *parent, ah_reply_fn cb, void *arg,
+                 ah_call **out) {
+  *out = NULL;
   ah_call *c = calloc(1, sizeof *c);
   if (!c) {
-    rc = AH_ENOMEM;
-    goto out;
+    json_decref(params);
+    return AH_ENOMEM;
   }
   ah_mount *m = e->mount;
+  c->head.api = &ah__api_table;
+  c->head.data = e->kind == AH__ENTRY_REMOTE ? e->remote->data : e->data;
   c->host = h;
   c->mount = m;
   c->entry = e;
@@ -173,10 +142,10 @@ int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, j
   c->surface = ah__strdup(caller->surface ? caller->surface : "");
   c->caller.surface = c->surface;
   c->caller.struct_size = sizeof c->caller;
-  c->method = strdup(method);
+  c->method = strdup(name);
   c->params = params ? params : json_object();
-  params = NULL;
-  c->cancellable = (e->flags & AH_METHOD_CANCELLABLE) != 0;
+  c->cancellable = cancellable;
+  c->audited = audited;
   c->cb = cb;
   c->arg = arg;
   c->token = ah__cancel_new(m->token);
@@ -205,6 +174,53 @@ int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, j
     call_free_if_done(c);
     return 0;
   }
+  *out = c;
+  return 0;
+}
+
+bool ah__privileged(ah_authority a) {
+  return a == AH_AUTH_LOOPBACK || a == AH_AUTH_STDIO_OWNER || a == AH_AUTH_ADMIN;
+}
+
+int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, json_t *params,
+                      ah_cancel *parent, ah_reply_fn cb, void *arg) {
+  int rc = 0;
+  if (!h || !caller || !method || !cb || caller->struct_size < offsetof(ah_caller, reserved) ||
+      caller->authority < AH_AUTH_LAN || caller->authority > AH_AUTH_ADMIN) {
+    rc = AH_EINVAL;
+    goto out;
+  }
+  if (params && !json_is_object(params) && !json_is_array(params)) {
+    rc = AH_EINVAL;
+    goto out;
+  }
+  if (h->stopping) {
+    rc = AH_ESTATE;
+    goto out;
+  }
+  ah__entry *e = ah__registry_find(&h->reg, AH__ENTRY_METHOD, method);
+  if (!e || e->state == AH__ST_STAGED) {
+    rc = ah__registry_tombstoned(&h->reg, AH__ENTRY_METHOD, method) ? AH_EUNAVAILABLE : AH_ENOMETHOD;
+    goto out;
+  }
+  if (e->state != AH__ST_ACTIVE || e->mount->state != AH__MOUNT_ACTIVE) {
+    rc = AH_EUNAVAILABLE;
+    goto out;
+  }
+  if ((e->flags & AH_METHOD_PRIVILEGED) && !ah__privileged(caller->authority)) {
+    AH_LOG_W("calls", "refused privileged method %s to a %s caller on %s", method,
+             caller->authority == AH_AUTH_LAN ? "LAN" : "non-privileged",
+             caller->surface ? caller->surface : "?");
+    ah__audit(h, method, caller, AH_EPERM);
+    rc = AH_EPERM;
+    goto out;
+  }
+  ah_call *c = NULL;
+  rc = ah__call_new(h, e, caller, method, params, (e->flags & AH_METHOD_CANCELLABLE) != 0,
+                    (e->flags & AH_METHOD_PRIVILEGED) != 0, parent, cb, arg, &c);
+  params = NULL;
+  if (rc || !c)
+    return rc;
   e->handler(c, c->params, e->data);
   return 0;
 out:

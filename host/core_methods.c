@@ -17,6 +17,34 @@ static void m_describe(ah_call *call, const json_t *params, void *data) {
   ah__call_reply(call, ah__host_describe(data));
 }
 
+/* session.events {after?, limit?} → {events, nextAfter?}: stored events of every session with a cursor
+ * greater than `after` (default 0), in cursor order, at most `limit` (1..1000, default 200); nextAfter is
+ * the last cursor of a full page. A pure store read, for surfaces that replay a gap-free stream after a
+ * reconnection (the browser's mux). */
+static void m_session_events(ah_call *call, const json_t *params, void *data) {
+  ah_sessions *sm = ah__host_sessions(data);
+  json_t *after = json_object_get(params, "after");
+  json_t *limit = json_object_get(params, "limit");
+  if ((after && (!json_is_integer(after) || json_integer_value(after) < 0)) ||
+      (limit && (!json_is_integer(limit) || json_integer_value(limit) < 1 || json_integer_value(limit) > 1000))) {
+    ah__call_error(call, AH_EINVAL, "params: after (integer >= 0), limit (1..1000)", NULL);
+    return;
+  }
+  ah_store *store = sm ? ah__sessions_store(sm) : NULL;
+  if (!store) {
+    ah__call_error(call, AH_EIO, "the store cannot be opened (see the host's log)", NULL);
+    return;
+  }
+  size_t n = limit ? (size_t)json_integer_value(limit) : 200;
+  json_t *events = ah__store_events_after(store, after ? json_integer_value(after) : 0, n);
+  if (!events) {
+    ah__call_error(call, AH_EIO, "the store could not be read", NULL);
+    return;
+  }
+  json_t *next = json_array_size(events) == n ? json_object_get(json_array_get(events, n - 1), "cursor") : NULL;
+  ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfter", next));
+}
+
 static void m_plugin_list(ah_call *call, const json_t *params, void *data) {
   (void)params;
   ah__call_reply(call, json_pack("{s:o}", "plugins", ah__host_plugin_list(data)));
@@ -115,6 +143,7 @@ int ah__core_register(ah_host *h, ah_mount *m) {
     uint32_t flags;
   } methods[] = {
       {"host.describe", m_describe, AH_METHOD_PUBLIC},
+      {"session.events", m_session_events, AH_METHOD_PUBLIC},
       {"plugin.list", m_plugin_list, AH_METHOD_PUBLIC},
       {"plugin.load", m_plugin_load, AH_METHOD_PRIVILEGED},
       {"plugin.unload", m_plugin_unload, AH_METHOD_PRIVILEGED},

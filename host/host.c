@@ -225,7 +225,7 @@ size_t ah__host_zombie_count(ah_host *h) {
 
 /* ---- describe ---------------------------------------------------------------------------------------- */
 
-static json_t *describe_remote(const ah__entry *e) {
+json_t *ah__describe_remote(const ah__entry *e) {
   const ah__remote *r = e->remote;
   json_t *params = json_array();
   for (size_t i = 0; i < r->nparams; i++)
@@ -258,7 +258,7 @@ static json_t *describe_mount(const ah_mount *m) {
       json_array_append_new(events, json_pack("{s:s, s:b}", "name", e->name, "allowlisted",
                                               (e->flags & AH_EVENT_ALLOWLISTED) != 0));
     else if (e->kind == AH__ENTRY_REMOTE)
-      json_array_append_new(descriptors, describe_remote(e));
+      json_array_append_new(descriptors, ah__describe_remote(e));
     else if (e->kind == AH__ENTRY_PROVIDER)
       json_array_append_new(providers, json_string(e->name));
   }

@@ -88,6 +88,7 @@ typedef struct ah__remote {
   uint32_t flags;
   ah_lookup lookup;
   ah_remote_fn fn;
+  void *data;
   ffi_cif cif;
   ffi_type **arg_types; /* nparams + 2 (call, out) */
   unsigned nargs;
@@ -124,6 +125,13 @@ void ah__registry_remove(ah__registry *r, ah_mount *m, bool tombstone); /* rever
 void ah__entry_free(ah__entry *e);
 
 bool ah__valid_method_name(const char *s);
+json_t *ah__describe_remote(const ah__entry *e); /* host.c: a descriptor as host.describe shows it */
+
+/* ---- the remote gateway (remote.c; ah_host_api.remote_describe / remote_invoke) ----------------------- */
+
+json_t *ah__remote_describe(ah_host *h);
+int ah__remote_invoke(ah_host *h, const ah_caller *caller, const char *ns, const char *method,
+                      const json_t *args, ah_cancel *parent, ah_reply_fn cb, void *arg);
 bool ah__valid_event_name(const char *s);
 bool ah__valid_plugin_name(const char *s);
 int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out);
@@ -197,6 +205,7 @@ struct ah_mount {
 /* ---- calls (calls.c) ------------------------------------------------------------------------------ */
 
 struct ah_call {
+  ah_call_head head; /* first: the public head (plugin.h) */
   ah_host *host;
   ah_mount *mount;
   ah__entry *entry;
@@ -207,6 +216,7 @@ struct ah_call {
   ah_cancel *token;
   ah_cancel_watch *parent_watch;
   bool cancellable;
+  bool audited; /* a privileged method or descriptor: the outcome goes to the audit log */
   ah_reply_fn cb;
   void *arg;
   bool answered; /* the caller got (or is about to get) its outcome */
@@ -231,6 +241,12 @@ int ah__call_reply(ah_call *c, json_t *result);
 ah_cancel *ah__call_cancel_token(ah_call *c);
 const ah_caller *ah__call_caller(ah_call *c);
 int ah__call_error(ah_call *c, int status, const char *message, json_t *data);
+/* Create the call of `e` (a method or a remote descriptor, named `name`) for `caller` and count it on
+ * e->mount. `params` is stolen. Returns AH_ENOMEM, or 0 with *out = the call — or *out = NULL when
+ * `parent` had already tripped (the caller is then answered `cancelled` and nothing runs). */
+int ah__call_new(ah_host *h, ah__entry *e, const ah_caller *caller, const char *name, json_t *params,
+                 bool cancellable, bool audited, ah_cancel *parent, ah_reply_fn cb, void *arg, ah_call **out);
+bool ah__privileged(ah_authority a); /* loopback with a token, the stdio owner, the admin socket */
 /* Answer every unanswered call of `m` with `cancelled`. */
 void ah__calls_cancel_mount(ah_mount *m);
 

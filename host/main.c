@@ -29,6 +29,7 @@ static const char usage[] = "usage: agenthost [options] <command> [args]\n"
                             "  plugins load PATH         mount a plugin module into the running daemon\n"
                             "  plugins unload NAME       withdraw a plugin from the running daemon\n"
                             "  plugins reload NAME       withdraw a plugin and mount it again\n"
+                            "  url                       print the browser launch URL of the running daemon\n"
                             "  version                   print the version\n"
                             "\n"
                             "options:\n"
@@ -60,6 +61,90 @@ typedef struct serve_ctx {
   bool stopping;
   int exit_code;
 } serve_ctx;
+
+/* ---- the browser's launch URL ---------------------------------------------------------------------------
+ *
+ * serve.json (runtime_dir, written by the browser plugin: url, port, pid) + the token file
+ * ([plugin.browser] token_file, else state_dir/token) → "URL#k=TOKEN". The token is in the fragment, which
+ * a browser never sends to the server (SECURITY.md §2.2); it is printed on stdout only, never logged. */
+
+static char *read_small(const char *path, size_t max) {
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return NULL;
+  char *buf = malloc(max + 1);
+  ssize_t n = buf ? read(fd, buf, max) : -1;
+  close(fd);
+  if (n < 0) {
+    free(buf);
+    return NULL;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* NULL with *why set (static text) when there is none. `want_pid` > 0: only a file written by that pid. */
+static char *launch_url(const ah_config *cfg, long want_pid, const char **why) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/serve.json", cfg->runtime_dir);
+  char *text = read_small(path, 4096);
+  json_t *j = text ? json_loads(text, 0, NULL) : NULL;
+  free(text);
+  const char *url = json_string_value(json_object_get(j, "url"));
+  long pid = (long)json_integer_value(json_object_get(j, "pid"));
+  if (!url || pid <= 0 || (want_pid > 0 && pid != want_pid) || (want_pid <= 0 && kill((pid_t)pid, 0) != 0)) {
+    *why = "no running daemon serves the browser surface (no current serve.json in the runtime directory)";
+    json_decref(j);
+    return NULL;
+  }
+  const char *tf = json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
+  if (tf && *tf)
+    snprintf(path, sizeof path, "%s", tf);
+  else
+    snprintf(path, sizeof path, "%s/token", cfg->state_dir);
+  char *token = read_small(path, 128);
+  size_t n = token ? strcspn(token, "\r\n ") : 0;
+  bool ok = n == 43;
+  for (size_t i = 0; ok && i < n; i++) {
+    char c = token[i];
+    ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+  }
+  char *out = NULL;
+  if (ok) {
+    token[n] = '\0';
+    if (asprintf(&out, "%s#k=%s", url, token) < 0)
+      out = NULL;
+  } else {
+    *why = "the token file cannot be read";
+  }
+  if (token)
+    explicit_bzero(token, strlen(token));
+  free(token);
+  json_decref(j);
+  return out;
+}
+
+static int cmd_url(const ah_cli_overrides *cli) {
+  ah_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  char *err = NULL;
+  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
+    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
+    free(err);
+    return 2;
+  }
+  const char *why = NULL;
+  char *u = launch_url(&cfg, 0, &why);
+  ah__config_free(&cfg);
+  if (!u) {
+    fprintf(stderr, "agenthost: url: %s\n", why ? why : "unavailable");
+    return 1;
+  }
+  printf("%s\n", u);
+  explicit_bzero(u, strlen(u));
+  free(u);
+  return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
 
 static void close_leftover(uv_handle_t *h, void *arg) {
   (void)arg;
@@ -226,6 +311,17 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
   if (rc == 0) {
     ah__log(AH_LOG_INFO, "host", "agenthost %s running in %s mode (pid %ld)", AH_VERSION, mode,
             (long)getpid());
+    if (strcmp(mode, "serve") == 0) {
+      /* Once, on stdout (DECISIONS.md): the browser's launch URL, when the browser plugin is serving. */
+      const char *why = NULL;
+      char *u = launch_url(s->config, (long)getpid(), &why);
+      if (u) {
+        printf("%s\n", u);
+        fflush(stdout);
+        explicit_bzero(u, strlen(u));
+        free(u);
+      }
+    }
   } else {
     s->exit_code = 1;
     begin_stop(s, "start-up failed");
@@ -825,6 +921,8 @@ int main(int argc, char **argv) {
     return cmd_sessions(&cli, rest, rest_argv);
   if (strcmp(cmd, "plugins") == 0)
     return cmd_plugins(&cli, rest, rest_argv);
+  if (strcmp(cmd, "url") == 0 && rest == 0)
+    return cmd_url(&cli);
   fprintf(stderr, "agenthost: unknown command or arguments: %s\n\n%s", cmd, usage);
   return 2;
 }

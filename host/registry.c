@@ -305,6 +305,7 @@ int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out) 
   r->flags = def->flags;
   r->lookup = def->lookup;
   r->fn = def->fn;
+  r->data = AH_HAS_FIELD(def, ah_remote_def, data) ? def->data : NULL;
   r->arg_types[0] = &ffi_type_pointer; /* ah_call * */
   r->nargs = (unsigned)def->nparams + 1;
   if (def->result != AH_TYPE_VOID)

@@ -6,6 +6,7 @@
 
 #include "agenthost/provider.h"
 #include "internal.h"
+#include "sessions.h"
 
 /* ---- logging ------------------------------------------------------------------------------------- */
 
@@ -145,6 +146,17 @@ static int api_register_provider(ah_mount *m, ah_provider *p) {
 
 static const char *api_host_mode(ah_mount *m) {
   return m && m->host && m->host->mode ? m->host->mode : "serve";
+}
+
+static json_t *api_remote_describe(ah_mount *m) {
+  return m ? ah__remote_describe(m->host) : json_array();
+}
+
+static int api_remote_invoke(ah_mount *m, const ah_caller *caller, const char *ns, const char *method,
+                             const json_t *args, ah_cancel *parent, ah_reply_fn cb, void *arg) {
+  if (!m)
+    return AH_EINVAL;
+  return ah__remote_invoke(m->host, caller, ns, method, args, parent, cb, arg);
 }
 
 static int api_register_remote(ah_mount *m, const ah_remote_def *def) {
@@ -594,6 +606,11 @@ ah_host_api ah__api_table = {
     .host_stop = api_host_stop,
     .register_provider = api_register_provider,
     .host_mode = api_host_mode,
+    .remote_describe = api_remote_describe,
+    .remote_invoke = api_remote_invoke,
+    .session_id = ah__session_id,
+    .session_info = ah__session_info,
+    .session_update = ah__session_update,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -25,7 +25,7 @@
 #define HISTORY_MAX 200
 #define HISTORY_WINDOW 2000 /* events read to build the history */
 
-typedef struct session session;
+typedef struct ah_session session; /* the plugin API's ah_session */
 typedef struct turn turn;
 typedef struct request request;
 
@@ -72,7 +72,7 @@ struct ah_sessions {
   bool store_failed;
 };
 
-struct session {
+struct ah_session {
   ah_sessions *m;
   char *id;
   json_t *row; /* the stored session row, kept current */
@@ -88,6 +88,7 @@ struct session {
   char *parent_message;
   ah__link close_waiters; /* ah_call * answered when the close completed */
   int pending_writes;     /* store writes in flight for this session (it is freed after the last) */
+  int holds;              /* remote calls running with this session (ah__session_hold) */
   bool disposed;
   ah__link link;
 };
@@ -238,7 +239,7 @@ static void write_done(int status, const json_t *results, void *arg) {
   json_decref(w->event);
   free(w);
   s->pending_writes--;
-  if (s->disposed && s->pending_writes == 0) {
+  if (s->disposed && s->pending_writes == 0 && s->holds == 0) {
     ah_sessions *m = s->m;
     session_free(s);
     check_stopped(m);
@@ -397,7 +398,7 @@ static void session_dispose(session *s) {
   s->disposed = true;
   ah__list_remove(&s->link);
   s->m->nlive--;
-  if (s->pending_writes == 0) {
+  if (s->pending_writes == 0 && s->holds == 0) {
     ah_sessions *m = s->m;
     session_free(s);
     check_stopped(m);
@@ -1431,6 +1432,11 @@ static json_t *live_status_row(ah_sessions *m, json_t *row) {
                                                                       : "idle";
   json_t *r = public_row(row, status);
   json_object_set_new(r, "live", json_boolean(s && s->ready));
+  /* A live session's own fields may be ahead of the store (ah__session_update is written behind). */
+  static const char *const own[] = {"title", "tags", "policy"};
+  for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
+    if (json_object_get(s->row, own[i]))
+      json_object_set(r, own[i], json_object_get(s->row, own[i]));
   return r;
 }
 
@@ -2071,4 +2077,108 @@ size_t ah__sessions_loads(ah_sessions *m) {
 }
 const char *ah__sessions_owner(ah_sessions *m) {
   return m->owner;
+}
+
+/* ---- sessions for the remote gateway (sessions.h) --------------------------------------------------------
+ */
+
+void ah__sessions_lookup(ah_sessions *m, const char *id, ah__session_fn cb, void *arg) {
+  if (!m || !id) {
+    cb(m ? AH_ENOENT : AH_EUNAVAILABLE, NULL, arg);
+    return;
+  }
+  lookup(m, id, cb, arg);
+}
+
+void ah__session_hold(ah_session *s) {
+  s->holds++;
+}
+
+void ah__session_release(ah_session *s) {
+  s->holds--;
+  if (s->disposed && s->pending_writes == 0 && s->holds == 0) {
+    ah_sessions *m = s->m;
+    session_free(s);
+    check_stopped(m);
+  }
+}
+
+const char *ah__session_id(const ah_session *s) {
+  return s ? s->id : NULL;
+}
+
+json_t *ah__session_info(ah_session *s) {
+  if (!s)
+    return NULL;
+  json_t *r = public_row(s->row, status_of(s));
+  json_t *pending = json_array();
+  AH__LIST_EACH(it, &s->m->requests) {
+    request *q = AH__CONTAINER(it, request, link);
+    if (strcmp(q->session_id, s->id) == 0)
+      json_array_append_new(pending,
+                            json_pack("{s:s, s:s, s:s?}", "id", q->id, "kind", q->kind, "tool", q->tool));
+  }
+  json_object_set_new(r, "pending", pending);
+  return r;
+}
+
+#define AH_TITLE_MAX 200
+#define AH_TAGS_MAX 32
+#define AH_TAG_MAX 64
+
+int ah__session_update(ah_session *s, const json_t *fields) {
+  if (!s || !json_is_object(fields) || json_object_size(fields) == 0)
+    return AH_EINVAL;
+  if (s->closing || s->disposed)
+    return AH_ECLOSED;
+  const char *k = NULL;
+  json_t *v = NULL;
+  json_object_foreach((json_t *)fields, k, v) {
+    if (strcmp(k, "title") == 0) {
+      if (!json_is_string(v) || json_string_length(v) > AH_TITLE_MAX)
+        return AH_EINVAL;
+    } else if (strcmp(k, "tags") == 0) {
+      if (!json_is_array(v) || json_array_size(v) > AH_TAGS_MAX)
+        return AH_EINVAL;
+      size_t i = 0;
+      json_t *t = NULL;
+      json_array_foreach(v, i, t) {
+        if (!json_is_string(t) || json_string_length(t) == 0 || json_string_length(t) > AH_TAG_MAX)
+          return AH_EINVAL;
+      }
+    } else if (strcmp(k, "policy") == 0) {
+      const char *tool = NULL;
+      json_t *pv = NULL;
+      if (!json_is_object(v))
+        return AH_EINVAL;
+      json_object_foreach(v, tool, pv) {
+        const char *val = json_string_value(pv);
+        if (!ah__tool_known(tool) || !val ||
+            (strcmp(val, "allow") != 0 && strcmp(val, "ask") != 0 && strcmp(val, "deny") != 0))
+          return AH_EINVAL;
+      }
+    } else {
+      return AH_EINVAL;
+    }
+  }
+  json_t *set = json_deep_copy(fields);
+  json_t *pol = json_object_get(set, "policy");
+  if (pol) {
+    /* A policy is merged into the session's, tool by tool (as session.set-policy does). */
+    json_t *merged = json_deep_copy(json_object_get(s->row, "policy"));
+    if (!json_is_object(merged)) {
+      json_decref(merged);
+      merged = json_object();
+    }
+    json_object_update(merged, pol);
+    json_object_set_new(set, "policy", merged);
+  }
+  char now[32];
+  ah__time_rfc3339(now);
+  if (!set || json_object_set_new(set, "updated", json_string(now)) != 0) {
+    json_decref(set);
+    return AH_ENOMEM;
+  }
+  update_row(s, set);
+  return 0;
 }

@@ -61,6 +61,18 @@ void ah__sessions_free(ah_sessions *s);
  * registered, cancel and free those provider turns (provider.h "withdraw"). */
 void ah__sessions_provider_withdrawn(ah_sessions *s, ah_mount *mount);
 
+/* The remote gateway's session lookups (REMOTE-AGENT-RESOLVE): the live session, loaded with its lease
+ * when cold (concurrent lookups of one id coalesce into one load). `cb` gets 0 and the session, or
+ * AH_ENOENT (unknown), AH_ECLOSED (closed), AH_EAGENTBUSY (owned by another process), AH_ESTATE (stopping).
+ * A caller that keeps the session past the callback's loop turn holds it (hold / release). */
+typedef void (*ah__session_fn)(int status, ah_session *s, void *arg);
+void ah__sessions_lookup(ah_sessions *m, const char *id, ah__session_fn cb, void *arg);
+void ah__session_hold(ah_session *s);
+void ah__session_release(ah_session *s);
+const char *ah__session_id(const ah_session *s);
+json_t *ah__session_info(ah_session *s);
+int ah__session_update(ah_session *s, const json_t *fields);
+
 /* For tests and benchmarks. */
 ah_store *ah__sessions_store(ah_sessions *s);
 size_t ah__sessions_live(ah_sessions *s);

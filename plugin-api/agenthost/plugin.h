@@ -61,6 +61,7 @@ typedef struct ah_timer ah_timer;     /* a host timer */
 typedef struct ah_process ah_process; /* a child process */
 typedef struct ah_host_api ah_host_api;
 typedef struct ah_provider ah_provider; /* agenthost/provider.h */
+typedef struct ah_session ah_session;   /* a session looked up for a remote descriptor */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* The descriptor                                                                                        */
@@ -124,6 +125,16 @@ typedef struct ah_outcome {
 } ah_outcome;
 
 typedef void (*ah_reply_fn)(const ah_outcome *outcome, void *arg);
+
+/* Every ah_call begins with this head (ABI 1.1), so that a remote descriptor's function, which gets only
+ * the call, reaches the host API and its descriptor's `data`; a method handler finds its definition's
+ * `data` there too. Read it with the macros; never write it. */
+typedef struct ah_call_head {
+  const struct ah_host_api *api;
+  void *data;
+} ah_call_head;
+#define AH_CALL_API(call) (((const ah_call_head *)(const void *)(call))->api)
+#define AH_CALL_DATA(call) (((const ah_call_head *)(const void *)(call))->data)
 
 /* Method flags: exactly one of PUBLIC / PRIVILEGED is required (deny by default). */
 enum {
@@ -202,6 +213,7 @@ typedef struct ah_remote_def {
   ah_lookup lookup;
   ah_remote_fn fn;
   void *reserved[4];
+  void *data; /* ABI 1.1: AH_CALL_DATA(call) in the function */
 } ah_remote_def;
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -358,7 +370,32 @@ struct ah_host_api {
    * stdio only in its own mode). */
   const char *(*host_mode)(ah_mount *m);
 
-  void *reserved[12];
+  /* The remote gateway (plugins/remote; docs/protocols/remote.md). remote_describe: every active
+   * descriptor, [{namespace, method, params: [{name, type, optional}], result, resultOptional,
+   * cancellable, lookup, privileged, plugin}] (a new array). remote_invoke: call descriptor `ns`.`method`
+   * for `caller` with the named `args` (a JSON object, borrowed for the call): the descriptor is looked up
+   * again, the field set checked exactly, a session/agent argument resolved, the C function called through
+   * libffi (on the thread pool for AH_REMOTE_LONG), its result checked against the result type. `parent`
+   * (may be NULL) cancels the invocation. Returns AH_EINVAL (a NULL argument) or AH_ESTATE (the host is
+   * stopping) without calling `cb`; else 0, and `cb` runs exactly once on a later loop turn with the value
+   * or an error: AH_EINVAL (bad-request; the message names the field), AH_ENOENT (not-found: no such
+   * descriptor or session), AH_EUNAVAILABLE (withdrawn), AH_ECANCELED, AH_EAGENTBUSY, AH_EPERM
+   * (forbidden), AH_EINTERNAL. */
+  json_t *(*remote_describe)(ah_mount *m);
+  int (*remote_invoke)(ah_mount *m, const ah_caller *caller, const char *ns, const char *method,
+                       const json_t *args, ah_cancel *parent, ah_reply_fn cb, void *arg);
+  /* A looked-up session passed to a descriptor's function, valid until the function returns (also on a
+   * pool thread). session_id may be called from any thread; session_info and session_update only on the
+   * loop thread. session_info: the row as session.get shows it plus `pending`, the server requests waiting
+   * for an answer ([{id, kind, tool?}]); a new reference. session_update sets `title` (string, ≤ 200
+   * bytes), `tags` (≤ 32 non-empty strings of ≤ 64 bytes) and/or merges `policy` ({TOOL: allow|ask|deny}
+   * for known tools) — applied to the live session at once and written behind, in order with its events;
+   * returns 0, AH_EINVAL (a field or value not allowed), AH_ECLOSED or AH_ENOMEM. */
+  const char *(*session_id)(const ah_session *s);
+  json_t *(*session_info)(ah_session *s);
+  int (*session_update)(ah_session *s, const json_t *fields);
+
+  void *reserved[7];
 };
 
 /* The one exported entry of a plugin. */

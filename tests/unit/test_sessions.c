@@ -18,6 +18,12 @@
 #include "store.h"
 #include "support.h"
 
+/* json_equal with a freshly packed expected value, which it frees. */
+static bool equal_packed(const json_t *got, json_t *want) {
+  bool eq = json_equal(got, want);
+  json_decref(want);
+  return eq;
+}
 /* ---- a host with a state directory ------------------------------------------------------------------ */
 
 typedef struct world {
@@ -801,7 +807,7 @@ Test(sessions, a_plugin_provider_runs_turns_with_its_configured_section) {
   json_t *p = NULL;
   json_array_foreach(json_object_get(d, "plugins"), i, p) {
     listed |= strcmp(json_string_value(json_object_get(p, "name")), "provider") == 0 &&
-              json_equal(json_object_get(p, "providers"), json_pack("[s]", "fixture"));
+              equal_packed(json_object_get(p, "providers"), json_pack("[s]", "fixture"));
   }
   json_decref(d);
   cr_assert(listed, "host.describe lists the provider type under its plugin");
