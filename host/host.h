@@ -97,4 +97,8 @@ void ah__host_free(ah_host *h);
 size_t ah__host_zombie_count(ah_host *h);
 size_t ah__host_inflight(ah_host *h);
 
+/* stubs.c (`agenthost remote stubs`): TypeScript declarations for `descriptors` (remote.describe's list);
+ * malloc'ed, NULL when out of memory. */
+char *ah__remote_stubs_ts(const json_t *descriptors);
+
 #endif

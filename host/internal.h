@@ -130,6 +130,7 @@ json_t *ah__describe_remote(const ah__entry *e); /* host.c: a descriptor as host
 /* ---- the remote gateway (remote.c; ah_host_api.remote_describe / remote_invoke) ----------------------- */
 
 json_t *ah__remote_describe(ah_host *h);
+
 int ah__remote_invoke(ah_host *h, const ah_caller *caller, const char *ns, const char *method,
                       const json_t *args, ah_cancel *parent, ah_reply_fn cb, void *arg);
 bool ah__valid_event_name(const char *s);

@@ -16,31 +16,33 @@
 #include "log.h"
 #include "store.h"
 
-static const char usage[] = "usage: agenthost [options] <command> [args]\n"
-                            "\n"
-                            "commands:\n"
-                            "  serve                     run the daemon with the plugins the config enables\n"
-                            "  sdk                       serve the SDK surface (JSON-RPC) on stdin/stdout\n"
-                            "  acp                       serve the Agent Client Protocol on stdin/stdout\n"
-                            "  sessions list [--json]    list the stored sessions (no daemon needed)\n"
-                            "  sessions show ID [--json] a session and its events\n"
-                            "  sessions export ID        a session's events as JSON Lines\n"
-                            "  plugins list [--json]     list the plugins of the running daemon\n"
-                            "  plugins load PATH         mount a plugin module into the running daemon\n"
-                            "  plugins unload NAME       withdraw a plugin from the running daemon\n"
-                            "  plugins reload NAME       withdraw a plugin and mount it again\n"
-                            "  url                       print the browser launch URL of the running daemon\n"
-                            "  version                   print the version\n"
-                            "\n"
-                            "options:\n"
-                            "  --config FILE             configuration file (INI)\n"
-                            "  --state-dir DIR           state directory\n"
-                            "  --runtime-dir DIR         runtime directory (admin socket)\n"
-                            "  --plugin-dir DIR          where plugin modules are found\n"
-                            "  --listen ADDR[,ADDR]      browser listen addresses\n"
-                            "  --token-file FILE         browser token file\n"
-                            "  --log-level LEVEL         error | warn | info | debug\n"
-                            "  -h, --help                this text\n";
+static const char usage[] =
+    "usage: agenthost [options] <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  serve                     run the daemon with the plugins the config enables\n"
+    "  sdk                       serve the SDK surface (JSON-RPC) on stdin/stdout\n"
+    "  acp                       serve the Agent Client Protocol on stdin/stdout\n"
+    "  sessions list [--json]    list the stored sessions (no daemon needed)\n"
+    "  sessions show ID [--json] a session and its events\n"
+    "  sessions export ID        a session's events as JSON Lines\n"
+    "  plugins list [--json]     list the plugins of the running daemon\n"
+    "  plugins load PATH         mount a plugin module into the running daemon\n"
+    "  plugins unload NAME       withdraw a plugin from the running daemon\n"
+    "  plugins reload NAME       withdraw a plugin and mount it again\n"
+    "  remote stubs              print TypeScript declarations of the daemon's remote services\n"
+    "  url                       print the browser launch URL of the running daemon\n"
+    "  version                   print the version\n"
+    "\n"
+    "options:\n"
+    "  --config FILE             configuration file (INI)\n"
+    "  --state-dir DIR           state directory\n"
+    "  --runtime-dir DIR         runtime directory (admin socket)\n"
+    "  --plugin-dir DIR          where plugin modules are found\n"
+    "  --listen ADDR[,ADDR]      browser listen addresses\n"
+    "  --token-file FILE         browser token file\n"
+    "  --log-level LEVEL         error | warn | info | debug\n"
+    "  -h, --help                this text\n";
 
 typedef struct serve_ctx {
   uv_loop_t loop;
@@ -432,6 +434,41 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
                : "");
   }
   json_decref(result);
+  return 0;
+}
+
+/* ---- remote stubs: TypeScript declarations of the running daemon's descriptors ------------------------ */
+
+static int cmd_remote(const ah_cli_overrides *cli, int argc, char **argv) {
+  if (argc != 1 || strcmp(argv[0], "stubs") != 0) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  ah_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  char *err = NULL;
+  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
+    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
+    free(err);
+    return 2;
+  }
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, "remote.describe", NULL, 30000, &result, &error);
+  ah__config_free(&cfg);
+  if (rc) {
+    print_error("remote stubs", rc, error);
+    json_decref(error);
+    return 1;
+  }
+  char *ts = ah__remote_stubs_ts(json_object_get(result, "descriptors"));
+  json_decref(result);
+  if (!ts) {
+    fputs("agenthost: remote stubs: out of memory\n", stderr);
+    return 1;
+  }
+  fputs(ts, stdout);
+  free(ts);
   return 0;
 }
 
@@ -921,6 +958,8 @@ int main(int argc, char **argv) {
     return cmd_sessions(&cli, rest, rest_argv);
   if (strcmp(cmd, "plugins") == 0)
     return cmd_plugins(&cli, rest, rest_argv);
+  if (strcmp(cmd, "remote") == 0)
+    return cmd_remote(&cli, rest, rest_argv);
   if (strcmp(cmd, "url") == 0 && rest == 0)
     return cmd_url(&cli);
   fprintf(stderr, "agenthost: unknown command or arguments: %s\n\n%s", cmd, usage);

@@ -785,3 +785,63 @@ Test(admin, hostile_input_on_the_admin_socket, .timeout = 60, .fini = cleanup) {
   cr_assert(strstr(log, "line longer than"), "the over-long line was not logged:\n%s", log);
   free(log);
 }
+
+/* ---- remote stubs ---------------------------------------------------------------------------------------
+ */
+
+Test(admin, remote_stubs_print_typescript_for_the_mounted_descriptors, .timeout = 60, .fini = cleanup) {
+  /* The remote plugin mounted by the config (its built-in services), the fixture loaded at run time. */
+  test_daemon *d = d_new("[plugin.browser]\nenabled = false\n");
+  d_start(d);
+  char *fixture = join(env_path("AH_TEST_PLUGIN_DIR"), "remote-types.so");
+  char *out = NULL;
+  char *err = NULL;
+  int code = d_cli(d, &out, &err, "plugins", "load", fixture, NULL);
+  cr_assert_eq(code, 0, "plugins load: %s", err);
+  free(out);
+  free(err);
+  code = d_cli(d, &out, &err, "remote", "stubs", NULL);
+  cr_assert_eq(code, 0, "remote stubs exited %d: %s", code, err);
+  const char *want[] = {
+      "export interface RemoteServices {",
+      "  \"sessions\": {",
+      "    rename(session: SessionId, title: string, options?: CallOptions): Promise<RemoteResult<null>>;",
+      "    tool_policy(session: SessionId, tool: string, policy: string, options?: CallOptions): "
+      "Promise<RemoteResult<Json>>;",
+      "  \"types\": {",
+      "    echo_int(i: number, options?: CallOptions): Promise<RemoteResult<number>>;",
+      "    maybe_string(give: boolean, options?: CallOptions): Promise<RemoteResult<string | null>>;",
+      "    optionals(b?: boolean | null | undefined, i?: number | null | undefined, d?: number | null | "
+      "undefined, s?: string | null | undefined, j?: Json | null | undefined, options?: CallOptions): "
+      "Promise<RemoteResult<Json>>;",
+      "    /** types.slow (plugin remote-types); cancellable */",
+      "    /** sessions.tool_policy (plugin remote); looks up a session; privileged */",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+    cr_assert(strstr(out, want[i]), "missing:\n%s\nin:\n%s", want[i], out);
+  cr_assert(strstr(out, "\"sessions\"") < strstr(out, "\"types\""), "namespaces are sorted");
+  free(out);
+  free(err);
+  /* Unloaded: its namespace is gone from the stubs. */
+  code = d_cli(d, &out, &err, "plugins", "unload", "remote-types", NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  free(out);
+  free(err);
+  code = d_cli(d, &out, &err, "remote", "stubs", NULL);
+  cr_assert_eq(code, 0);
+  cr_assert(!strstr(out, "\"types\""), "a withdrawn namespace is still declared:\n%s", out);
+  free(out);
+  free(err);
+  /* Without the remote plugin there is nothing to describe: a clear error. */
+  code = d_cli(d, &out, &err, "plugins", "unload", "remote", NULL);
+  cr_assert_eq(code, 0, "%s", err);
+  free(out);
+  free(err);
+  code = d_cli(d, &out, &err, "remote", "stubs", NULL);
+  cr_assert_eq(code, 1);
+  cr_assert(strstr(err, "remote stubs"), "%s", err);
+  free(out);
+  free(err);
+  free(fixture);
+  assert_clean_exit(d, d_stop(d));
+}
