@@ -15,9 +15,8 @@
 int ah__mount_core(ah_host *h, ah_mount **out, int (*reg)(ah_host *h, ah_mount *m));
 int ah__core_register(ah_host *h, ah_mount *m);
 
-static void pump_cb(uv_idle_t *idle) {
-  ah_host *h = idle->data;
-  /* Outcomes queued before this pass (later ones wait for the next pass: no starvation). */
+/* One pass: the outcomes, posts and bus events queued before it (later ones wait: no starvation). */
+static void pump_pass(ah_host *h) {
   ah__link batch;
   ah__list_init(&batch);
   while (!ah__list_empty(&h->completions)) {
@@ -50,6 +49,18 @@ static void pump_cb(uv_idle_t *idle) {
     free(p);
   }
   ah__bus_deliver(h);
+}
+
+/* A chain of outcomes (a call answered from another call's callback, as the remote gateway does) runs in a
+ * few passes of one loop turn instead of one turn per link; the bound keeps I/O from waiting behind work
+ * that keeps queueing more. */
+#define PUMP_PASSES 4
+
+static void pump_cb(uv_idle_t *idle) {
+  ah_host *h = idle->data;
+  /* At least one pass: posts and bus events are delivered even when no outcome is queued. */
+  for (int i = 0; i < PUMP_PASSES && (i == 0 || !ah__list_empty(&h->completions)); i++)
+    pump_pass(h);
   if (ah__list_empty(&h->completions) && ah__list_empty(&h->posts) && !ah__bus_pending(h)) {
     uv_idle_stop(&h->pump);
     h->pump_active = false;
