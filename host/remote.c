@@ -51,9 +51,10 @@ typedef struct invocation {
   ah_type result_type;
   bool result_optional;
   size_t nparams;
-  ah_remote_param params[MAX_PARAMS]; /* copies of the descriptor's, names in param_names */
-  char *param_names[MAX_PARAMS];
-  ffi_cif cif;
+  ah_remote_param params[MAX_PARAMS]; /* copies of the descriptor's; names borrowed, or owned (long) */
+  char *param_names[MAX_PARAMS];      /* the owned names of a long call */
+  ffi_cif *cif;                       /* the entry's, or own_cif for a long call */
+  ffi_cif own_cif;
   ffi_type *arg_types[MAX_PARAMS + 2];
   unsigned nargs;
   value vals[MAX_PARAMS];
@@ -286,7 +287,7 @@ static void finish(invocation *v) {
 
 static void run_fn(invocation *v) {
   ffi_arg rv = 0;
-  ffi_call(&v->cif, FFI_FN(v->fn), &rv, v->avalues);
+  ffi_call(v->cif, FFI_FN(v->fn), &rv, v->avalues);
   v->rc = (int)(ffi_sarg)rv;
 }
 
@@ -331,7 +332,7 @@ static void invoke(invocation *v) {
 static void on_lookup(int status, ah_session *s, void *arg) {
   invocation *v = arg;
   if (status) {
-    const char *pname = v->param_names[0];
+    const char *pname = v->params[0].name;
     char msg[200];
     int rc = status;
     if (status == AH_ENOENT || status == AH_ECLOSED) {
@@ -407,24 +408,34 @@ int ah__remote_invoke(ah_host *h, const ah_caller *caller, const char *ns, const
   v->result_type = r->result;
   v->result_optional = r->result_optional;
   v->nparams = r->nparams;
+  /* The entry lives as long as the call counts on its mount (withdraw removes it after the drain), except
+   * when a call outlives the drain deadline — only a long call on the pool can. So a loop-thread call uses
+   * the entry's prepared cif and names; a long one takes copies. */
+  bool copy = (r->flags & AH_REMOTE_LONG) != 0;
   for (size_t i = 0; i < r->nparams; i++) {
     v->params[i] = r->params[i];
-    v->param_names[i] = strdup(r->params[i].name);
-    if (!v->param_names[i]) {
-      inv_free(v);
-      return AH_ENOMEM;
+    if (copy) {
+      v->param_names[i] = strdup(r->params[i].name);
+      if (!v->param_names[i]) {
+        inv_free(v);
+        return AH_ENOMEM;
+      }
+      v->params[i].name = v->param_names[i];
     }
-    v->params[i].name = v->param_names[i];
     v->arg_types[i + 1] = ffi_of(r->params[i].type, r->params[i].optional);
   }
-  v->arg_types[0] = &ffi_type_pointer;
-  v->nargs = (unsigned)r->nparams + 1;
-  if (r->result != AH_TYPE_VOID)
-    v->arg_types[v->nargs++] = &ffi_type_pointer;
-  if (ffi_prep_cif(&v->cif, FFI_DEFAULT_ABI, v->nargs, &ffi_type_sint, v->arg_types) != FFI_OK) {
-    inv_free(v);
-    ah__complete(h, cb, arg, AH_EINTERNAL, NULL, "internal error", NULL);
-    return 0;
+  v->cif = (ffi_cif *)&r->cif;
+  if (copy) {
+    v->arg_types[0] = &ffi_type_pointer;
+    v->nargs = (unsigned)r->nparams + 1;
+    if (r->result != AH_TYPE_VOID)
+      v->arg_types[v->nargs++] = &ffi_type_pointer;
+    if (ffi_prep_cif(&v->own_cif, FFI_DEFAULT_ABI, v->nargs, &ffi_type_sint, v->arg_types) != FFI_OK) {
+      inv_free(v);
+      ah__complete(h, cb, arg, AH_EINTERNAL, NULL, "internal error", NULL);
+      return 0;
+    }
+    v->cif = &v->own_cif;
   }
   char *bad = check_args(r, args, v);
   if (bad) {
