@@ -1,0 +1,626 @@
+/* Benchmark: the ACP surface (`agenthost acp`) against a Node ACP agent on the official SDK
+ * (tests/integration/acp/child-agent.mjs, the agent the acp provider's tests run as a child), measured in the
+ * same invocation (issue 5, acceptance "bench/").
+ *
+ * 1. Spawn → `initialize` answered: RUNS (default 20) fresh processes of each kind, interleaved. The clock
+ *    starts before posix_spawn() and stops when the answer to `initialize` (written right after the spawn)
+ * has been read and parsed. Then each process gets `session/new` and one prompt ("echo hi"), its VmHWM is
+ * read from /proc, its stdin is closed, and wait4() gives ru_maxrss (the peak RSS over its whole life, exit
+ *    included), which is the figure compared with the target. Targets: agenthost ≥ 10× faster (median),
+ *    peak RSS ≤ 8 MB.
+ * 2. Prompt → first `agent_message_chunk`: one process of each kind, initialized, one session, WARMUP
+ *    prompts, then PROMPTS (default 200) prompts one at a time, each timed from the write() of its
+ *    `session/prompt` to the parse of the first agent_message_chunk of that session (and to its stopReason).
+ *    agenthost runs its embedded echo provider (the default with an empty config).
+ *
+ * agenthost runs as `agenthost --state-dir D --runtime-dir D/run --config EMPTY acp` with one state
+ * directory reused by every run; the Node agent as `node child-agent.mjs`. When node or the SDK (the
+ * integration tests' node_modules) is missing, the Node side is skipped and said so.
+ *
+ * Usage: bench_acp AGENTHOST NODE CHILD_AGENT_MJS [RUNS [PROMPTS]] (NODE may be ""). Prints figures; exits
+ * non-zero only on errors (a bad or missing answer, a child that exits non-zero), never on a missed target.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define WAIT_NS (20ull * 1000000000ull) /* any single wait for a child */
+#define WARMUP 20
+
+extern char **environ;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct child {
+  const char *label;
+  pid_t pid;
+  int to_fd;
+  int from_fd;
+  char log_path[600];
+  char *rbuf;
+  size_t rlen, rcap;
+} child;
+
+static volatile pid_t live_pid;
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) {
+  stop_signal = sig;
+  pid_t p = live_pid;
+  if (p > 0)
+    kill(p, SIGKILL);
+}
+
+static void fail(const child *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "bench_acp: %s: ", c ? c->label : "setup");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  if (c && c->log_path[0]) {
+    FILE *f = fopen(c->log_path, "r");
+    char line[1024];
+    char tail[8][1024];
+    int n = 0;
+    while (f && fgets(line, sizeof line, f))
+      snprintf(tail[n++ % 8], sizeof tail[0], "%s", line);
+    if (f)
+      fclose(f);
+    for (int i = n > 8 ? n - 8 : 0; i < n; i++)
+      fprintf(stderr, "  child stderr: %s", tail[i % 8]);
+  }
+}
+
+static void child_reap(child *c) {
+  if (c->to_fd >= 0)
+    close(c->to_fd);
+  if (c->from_fd >= 0)
+    close(c->from_fd);
+  c->to_fd = c->from_fd = -1;
+  if (c->pid > 0) {
+    kill(c->pid, SIGKILL);
+    while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR)
+      ;
+  }
+  c->pid = 0;
+  live_pid = 0;
+  free(c->rbuf);
+  c->rbuf = NULL;
+  c->rlen = c->rcap = 0;
+}
+
+static int child_spawn(child *c, char *const argv[]) {
+  int in_p[2] = {-1, -1}, out_p[2] = {-1, -1};
+  c->to_fd = c->from_fd = -1;
+  if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0) {
+    fail(c, "pipe: %s", strerror(errno));
+    return -1;
+  }
+  int log_fd = open(c->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  sigset_t dflt;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in_p[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out_p[1], 1);
+  if (log_fd >= 0)
+    posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
+  posix_spawnattr_init(&attr);
+  sigemptyset(&dflt);
+  sigaddset(&dflt, SIGPIPE);
+  posix_spawnattr_setsigdefault(&attr, &dflt);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+  int rc = posix_spawn(&c->pid, argv[0], &fa, &attr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&attr);
+  close(in_p[0]);
+  close(out_p[1]);
+  if (log_fd >= 0)
+    close(log_fd);
+  c->to_fd = in_p[1];
+  c->from_fd = out_p[0];
+  if (rc != 0) {
+    c->pid = 0;
+    fail(c, "posix_spawn %s: %s", argv[0], strerror(rc));
+    child_reap(c);
+    return -1;
+  }
+  live_pid = c->pid;
+  if (stop_signal)
+    kill(c->pid, SIGKILL);
+  return 0;
+}
+
+static int send_line(child *c, const char *fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof buf - 1) {
+    fail(c, "message too long");
+    return -1;
+  }
+  buf[n++] = '\n';
+  for (int off = 0; off < n;) {
+    ssize_t w = write(c->to_fd, buf + off, (size_t)(n - off));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0) {
+      fail(c, "write to the child: %s", strerror(errno));
+      return -1;
+    }
+    off += (int)w;
+  }
+  return 0;
+}
+
+/* The next message from the child (parsed), or NULL on EOF, error or the deadline. */
+static json_t *next_msg(child *c, uint64_t deadline) {
+  for (;;) {
+    char *nl = c->rlen ? memchr(c->rbuf, '\n', c->rlen) : NULL;
+    if (nl) {
+      size_t len = (size_t)(nl - c->rbuf);
+      json_error_t err;
+      json_t *msg = json_loadb(c->rbuf, len, 0, &err);
+      memmove(c->rbuf, nl + 1, c->rlen - len - 1);
+      c->rlen -= len + 1;
+      if (!msg || !json_is_object(msg)) {
+        fail(c, "a line that is not a JSON object on stdout");
+        json_decref(msg);
+        return NULL;
+      }
+      return msg;
+    }
+    uint64_t now = now_ns();
+    if (now >= deadline) {
+      fail(c, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
+      return NULL;
+    }
+    struct pollfd p = {.fd = c->from_fd, .events = POLLIN};
+    int n = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
+    if (n < 0 && errno != EINTR) {
+      fail(c, "poll: %s", strerror(errno));
+      return NULL;
+    }
+    if (n <= 0)
+      continue;
+    if (c->rcap - c->rlen < 65536) {
+      c->rcap = c->rcap * 2 + 65536;
+      char *b = realloc(c->rbuf, c->rcap);
+      if (!b) {
+        fail(c, "out of memory");
+        return NULL;
+      }
+      c->rbuf = b;
+    }
+    ssize_t got = read(c->from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    if (got == 0) {
+      fail(c, "the child closed its stdout");
+      return NULL;
+    }
+    if (got < 0 && errno != EINTR && errno != EAGAIN) {
+      fail(c, "read: %s", strerror(errno));
+      return NULL;
+    }
+    if (got > 0)
+      c->rlen += (size_t)got;
+  }
+}
+
+/* Wait for the answer to request `id` (returned; the caller frees it). Notifications are passed to `on_note`
+ * (may be NULL); requests from the child are answered -32601. */
+static json_t *await_answer(child *c, int64_t id, void (*on_note)(const json_t *msg, void *arg), void *arg) {
+  uint64_t deadline = now_ns() + WAIT_NS;
+  for (;;) {
+    json_t *msg = next_msg(c, deadline);
+    if (!msg)
+      return NULL;
+    const json_t *mid = json_object_get(msg, "id");
+    const char *method = json_string_value(json_object_get(msg, "method"));
+    if (method && !mid) {
+      if (on_note)
+        on_note(msg, arg);
+    } else if (method) {
+      char *idtext = json_dumps(mid, JSON_ENCODE_ANY | JSON_COMPACT);
+      send_line(
+          c, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":{\"code\":-32601,\"message\":\"method not found\"}}",
+          idtext ? idtext : "null");
+      free(idtext);
+    } else if (json_is_integer(mid) && json_integer_value(mid) == id) {
+      if (!json_object_get(msg, "result")) {
+        char *text = json_dumps(msg, JSON_COMPACT);
+        fail(c, "request %lld failed: %.300s", (long long)id, text ? text : "?");
+        free(text);
+        json_decref(msg);
+        return NULL;
+      }
+      return msg;
+    }
+    json_decref(msg);
+  }
+}
+
+static long vm_hwm_kib(pid_t pid) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
+  FILE *f = fopen(path, "r");
+  long kib = -1;
+  while (f && fgets(line, sizeof line, f))
+    if (strncmp(line, "VmHWM:", 6) == 0)
+      kib = strtol(line + 6, NULL, 10);
+  if (f)
+    fclose(f);
+  return kib;
+}
+
+static char top_dir[256];
+
+static int initialize(child *c) {
+  if (send_line(c,
+                "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1,"
+                "\"clientCapabilities\":{\"fs\":{\"readTextFile\":false,\"writeTextFile\":false},"
+                "\"terminal\":false},\"clientInfo\":{\"name\":\"bench_acp\",\"version\":\"1\"}}}") != 0)
+    return -1;
+  json_t *a = await_answer(c, 1, NULL, NULL);
+  if (!a)
+    return -1;
+  json_int_t v = json_integer_value(json_object_get(json_object_get(a, "result"), "protocolVersion"));
+  json_decref(a);
+  if (v != 1) {
+    fail(c, "initialize answered protocolVersion %lld", (long long)v);
+    return -1;
+  }
+  return 0;
+}
+
+/* session/new: the session id (malloc'ed) or NULL. */
+static char *session_new(child *c) {
+  if (send_line(c,
+                "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/"
+                "new\",\"params\":{\"cwd\":\"%s\",\"mcpServers\":[]}}",
+                top_dir) != 0)
+    return NULL;
+  json_t *a = await_answer(c, 2, NULL, NULL);
+  const char *sid = a ? json_string_value(json_object_get(json_object_get(a, "result"), "sessionId")) : NULL;
+  char *out = sid ? strdup(sid) : NULL;
+  if (a && !out)
+    fail(c, "session/new answered without a sessionId");
+  json_decref(a);
+  return out;
+}
+
+typedef struct chunk_wait {
+  const char *session;
+  uint64_t first; /* time of the first agent_message_chunk, 0 until then */
+} chunk_wait;
+
+static void on_chunk(const json_t *msg, void *arg) {
+  chunk_wait *w = arg;
+  const json_t *p = json_object_get(msg, "params");
+  const char *kind = json_string_value(json_object_get(json_object_get(p, "update"), "sessionUpdate"));
+  const char *sid = json_string_value(json_object_get(p, "sessionId"));
+  if (!w->first && kind && sid && strcmp(kind, "agent_message_chunk") == 0 && strcmp(sid, w->session) == 0)
+    w->first = now_ns();
+}
+
+/* One prompt: *first_ns and *done_ns from the write. */
+static int prompt(child *c, const char *sid, int64_t id, uint64_t *first_ns, uint64_t *done_ns) {
+  chunk_wait w = {.session = sid, .first = 0};
+  uint64_t t0 = now_ns();
+  if (send_line(
+          c,
+          "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"%s\","
+          "\"prompt\":[{\"type\":\"text\",\"text\":\"echo hi\"}]}}",
+          (long long)id, sid) != 0)
+    return -1;
+  json_t *a = await_answer(c, id, on_chunk, &w);
+  if (!a)
+    return -1;
+  uint64_t t1 = now_ns();
+  const char *stop = json_string_value(json_object_get(json_object_get(a, "result"), "stopReason"));
+  bool ok = stop && strcmp(stop, "end_turn") == 0;
+  json_decref(a);
+  if (!ok || !w.first) {
+    fail(c, "prompt %lld: %s", (long long)id,
+         ok ? "no agent_message_chunk before the answer" : "not end_turn");
+    return -1;
+  }
+  *first_ns = w.first - t0;
+  *done_ns = t1 - t0;
+  return 0;
+}
+
+/* stdin EOF, then the exit (status 0) with its rusage. */
+static int finish(child *c, long *maxrss_kib) {
+  close(c->to_fd);
+  c->to_fd = -1;
+  uint64_t deadline = now_ns() + WAIT_NS;
+  int status = 0;
+  struct rusage ru;
+  memset(&ru, 0, sizeof ru);
+  for (;;) {
+    pid_t got = wait4(c->pid, &status, WNOHANG, &ru);
+    if (got == c->pid)
+      break;
+    if (got < 0 && errno != EINTR) {
+      fail(c, "wait4: %s", strerror(errno));
+      child_reap(c);
+      return -1;
+    }
+    if (now_ns() > deadline) {
+      fail(c, "did not exit within %llu s of stdin EOF", (unsigned long long)(WAIT_NS / 1000000000ull));
+      child_reap(c);
+      return -1;
+    }
+    /* drain stdout so that the child never blocks on it */
+    struct pollfd p = {.fd = c->from_fd, .events = POLLIN};
+    if (poll(&p, 1, 2) > 0) {
+      char sink[4096];
+      if (read(c->from_fd, sink, sizeof sink) < 0 && errno != EINTR && errno != EAGAIN)
+        break;
+    }
+  }
+  c->pid = 0;
+  child_reap(c);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fail(c, "exited with %s %d", WIFEXITED(status) ? "status" : "signal",
+         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    return -1;
+  }
+  *maxrss_kib = ru.ru_maxrss;
+  return 0;
+}
+
+typedef struct target {
+  const char *label;
+  const char *tag; /* names the child's stderr file */
+  char *argv[10];
+  uint64_t *init_ns;
+  long *hwm_kib;
+  long *maxrss_kib;
+  uint64_t *first_ns;
+  uint64_t *done_ns;
+} target;
+
+static int spawn_run(target *t, int run) {
+  child c = {.label = t->label, .to_fd = -1, .from_fd = -1};
+  snprintf(c.log_path, sizeof c.log_path, "%s/%s.stderr", top_dir, t->tag);
+  uint64_t t0 = now_ns();
+  if (child_spawn(&c, t->argv) != 0)
+    return -1;
+  if (initialize(&c) != 0) {
+    child_reap(&c);
+    return -1;
+  }
+  t->init_ns[run] = now_ns() - t0;
+  char *sid = session_new(&c);
+  uint64_t a = 0, b = 0;
+  if (!sid || prompt(&c, sid, 3, &a, &b) != 0) {
+    free(sid);
+    child_reap(&c);
+    return -1;
+  }
+  free(sid);
+  t->hwm_kib[run] = vm_hwm_kib(c.pid);
+  return finish(&c, &t->maxrss_kib[run]);
+}
+
+static int latency_run(target *t, int n) {
+  child c = {.label = t->label, .to_fd = -1, .from_fd = -1};
+  snprintf(c.log_path, sizeof c.log_path, "%s/%s-latency.stderr", top_dir, t->tag);
+  if (child_spawn(&c, t->argv) != 0)
+    return -1;
+  char *sid = initialize(&c) == 0 ? session_new(&c) : NULL;
+  int rc = sid ? 0 : -1;
+  uint64_t a = 0, b = 0;
+  for (int i = 0; rc == 0 && i < WARMUP; i++)
+    rc = prompt(&c, sid, 10 + i, &a, &b);
+  for (int i = 0; rc == 0 && i < n; i++)
+    rc = prompt(&c, sid, 10 + WARMUP + i, &t->first_ns[i], &t->done_ns[i]);
+  free(sid);
+  long rss = 0;
+  if (rc != 0) {
+    child_reap(&c);
+    return -1;
+  }
+  return finish(&c, &rss);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_long(const void *a, const void *b) {
+  long x = *(const long *)a, y = *(const long *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Nearest rank on sorted samples. */
+static size_t rank(size_t n, unsigned p) {
+  size_t i = (n * p + 99) / 100;
+  return i ? i - 1 : 0;
+}
+
+static const char *verdict(bool met) {
+  return met ? "met" : "MISSED";
+}
+
+int main(int argc, char **argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s AGENTHOST NODE CHILD_AGENT_MJS [RUNS [PROMPTS]]\n", argv[0]);
+    return 2;
+  }
+  int runs = argc > 4 ? atoi(argv[4]) : 20;
+  int prompts = argc > 5 ? atoi(argv[5]) : 200;
+  if (runs < 1 || prompts < 10) {
+    fprintf(stderr, "bench_acp: RUNS must be >= 1 and PROMPTS >= 10\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  struct sigaction sa = {.sa_handler = on_stop_signal};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+
+  /* The Node side needs node and the SDK installed beside the agent (tests/integration/node_modules). */
+  const char *node = argv[2];
+  const char *agent = argv[3];
+  char sdk_dir[1200];
+  snprintf(sdk_dir, sizeof sdk_dir, "%s", agent);
+  char *slash = strrchr(sdk_dir, '/');
+  if (slash)
+    *slash = '\0';
+  strncat(sdk_dir, "/../node_modules/@agentclientprotocol/sdk/package.json",
+          sizeof sdk_dir - strlen(sdk_dir) - 1);
+  const char *skip_why = NULL;
+  if (!node[0] || access(node, X_OK) != 0)
+    skip_why = "node was not found";
+  else if (access(agent, R_OK) != 0)
+    skip_why = "the child agent script is missing";
+  else if (access(sdk_dir, R_OK) != 0)
+    skip_why = "the SDK is not installed (tests/integration/node_modules is absent: run scripts/deps.sh)";
+
+  snprintf(top_dir, sizeof top_dir, "%s/bench-acp-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+  if (!mkdtemp(top_dir)) {
+    perror("bench_acp: mkdtemp");
+    return 1;
+  }
+  char empty_config[300], state_dir[300], run_dir[320];
+  snprintf(empty_config, sizeof empty_config, "%s/empty.ini", top_dir);
+  snprintf(state_dir, sizeof state_dir, "%s/state", top_dir);
+  snprintf(run_dir, sizeof run_dir, "%s/run", state_dir);
+  FILE *f = fopen(empty_config, "w");
+  if (f)
+    fclose(f);
+
+  target ah = {.label = "agenthost acp", .tag = "agenthost"};
+  target nd = {.label = "Node ACP agent (official SDK)", .tag = "node"};
+  ah.argv[0] = argv[1];
+  ah.argv[1] = "--state-dir";
+  ah.argv[2] = state_dir;
+  ah.argv[3] = "--runtime-dir";
+  ah.argv[4] = run_dir;
+  ah.argv[5] = "--config";
+  ah.argv[6] = empty_config;
+  ah.argv[7] = "acp";
+  nd.argv[0] = (char *)node;
+  nd.argv[1] = (char *)agent;
+  target *all[2] = {&ah, &nd};
+  int kinds = skip_why ? 1 : 2;
+  for (int i = 0; i < 2; i++) {
+    all[i]->init_ns = calloc((size_t)runs, sizeof(uint64_t));
+    all[i]->hwm_kib = calloc((size_t)runs, sizeof(long));
+    all[i]->maxrss_kib = calloc((size_t)runs, sizeof(long));
+    all[i]->first_ns = calloc((size_t)prompts, sizeof(uint64_t));
+    all[i]->done_ns = calloc((size_t)prompts, sizeof(uint64_t));
+    if (!all[i]->init_ns || !all[i]->hwm_kib || !all[i]->maxrss_kib || !all[i]->first_ns || !all[i]->done_ns)
+      return 1;
+  }
+
+  int errors = 0;
+  for (int r = 0; r < runs && !errors; r++)
+    for (int i = 0; i < kinds && !errors; i++)
+      errors += spawn_run(all[i], r) != 0;
+  for (int i = 0; i < kinds && !errors; i++)
+    errors += latency_run(all[i], prompts) != 0;
+
+  nftw(top_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  if (errors || stop_signal) {
+    if (stop_signal)
+      fprintf(stderr, "bench_acp: interrupted by signal %d\n", (int)stop_signal);
+    else
+      fprintf(stderr, "bench_acp: stopped on the error above\n");
+    return 1;
+  }
+
+  double med[2] = {0}, p90[2] = {0};
+  long hwm_med[2] = {0}, rss_med[2] = {0}, rss_p90[2] = {0}, rss_max[2] = {0};
+  for (int i = 0; i < kinds; i++) {
+    target *t = all[i];
+    qsort(t->init_ns, (size_t)runs, sizeof(uint64_t), cmp_u64);
+    qsort(t->hwm_kib, (size_t)runs, sizeof(long), cmp_long);
+    qsort(t->maxrss_kib, (size_t)runs, sizeof(long), cmp_long);
+    med[i] = (double)t->init_ns[rank((size_t)runs, 50)] / 1e6;
+    p90[i] = (double)t->init_ns[rank((size_t)runs, 90)] / 1e6;
+    hwm_med[i] = t->hwm_kib[rank((size_t)runs, 50)];
+    rss_med[i] = t->maxrss_kib[rank((size_t)runs, 50)];
+    rss_p90[i] = t->maxrss_kib[rank((size_t)runs, 90)];
+    rss_max[i] = t->maxrss_kib[runs - 1];
+  }
+
+  printf("ACP surface: `agenthost acp` against a Node ACP agent on the official SDK, same run\n");
+  printf("agenthost: %s --state-dir D --runtime-dir D/run --config EMPTY acp (echo provider)\n", argv[1]);
+  if (skip_why)
+    printf("Node:      skipped: %s\n\n", skip_why);
+  else
+    printf("Node:      %s %s\n\n", node, agent);
+
+  printf("1. spawn -> initialize answered (%d fresh processes of each kind, interleaved)\n", runs);
+  printf("   %-32s %10s %10s\n", "", "median", "p90");
+  for (int i = 0; i < kinds; i++)
+    printf("   %-32s %7.2f ms %7.2f ms\n", all[i]->label, med[i], p90[i]);
+  if (!skip_why) {
+    printf("   %-32s %9.1fx %9.1fx\n", "ratio Node / agenthost", med[1] / med[0], p90[1] / p90[0]);
+    printf("   target agenthost >= 10x faster (median): %s\n", verdict(med[1] / med[0] >= 10.0));
+  }
+  printf("\n   peak RSS (wait4 ru_maxrss over the whole life: initialize, session/new, one prompt, exit;\n"
+         "   VmHWM read before stdin EOF in parentheses)\n");
+  printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p90", "max", "(VmHWM median)");
+  for (int i = 0; i < kinds; i++)
+    printf("   %-32s %6ld KiB %6ld KiB %6ld KiB %10ld KiB\n", all[i]->label, rss_med[i], rss_p90[i],
+           rss_max[i], hwm_med[i]);
+  if (!skip_why)
+    printf("   %-32s %9.1fx\n", "ratio Node / agenthost", (double)rss_med[1] / (double)rss_med[0]);
+  printf("   target agenthost peak RSS <= 8 MB (8192 KiB, max): %s\n", verdict(rss_max[0] <= 8192));
+
+  printf("\n2. prompt -> first agent_message_chunk (one process each, one session, %d warm-up prompts,\n"
+         "   then %d prompts \"echo hi\" one at a time; agenthost runs its echo provider)\n",
+         WARMUP, prompts);
+  printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p99", "max", "stopReason p50");
+  for (int i = 0; i < kinds; i++) {
+    target *t = all[i];
+    qsort(t->first_ns, (size_t)prompts, sizeof(uint64_t), cmp_u64);
+    qsort(t->done_ns, (size_t)prompts, sizeof(uint64_t), cmp_u64);
+    printf("   %-32s %7.1f us %7.1f us %7.1f us %11.1f us\n", t->label,
+           (double)t->first_ns[rank((size_t)prompts, 50)] / 1e3,
+           (double)t->first_ns[rank((size_t)prompts, 99)] / 1e3, (double)t->first_ns[prompts - 1] / 1e3,
+           (double)t->done_ns[rank((size_t)prompts, 50)] / 1e3);
+  }
+  for (int i = 0; i < 2; i++) {
+    free(all[i]->init_ns);
+    free(all[i]->hwm_kib);
+    free(all[i]->maxrss_kib);
+    free(all[i]->first_ns);
+    free(all[i]->done_ns);
+  }
+  return 0;
+}

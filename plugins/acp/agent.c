@@ -1,0 +1,1385 @@
+/* agenthost — the agent side of ACP v1 on the process's stdin/stdout (`agenthost acp`).
+ *
+ * PROTOCOLS.md "ACP" table; docs/protocols/acp.md describes the behaviour capability by capability:
+ * - transport (ACP-SDK-*): the core's JSON-RPC peer (api->rpc) frames JSON Lines and answers malformed
+ *   input (-32700 / -32600, id null); its diagnostics go to the host's log, so stdout carries ACP only;
+ * - handshake (ACP-HANDSHAKE): `initialize` answers protocolVersion 1 and only the capabilities that work;
+ * - sessions: `session/new` creates a core session; `session/load` replays it from the store;
+ *   `session/resume`, `session/list`, `session/close`, `session/delete`. Only the sessions this connection
+ *   created, loaded or resumed ("tracked") get `session/update`s, take prompts and cancels;
+ * - prompts (ACP-PROMPT-CANCEL): one prompt per session is given to the core at a time, the others wait
+ *   in this connection's queue and are answered in order; the answer of a prompt is the end of the turn
+ *   whose messageId is the prompt's own (never "whatever ended next");
+ * - output (ACP-OUTPUT-PERMISSION): the session's stored events become updates (codec.c); approvals become
+ *   `session/request_permission`, and anything but a selected known option denies;
+ * - stdin EOF (ACP-QUIESCE): admission stops, every prompt of this connection is cancelled and answered,
+ *   then the peer is flushed and closed and the host asked to stop.
+ *
+ * All state lives in one `acp_agent` object behind the plugin's state pointer.
+ */
+#include <agenthost/errors.h>
+#include <agenthost/jsonrpc.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+
+#define ACP_PROTOCOL_VERSION 1
+#define ACP_RESOURCE_NOT_FOUND (-32002)
+#define ACP_REQUEST_CANCELLED (-32800)
+#define HISTORY_PAGE 1000
+#define LIST_PAGE 100
+#define QUIESCE_WAIT_MS 3000
+
+typedef enum phase {
+  PHASE_INVALID = 0,
+  PHASE_SERVING,   /* requests are admitted */
+  PHASE_QUIESCING, /* stdin ended: prompts are being settled, nothing new is admitted */
+  PHASE_CLOSED,    /* the peer is closing or closed */
+} phase;
+
+typedef struct asession asession;
+
+/* One session/prompt of the client. */
+typedef struct prompt {
+  struct prompt *next;
+  ah_rpc_inbound *req; /* NULL once answered */
+  json_t *content;     /* the core's content blocks */
+  char *message_id;    /* the core's receipt */
+  bool sent;           /* session.prompt dispatched */
+  bool in_call;        /* its session.prompt has not been answered yet */
+  bool orphan;         /* answered and detached while in_call: the receipt callback frees it */
+  bool cancel_requested;
+} prompt;
+
+/* A session this connection created, loaded or resumed. */
+struct asession {
+  asession *next;
+  char *id;
+  int64_t min_seq; /* live events up to this seq were replayed already */
+  prompt *head;    /* head: given to the core; the others wait */
+  prompt **tail;
+  json_t *ended;    /* messageId → turn/ended data, seen while the head's receipt was outstanding */
+  acp_msgctr ctr;   /* message numbering of agent_message_chunk */
+  json_t *children; /* ids of the subagent sessions started by its turns (and theirs): id → true */
+  char *delta;      /* stream_deltas: text streamed in delta_turn, not yet matched by a commit */
+  char delta_turn[80];
+  int stream_k;
+  bool closing;
+};
+
+typedef enum call_kind {
+  CALL_INVALID = 0,
+  CALL_NEW,       /* session.create for session/new */
+  CALL_PROMPT,    /* session.prompt of a queue's head */
+  CALL_FIRE,      /* session.cancel / request.respond: the result is only logged */
+  CALL_CLOSE,     /* session.close for session/close */
+  CALL_GET,       /* session.get for session/load and session/resume */
+  CALL_HISTORY,   /* session.history pages of a session/load */
+  CALL_LIST,      /* session.list for session/list */
+  CALL_DEL_GET,   /* session.get, then close, then delete for session/delete */
+  CALL_DEL_CLOSE, /* session.close of a session/delete */
+  CALL_DELETE,    /* session.delete */
+} call_kind;
+
+/* One core call in flight. */
+typedef struct ccall {
+  acp_agent *a;
+  call_kind kind;
+  ah_rpc_inbound *req; /* the client request it answers (NULL for CALL_PROMPT and CALL_FIRE) */
+  prompt *p;           /* CALL_PROMPT */
+  char *sid;
+  bool replay;      /* CALL_GET: load (replay) or resume */
+  int64_t last_seq; /* CALL_HISTORY: the replay so far */
+  acp_msgctr ctr;
+  char *cwd; /* CALL_LIST filter */
+} ccall;
+
+/* One session/request_permission in flight. */
+typedef struct perm {
+  acp_agent *a;
+  char *request_id;
+} perm;
+
+struct acp_agent {
+  ah_mount *m;
+  const ah_host_api *api;
+  ah_rpc_peer *peer;
+  bool peer_closed;
+  ah_sub *sub;
+  ah_cancel *token; /* parent of every core call: tripped at stop */
+  phase phase;
+  bool stream_deltas;
+  asession *sessions;
+  size_t outstanding;  /* core calls and permission requests whose callback has not run */
+  size_t client_calls; /* core calls answering a client request */
+  ah_timer *quiesce_timer;
+  bool stopping;
+  bool finished;
+  void (*done)(void *arg);
+  void *done_arg;
+};
+
+static void maybe_finish(acp_agent *a);
+static void maybe_quiesced(acp_agent *a);
+static void send_head(acp_agent *a, asession *s);
+
+/* ---- helpers ------------------------------------------------------------------------------------------ */
+
+static const char *str_of(const json_t *o, const char *key) {
+  return json_string_value(json_object_get(o, key));
+}
+
+/* The JSON-RPC code for an AH_E* status. ACP reserves -32002 for "resource not found" and -32000 for
+ * "authentication required", so the generic -32000 + code is kept only where it cannot collide. */
+static int rpc_code(int status, bool session) {
+  switch (status) {
+  case AH_ENOENT:
+    return session ? ACP_RESOURCE_NOT_FOUND : -32000 + status;
+  case AH_ENOMETHOD:
+    return AH_RPC_METHOD_NOT_FOUND;
+  case AH_EINVAL:
+    return AH_RPC_INVALID_PARAMS;
+  case AH_ECANCELED:
+    return ACP_REQUEST_CANCELLED;
+  case AH_ENOMEM:
+  case AH_EINTERNAL:
+  case AH_EIO:
+  case AH_ESTATE:
+    return AH_RPC_INTERNAL_ERROR;
+  default:
+    return ah_err_rpc_code(status);
+  }
+}
+
+static void respond_status(const acp_agent *a, ah_rpc_inbound *req, int status, const char *message,
+                           bool session) {
+  json_t *data = json_pack("{s:s, s:s}", "category", ah_err_category(status), "name", ah_err_name(status));
+  a->api->rpc->respond_error(req, rpc_code(status, session), message ? message : ah_strerror(status), data);
+}
+
+static void bad_params(const acp_agent *a, ah_rpc_inbound *req, const char *message) {
+  a->api->rpc->respond_error(req, AH_RPC_INVALID_PARAMS, message, NULL);
+}
+
+static void unknown_session(const acp_agent *a, ah_rpc_inbound *req) {
+  a->api->rpc->respond_error(req, ACP_RESOURCE_NOT_FOUND, "unknown session", NULL);
+}
+
+static asession *find_session(const acp_agent *a, const char *id) {
+  if (!id)
+    return NULL;
+  for (asession *s = a->sessions; s; s = s->next)
+    if (strcmp(s->id, id) == 0)
+      return s;
+  return NULL;
+}
+
+/* The tracked session `id` belongs to: itself, or the one whose turns started it as a subagent. */
+static asession *find_root(const acp_agent *a, const char *id) {
+  asession *s = find_session(a, id);
+  if (s || !id)
+    return s;
+  for (s = a->sessions; s; s = s->next)
+    if (json_object_get(s->children, id))
+      return s;
+  return NULL;
+}
+
+static ccall *ccall_new(acp_agent *a, call_kind kind, ah_rpc_inbound *req, const char *sid) {
+  ccall *c = calloc(1, sizeof *c);
+  if (!c)
+    return NULL;
+  c->a = a;
+  c->kind = kind;
+  c->req = req;
+  if (sid && !(c->sid = strdup(sid))) {
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+static void ccall_free(ccall *c) {
+  free(c->sid);
+  free(c->cwd);
+  free(c);
+}
+
+/* Dispatch a core method for this connection (authority stdio-owner, surface "acp"). `params` is stolen.
+ * On error `c` is left to the caller. */
+static int core(acp_agent *a, const char *method, json_t *params, ah_reply_fn cb, ccall *c) {
+  const ah_caller caller = {
+      .struct_size = sizeof caller, .authority = AH_AUTH_STDIO_OWNER, .surface = "acp", .connection_id = 1};
+  /* Counted before the dispatch: the host answers on a later loop turn, but may answer at once when it runs
+   * out of memory. */
+  bool client = c->req != NULL;
+  a->outstanding++;
+  if (client)
+    a->client_calls++;
+  int rc = a->api->dispatch(a->m, &caller, method, params, a->token, cb, c);
+  if (rc) {
+    a->outstanding--;
+    if (client)
+      a->client_calls--;
+  }
+  return rc;
+}
+
+static void on_core_reply(const ah_outcome *o, void *arg);
+
+/* Fire-and-forget core call (session.cancel, request.respond): the outcome is logged. */
+static void fire(acp_agent *a, const char *method, json_t *params) {
+  ccall *c = ccall_new(a, CALL_FIRE, NULL, method);
+  int rc = c ? core(a, method, params, on_core_reply, c) : AH_ENOMEM;
+  if (!c)
+    json_decref(params);
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    a->api->log(a->m, AH_PLOG_WARN, "%s could not be sent: %s", method, ah_strerror(rc));
+  }
+}
+
+static void notify_update(acp_agent *a, const char *sid, json_t *update) {
+  if (!update)
+    return;
+  if (!a->peer || a->phase == PHASE_CLOSED) {
+    json_decref(update);
+    return;
+  }
+  json_t *params = json_pack("{s:s, s:o}", "sessionId", sid, "update", update);
+  if (params)
+    a->api->rpc->notify(a->peer, "session/update", params);
+}
+
+/* ---- prompts ------------------------------------------------------------------------------------------ */
+
+static void prompt_free(prompt *p) {
+  json_decref(p->content);
+  free(p->message_id);
+  free(p);
+}
+
+/* Detach and release a prompt that was answered. */
+static void prompt_release(prompt *p) {
+  if (p->in_call)
+    p->orphan = true; /* the receipt callback frees it */
+  else
+    prompt_free(p);
+}
+
+static void prompt_answer_stop(acp_agent *a, prompt *p, const char *stop_reason) {
+  if (p->req)
+    a->api->rpc->respond(p->req, json_pack("{s:s}", "stopReason", stop_reason));
+  p->req = NULL;
+}
+
+/* Answer the head with the end of its turn and give the next prompt to the core. */
+static void settle_head(acp_agent *a, asession *s, const json_t *ended) {
+  prompt *p = s->head;
+  if (!p)
+    return;
+  const char *reason = str_of(ended, "reason");
+  const char *stop = acp_codec_stop_reason(reason);
+  /* ACP-PROMPT-CANCEL: after session/cancel the answer is `cancelled`, whatever the provider made of it. */
+  if (p->cancel_requested)
+    stop = "cancelled";
+  if (p->req) {
+    if (stop) {
+      prompt_answer_stop(a, p, stop);
+    } else {
+      const char *err = str_of(ended, "error");
+      json_t *data = json_pack("{s:s}", "reason", reason ? reason : "unknown");
+      a->api->rpc->respond_error(p->req, AH_RPC_INTERNAL_ERROR,
+                                 err && *err ? err : "the turn ended with an error", data);
+      p->req = NULL;
+    }
+  }
+  s->head = p->next;
+  if (!s->head)
+    s->tail = &s->head;
+  prompt_release(p);
+  if (s->head)
+    send_head(a, s);
+  maybe_quiesced(a);
+}
+
+/* Mark every prompt waiting behind the head cancelled: they never reach the core, and each is answered
+ * `cancelled` when its turn in the queue comes, so the answers keep the order of the requests. */
+static void cancel_queued(asession *s) {
+  for (prompt *p = s->head ? s->head->next : NULL; p; p = p->next)
+    p->cancel_requested = true;
+}
+
+/* session/cancel, session/close and the quiesce: queued prompts answered `cancelled`, the running one
+ * cancelled in the core (its answer comes with its turn/ended). */
+static void cancel_session(acp_agent *a, asession *s) {
+  cancel_queued(s);
+  prompt *p = s->head;
+  if (!p || p->cancel_requested)
+    return;
+  p->cancel_requested = true;
+  fire(a, "session.cancel", json_pack("{s:s}", "sessionId", s->id));
+}
+
+static void session_free(asession *s) {
+  prompt *p = s->head;
+  while (p) {
+    prompt *next = p->next;
+    prompt_release(p);
+    p = next;
+  }
+  json_decref(s->ended);
+  json_decref(s->children);
+  free(s->delta);
+  free(s->id);
+  free(s);
+}
+
+/* Stop tracking `s`: every prompt still pending is answered `cancelled`. */
+static void untrack(acp_agent *a, asession *s) {
+  for (prompt *p = s->head; p; p = p->next)
+    prompt_answer_stop(a, p, "cancelled");
+  for (asession **pp = &a->sessions; *pp; pp = &(*pp)->next) {
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  }
+  session_free(s);
+  maybe_quiesced(a);
+}
+
+static asession *track(acp_agent *a, const char *id, int64_t min_seq) {
+  asession *s = find_session(a, id);
+  if (s)
+    return s;
+  s = calloc(1, sizeof *s);
+  if (!s || !(s->id = strdup(id)) || !(s->ended = json_object()) || !(s->children = json_object())) {
+    if (s) {
+      json_decref(s->ended);
+      free(s->id);
+      free(s);
+    }
+    return NULL;
+  }
+  s->min_seq = min_seq;
+  s->tail = &s->head;
+  s->next = a->sessions;
+  a->sessions = s;
+  return s;
+}
+
+static void send_head(acp_agent *a, asession *s) {
+  prompt *p = s->head;
+  while (p && !p->sent && p->cancel_requested) {
+    prompt_answer_stop(a, p, "cancelled");
+    s->head = p->next;
+    if (!s->head)
+      s->tail = &s->head;
+    prompt_release(p);
+    p = s->head;
+  }
+  if (!p || p->sent || a->stopping || a->phase == PHASE_CLOSED)
+    return;
+  p->sent = true;
+  ccall *c = ccall_new(a, CALL_PROMPT, NULL, s->id);
+  json_t *params = json_pack("{s:s, s:O}", "sessionId", s->id, "content", p->content);
+  if (c) {
+    c->p = p;
+    p->in_call = true;
+  }
+  int rc = c && params ? core(a, "session.prompt", params, on_core_reply, c) : AH_ENOMEM;
+  if (!c || !params)
+    json_decref(params);
+  if (rc == 0)
+    return;
+  p->in_call = false;
+  if (c)
+    ccall_free(c);
+  if (p->req)
+    respond_status(a, p->req, rc, NULL, true);
+  p->req = NULL;
+  s->head = p->next;
+  if (!s->head)
+    s->tail = &s->head;
+  prompt_free(p);
+  send_head(a, s);
+}
+
+/* ---- core call answers -------------------------------------------------------------------------------- */
+
+static void replay_page(acp_agent *a, ccall *c, int64_t after);
+
+static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
+  json_t *row = json_object_get(o->result, "session");
+  if (json_is_true(json_object_get(row, "closed"))) {
+    /* A closed session takes no more prompts and is not listed: for ACP it is gone. */
+    a->api->rpc->respond_error(c->req, ACP_RESOURCE_NOT_FOUND, "unknown session (it was closed)", NULL);
+    return;
+  }
+  if (!c->replay) {
+    /* session/resume: no replay; later events of the session are streamed. */
+    json_t *last = json_object_get(row, "lastSeq");
+    if (!track(a, c->sid, json_is_integer(last) ? json_integer_value(last) : 0)) {
+      respond_status(a, c->req, AH_ENOMEM, NULL, false);
+      return;
+    }
+    a->api->rpc->respond(c->req, json_object());
+    return;
+  }
+  /* session/load: page through the history; the ccall lives on across the pages. */
+  ccall *h = ccall_new(a, CALL_HISTORY, c->req, c->sid);
+  if (!h) {
+    respond_status(a, c->req, AH_ENOMEM, NULL, false);
+    return;
+  }
+  c->req = NULL;
+  replay_page(a, h, 0);
+}
+
+static void replay_page(acp_agent *a, ccall *h, int64_t after) {
+  json_t *params =
+      json_pack("{s:s, s:I, s:i}", "sessionId", h->sid, "afterSeq", (json_int_t)after, "limit", HISTORY_PAGE);
+  int rc = params ? core(a, "session.history", params, on_core_reply, h) : AH_ENOMEM;
+  if (rc) {
+    respond_status(a, h->req, rc, NULL, true);
+    ccall_free(h);
+  }
+}
+
+static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
+  asession *s = find_session(a, h->sid);
+  /* A replay numbers its messages on its own counter (carried across the pages): the live counter of a
+   * session already tracked has counted them already. */
+  acp_msgctr *ctr = &h->ctr;
+  json_t *events = json_object_get(o->result, "events");
+  json_t *updates = json_array();
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(events, i, ev) {
+    json_t *seq = json_object_get(ev, "seq");
+    if (json_is_integer(seq) && json_integer_value(seq) > h->last_seq)
+      h->last_seq = json_integer_value(seq);
+    if (updates)
+      acp_codec_event(ev, true, true, ctr, updates);
+  }
+  json_t *u = NULL;
+  json_array_foreach(updates, i, u) notify_update(a, h->sid, json_incref(u));
+  json_decref(updates);
+  json_t *next = json_object_get(o->result, "nextAfterSeq");
+  if (json_is_integer(next) && json_integer_value(next) > 0 && a->phase != PHASE_CLOSED) {
+    /* The next page: a new call with the same record (its count was decremented by the caller). */
+    ccall *again = ccall_new(a, CALL_HISTORY, h->req, h->sid);
+    if (!again) {
+      respond_status(a, h->req, AH_ENOMEM, NULL, false);
+      return;
+    }
+    again->last_seq = h->last_seq;
+    again->ctr = h->ctr;
+    h->req = NULL;
+    replay_page(a, again, json_integer_value(next));
+    return;
+  }
+  if (!s) {
+    s = track(a, h->sid, h->last_seq);
+    if (s)
+      s->ctr = h->ctr; /* the live numbering continues the replayed one */
+  }
+  if (!s) {
+    respond_status(a, h->req, AH_ENOMEM, NULL, false);
+    return;
+  }
+  if (h->last_seq > s->min_seq)
+    s->min_seq = h->last_seq;
+  a->api->rpc->respond(h->req, json_object());
+}
+
+static void list_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
+  json_t *out = json_array();
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(json_object_get(o->result, "sessions"), i, row) {
+    const char *id = str_of(row, "id");
+    const char *cwd = str_of(row, "cwd");
+    /* Root sessions that are still open: subagent sessions belong to their parent's turn, and a closed
+     * session takes no more prompts. */
+    if (!id || !cwd || !json_is_null(json_object_get(row, "parent")) ||
+        json_is_true(json_object_get(row, "closed")) || json_is_true(json_object_get(row, "local")))
+      continue;
+    if (c->cwd && strcmp(c->cwd, cwd) != 0)
+      continue;
+    json_t *info = json_pack("{s:s, s:s}", "sessionId", id, "cwd", cwd);
+    const char *title = str_of(row, "title");
+    const char *updated = str_of(row, "updated");
+    if (info && title && *title)
+      json_object_set_new(info, "title", json_string(title));
+    if (info && updated)
+      json_object_set_new(info, "updatedAt", json_string(updated));
+    if (info)
+      json_array_append_new(out, info);
+  }
+  json_t *result = json_pack("{s:o}", "sessions", out ? out : json_array());
+  const char *next = str_of(o->result, "nextCursor");
+  if (result && next)
+    json_object_set_new(result, "nextCursor", json_string(next));
+  a->api->rpc->respond(c->req, result);
+}
+
+static void delete_step(acp_agent *a, ccall *c, call_kind kind, const char *method) {
+  ccall *n = ccall_new(a, kind, c->req, c->sid);
+  int rc = n ? core(a, method, json_pack("{s:s}", "sessionId", c->sid), on_core_reply, n) : AH_ENOMEM;
+  if (rc) {
+    if (n)
+      ccall_free(n);
+    respond_status(a, c->req, rc, NULL, true);
+  }
+  c->req = NULL;
+}
+
+/* A session/delete that failed: the session stays usable. */
+static void reopen(acp_agent *a, const char *sid) {
+  asession *s = find_session(a, sid);
+  if (s)
+    s->closing = false;
+}
+
+static void prompt_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
+  prompt *p = c->p;
+  p->in_call = false;
+  if (p->orphan) {
+    /* Answered and detached while its receipt was outstanding (its session was closed): the core's close
+     * cancels what the prompt started. */
+    prompt_free(p);
+    return;
+  }
+  asession *s = find_session(a, c->sid);
+  if (!s || s->head != p) {
+    prompt_answer_stop(a, p, "cancelled");
+    prompt_free(p);
+    return;
+  }
+  const char *mid = o->status == 0 ? str_of(o->result, "messageId") : NULL;
+  if (!mid) {
+    if (p->req)
+      respond_status(a, p->req, o->status ? o->status : AH_EINTERNAL,
+                     o->status ? o->message : "the prompt receipt has no messageId", true);
+    p->req = NULL;
+    s->head = p->next;
+    if (!s->head)
+      s->tail = &s->head;
+    prompt_free(p);
+    send_head(a, s);
+    maybe_quiesced(a);
+    return;
+  }
+  p->message_id = strdup(mid);
+  if (!p->message_id) {
+    settle_head(a, s, NULL);
+    return;
+  }
+  /* The turn may have ended before the receipt was seen here. */
+  json_t *ended = json_object_get(s->ended, mid);
+  if (ended) {
+    json_incref(ended);
+    json_object_del(s->ended, mid);
+    settle_head(a, s, ended);
+    json_decref(ended);
+  }
+  json_object_clear(s->ended);
+}
+
+static void on_core_reply(const ah_outcome *o, void *arg) {
+  ccall *c = arg;
+  acp_agent *a = c->a;
+  a->outstanding--;
+  if (c->req && a->client_calls > 0)
+    a->client_calls--;
+  if (o->status && !c->req && c->kind != CALL_PROMPT && !a->stopping)
+    a->api->log(a->m, AH_PLOG_WARN, "%s failed: %s", c->sid ? c->sid : "core call",
+                o->message ? o->message : ah_strerror(o->status));
+  switch (c->kind) {
+  case CALL_NEW: {
+    const char *sid = o->status == 0 ? str_of(o->result, "sessionId") : NULL;
+    if (o->status)
+      respond_status(a, c->req, o->status, o->message, false);
+    else if (!sid || !track(a, sid, 0))
+      respond_status(a, c->req, AH_EINTERNAL, "the session could not be created", false);
+    else
+      a->api->rpc->respond(c->req, json_pack("{s:s}", "sessionId", sid));
+    break;
+  }
+  case CALL_PROMPT:
+    prompt_reply(a, c, o);
+    break;
+  case CALL_FIRE:
+    break;
+  case CALL_CLOSE: {
+    asession *s = find_session(a, c->sid);
+    if (o->status) {
+      /* Still open (e.g. owned by another process); if the core closed it all the same, its
+       * session.closed untracks it. */
+      if (s)
+        s->closing = false;
+      respond_status(a, c->req, o->status, o->message, true);
+    } else {
+      if (s)
+        untrack(a, s); /* the head, if its turn/ended was not seen yet, is answered `cancelled` */
+      a->api->rpc->respond(c->req, json_object());
+    }
+    break;
+  }
+  case CALL_GET:
+    if (o->status)
+      respond_status(a, c->req, o->status, o->status == AH_ENOENT ? "unknown session" : o->message, true);
+    else
+      answer_session_info(a, c, o);
+    break;
+  case CALL_HISTORY:
+    if (o->status)
+      respond_status(a, c->req, o->status, o->message, true);
+    else
+      history_reply(a, c, o);
+    break;
+  case CALL_LIST:
+    if (o->status)
+      respond_status(a, c->req, o->status, o->message, false);
+    else
+      list_reply(a, c, o);
+    break;
+  case CALL_DEL_GET:
+    if (o->status == AH_ENOENT) {
+      a->api->rpc->respond(c->req, json_object()); /* deleting what does not exist succeeds (schema) */
+    } else if (o->status) {
+      reopen(a, c->sid);
+      respond_status(a, c->req, o->status, o->message, true);
+    } else if (json_is_true(json_object_get(json_object_get(o->result, "session"), "closed"))) {
+      delete_step(a, c, CALL_DELETE, "session.delete");
+    } else {
+      delete_step(a, c, CALL_DEL_CLOSE, "session.close");
+    }
+    break;
+  case CALL_DEL_CLOSE:
+    if (o->status) {
+      reopen(a, c->sid);
+      respond_status(a, c->req, o->status, o->message, true);
+    } else
+      delete_step(a, c, CALL_DELETE, "session.delete");
+    break;
+  case CALL_DELETE: {
+    asession *s = find_session(a, c->sid);
+    if (o->status && o->status != AH_ENOENT) {
+      if (s)
+        s->closing = false; /* still there: it takes prompts again */
+      respond_status(a, c->req, o->status, o->message, true);
+    } else {
+      if (s)
+        untrack(a, s);
+      a->api->rpc->respond(c->req, json_object());
+    }
+    break;
+  }
+  case CALL_INVALID:
+    break;
+  }
+  ccall_free(c);
+  maybe_quiesced(a);
+  maybe_finish(a);
+}
+
+/* ---- methods ------------------------------------------------------------------------------------------ */
+
+static void m_initialize(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  json_t *version = json_object_get(p, "protocolVersion");
+  json_t *caps = json_object_get(p, "clientCapabilities");
+  json_t *info = json_object_get(p, "clientInfo");
+  if (!json_is_object(p) || !json_is_integer(version)) {
+    bad_params(a, req, "params.protocolVersion: an integer is required");
+    return;
+  }
+  if ((caps && !json_is_object(caps) && !json_is_null(caps)) ||
+      (info && !json_is_object(info) && !json_is_null(info))) {
+    bad_params(a, req, "params: clientCapabilities and clientInfo must be objects");
+    return;
+  }
+  /* ACP-HANDSHAKE: this build speaks version 1 only, so 1 is the answer whatever was asked; the client
+   * disconnects if it cannot speak it. Capabilities only for what works. */
+  json_t *res = json_pack(
+      "{s:i, s:{s:b, s:{s:b, s:b, s:b}, s:{s:b, s:b}, s:{s:{}, s:{}, s:{}, s:{}}}, s:[], s:{s:s, s:s, s:s}}",
+      "protocolVersion", ACP_PROTOCOL_VERSION, "agentCapabilities", "loadSession", 1, "promptCapabilities",
+      "image", 0, "audio", 0, "embeddedContext", 0, "mcpCapabilities", "http", 0, "sse", 0,
+      "sessionCapabilities", "list", "resume", "close", "delete", "authMethods", "agentInfo", "name",
+      "agenthost", "title", "agenthost", "version", a->api->host_version());
+  a->api->rpc->respond(req, res);
+}
+
+/* Common checks of session/new, session/load and session/resume: cwd, mcpServers, additionalDirectories. */
+static bool check_setup(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  const char *cwd = str_of(p, "cwd");
+  json_t *mcp = json_object_get(p, "mcpServers");
+  json_t *dirs = json_object_get(p, "additionalDirectories");
+  if (!cwd) {
+    bad_params(a, req, "params.cwd: an absolute path (string) is required");
+    return false;
+  }
+  if (cwd[0] != '/') {
+    bad_params(a, req, "params.cwd: must be an absolute path");
+    return false;
+  }
+  if (mcp && !json_is_array(mcp)) {
+    bad_params(a, req, "params.mcpServers: an array is required");
+    return false;
+  }
+  if (json_array_size(mcp) > 0) {
+    bad_params(a, req,
+               "params.mcpServers: MCP servers are not supported yet (agenthost has no MCP tools); send an "
+               "empty list");
+    return false;
+  }
+  if (dirs && !json_is_array(dirs) && !json_is_null(dirs)) {
+    bad_params(a, req, "params.additionalDirectories: an array is required");
+    return false;
+  }
+  if (json_array_size(dirs) > 0) {
+    bad_params(
+        a, req,
+        "params.additionalDirectories: not supported (sessionCapabilities.additionalDirectories is not "
+        "advertised)");
+    return false;
+  }
+  return true;
+}
+
+static void m_new(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  if (!json_is_object(p)) {
+    bad_params(a, req, "params: an object with cwd and mcpServers is required");
+    return;
+  }
+  if (!check_setup(a, req, p))
+    return;
+  ccall *c = ccall_new(a, CALL_NEW, req, NULL);
+  int rc = c ? core(a, "session.create", json_pack("{s:s}", "cwd", str_of(p, "cwd")), on_core_reply, c)
+             : AH_ENOMEM;
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    respond_status(a, req, rc, NULL, false);
+  }
+}
+
+/* session/load (replay) and session/resume. */
+static void m_load(acp_agent *a, ah_rpc_inbound *req, const json_t *p, bool replay) {
+  json_t *sid = json_object_get(p, "sessionId");
+  if (!json_is_object(p) || !json_is_string(sid)) {
+    bad_params(a, req, "params.sessionId: a string is required");
+    return;
+  }
+  if (!check_setup(a, req, p))
+    return;
+  ccall *c = ccall_new(a, CALL_GET, req, json_string_value(sid));
+  if (c)
+    c->replay = replay;
+  int rc = c ? core(a, "session.get", json_pack("{s:O}", "sessionId", sid), on_core_reply, c) : AH_ENOMEM;
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    respond_status(a, req, rc, NULL, true);
+  }
+}
+
+static void m_list(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  json_t *cursor = json_is_object(p) ? json_object_get(p, "cursor") : NULL;
+  json_t *cwd = json_is_object(p) ? json_object_get(p, "cwd") : NULL;
+  if (p && !json_is_object(p) && !json_is_null(p)) {
+    bad_params(a, req, "params: an object is required");
+    return;
+  }
+  if ((cursor && !json_is_string(cursor) && !json_is_null(cursor)) ||
+      (cwd && !json_is_string(cwd) && !json_is_null(cwd))) {
+    bad_params(a, req, "params: cursor and cwd must be strings");
+    return;
+  }
+  if (json_is_string(cwd) && json_string_value(cwd)[0] != '/') {
+    bad_params(a, req, "params.cwd: must be an absolute path");
+    return;
+  }
+  ccall *c = ccall_new(a, CALL_LIST, req, NULL);
+  if (c && json_is_string(cwd) && !(c->cwd = strdup(json_string_value(cwd)))) {
+    ccall_free(c);
+    c = NULL;
+  }
+  json_t *params = json_pack("{s:i}", "limit", LIST_PAGE);
+  if (params && json_is_string(cursor))
+    json_object_set(params, "cursor", cursor);
+  int rc = c && params ? core(a, "session.list", params, on_core_reply, c) : AH_ENOMEM;
+  if (!c || !params)
+    json_decref(params);
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    respond_status(a, req, rc, NULL, false);
+  }
+}
+
+static void m_prompt(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  json_t *sid = json_object_get(p, "sessionId");
+  if (!json_is_object(p) || !json_is_string(sid)) {
+    bad_params(a, req, "params.sessionId: a string is required");
+    return;
+  }
+  char why[256] = "";
+  json_t *content = acp_codec_prompt(json_object_get(p, "prompt"), why, sizeof why);
+  if (!content) {
+    bad_params(a, req, why);
+    return;
+  }
+  asession *s = find_session(a, json_string_value(sid));
+  if (!s) {
+    json_decref(content);
+    unknown_session(a, req);
+    return;
+  }
+  if (s->closing) {
+    json_decref(content);
+    respond_status(a, req, AH_ECLOSED, "the session is being closed", true);
+    return;
+  }
+  prompt *np = calloc(1, sizeof *np);
+  if (!np) {
+    json_decref(content);
+    respond_status(a, req, AH_ENOMEM, NULL, false);
+    return;
+  }
+  np->req = req;
+  np->content = content;
+  *s->tail = np;
+  s->tail = &np->next;
+  send_head(a, s);
+}
+
+static void m_close(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  const char *sid = json_is_object(p) ? str_of(p, "sessionId") : NULL;
+  if (!sid) {
+    bad_params(a, req, "params.sessionId: a string is required");
+    return;
+  }
+  asession *s = find_session(a, sid);
+  if (!s) {
+    unknown_session(a, req);
+    return;
+  }
+  s->closing = true;
+  cancel_session(a, s);
+  ccall *c = ccall_new(a, CALL_CLOSE, req, sid);
+  int rc = c ? core(a, "session.close", json_pack("{s:s}", "sessionId", sid), on_core_reply, c) : AH_ENOMEM;
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    s->closing = false;
+    respond_status(a, req, rc, NULL, true);
+  }
+}
+
+static void m_delete(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  const char *sid = json_is_object(p) ? str_of(p, "sessionId") : NULL;
+  if (!sid) {
+    bad_params(a, req, "params.sessionId: a string is required");
+    return;
+  }
+  asession *s = find_session(a, sid);
+  if (s) {
+    s->closing = true;
+    cancel_session(a, s);
+  }
+  ccall *c = ccall_new(a, CALL_DEL_GET, req, sid);
+  int rc = c ? core(a, "session.get", json_pack("{s:s}", "sessionId", sid), on_core_reply, c) : AH_ENOMEM;
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    respond_status(a, req, rc, NULL, true);
+  }
+}
+
+static void on_request(ah_rpc_peer *peer, ah_rpc_inbound *req, const char *method, const json_t *params,
+                       void *data) {
+  (void)peer;
+  acp_agent *a = data;
+  if (a->phase != PHASE_SERVING) {
+    a->api->rpc->respond_error(req, AH_RPC_INVALID_REQUEST, "the agent is shutting down", NULL);
+    return;
+  }
+  /* Requests before `initialize` are served as usual: ACP has no error code for "not initialized", and
+   * every client initializes first. */
+  if (strcmp(method, "initialize") == 0)
+    m_initialize(a, req, params);
+  else if (strcmp(method, "authenticate") == 0)
+    a->api->rpc->respond(req, json_object());
+  else if (strcmp(method, "session/new") == 0)
+    m_new(a, req, params);
+  else if (strcmp(method, "session/load") == 0)
+    m_load(a, req, params, true);
+  else if (strcmp(method, "session/resume") == 0)
+    m_load(a, req, params, false);
+  else if (strcmp(method, "session/list") == 0)
+    m_list(a, req, params);
+  else if (strcmp(method, "session/prompt") == 0)
+    m_prompt(a, req, params);
+  else if (strcmp(method, "session/close") == 0)
+    m_close(a, req, params);
+  else if (strcmp(method, "session/delete") == 0)
+    m_delete(a, req, params);
+  else
+    a->api->rpc->respond_error(req, AH_RPC_METHOD_NOT_FOUND, "method not found", NULL);
+}
+
+static void on_notification(ah_rpc_peer *peer, const char *method, const json_t *params, void *data) {
+  (void)peer;
+  acp_agent *a = data;
+  if (strcmp(method, "session/cancel") == 0) {
+    /* ACP-PROMPT-CANCEL: an unknown or foreign session id is ignored. */
+    asession *s = find_session(a, json_is_object(params) ? str_of(params, "sessionId") : NULL);
+    if (s)
+      cancel_session(a, s);
+    return;
+  }
+  a->api->log(a->m, AH_PLOG_DEBUG, "ignored notification %s", method);
+}
+
+/* ---- server requests ---------------------------------------------------------------------------------- */
+
+static const char *const option_ids[] = {"allow_once", "allow_always", "reject_once", "reject_always"};
+static const char *const option_names[] = {"Allow once", "Always allow", "Reject once", "Always reject"};
+
+static void on_permission(ah_rpc_peer *peer, int status, const json_t *result, const json_t *error,
+                          void *arg) {
+  (void)peer;
+  perm *r = arg;
+  acp_agent *a = r->a;
+  a->outstanding--;
+  /* ACP-OUTPUT-PERMISSION: only a selected option among ours grants; `cancelled`, an unknown option, a
+   * malformed answer or an error deny. A closed peer (stop) leaves the request to the core's own cancel. */
+  json_t *outcome = json_object_get(result, "outcome");
+  const char *kind = str_of(outcome, "outcome");
+  const char *option = str_of(outcome, "optionId");
+  const char *chosen = NULL;
+  for (size_t i = 0; status == 0 && kind && strcmp(kind, "selected") == 0 && option && i < 4; i++)
+    if (strcmp(option, option_ids[i]) == 0)
+      chosen = option_ids[i];
+  if (status != AH_ECLOSED && !a->stopping) {
+    json_t *params = NULL;
+    if (chosen)
+      params = json_pack("{s:s, s:{s:s}}", "id", r->request_id, "value", "optionId", chosen);
+    else
+      params = json_pack("{s:s, s:{s:s, s:O?}}", "id", r->request_id, "error", "message",
+                         status == AH_EPROTO                      ? "the client answered with an error"
+                         : kind && strcmp(kind, "cancelled") == 0 ? "cancelled by the client"
+                                                                  : "no valid option selected",
+                         "clientError", status == AH_EPROTO ? error : NULL);
+    fire(a, "request.respond", params);
+  }
+  free(r->request_id);
+  free(r);
+  maybe_finish(a);
+}
+
+static void forward_request(acp_agent *a, const json_t *request) {
+  const char *kind = str_of(request, "kind");
+  const char *id = str_of(request, "id");
+  /* Approvals of a subagent's tools are asked in the name of the session the client knows: nobody else
+   * would answer them, and the parent's turn waits for the subagent. */
+  asession *root = find_root(a, str_of(request, "sessionId"));
+  const char *sid = root ? root->id : NULL;
+  if (!kind || !id || !root)
+    return;
+  if (strcmp(kind, "approval") != 0) {
+    /* Questions have no ACP request of their own (request_permission is for tool calls): they are answered
+     * `cancelled` at once rather than left waiting for a client that cannot answer them. */
+    fire(a, "request.respond",
+         json_pack("{s:s, s:{s:s}}", "id", id, "error", "message", "questions are not supported over ACP"));
+    return;
+  }
+  json_t *params = json_object_get(request, "params");
+  const char *tool = str_of(params, "tool");
+  json_t *args = json_object_get(params, "args");
+  char call_id[192];
+  acp_codec_tool_call_id(call_id, sizeof call_id, str_of(request, "turnId"), str_of(params, "callId"));
+  char *title = acp_codec_tool_title(tool, args);
+  json_t *options = json_array();
+  for (size_t i = 0; options && i < 4; i++)
+    json_array_append_new(options, json_pack("{s:s, s:s, s:s}", "optionId", option_ids[i], "name",
+                                             option_names[i], "kind", option_ids[i]));
+  json_t *msg =
+      json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:O}, s:o}", "sessionId", sid, "toolCall", "toolCallId",
+                call_id, "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
+                "pending", "rawInput", args ? args : json_null(), "options", options);
+  free(title);
+  perm *r = calloc(1, sizeof *r);
+  if (!msg || !r || !(r->request_id = strdup(id))) {
+    json_decref(msg);
+    free(r);
+    a->api->log(a->m, AH_PLOG_ERROR, "cannot forward request %s: out of memory", id);
+    return;
+  }
+  r->a = a;
+  int rc = a->api->rpc->request(a->peer, "session/request_permission", msg, on_permission, r, NULL);
+  if (rc) {
+    free(r->request_id);
+    free(r);
+    a->api->log(a->m, AH_PLOG_WARN, "cannot send request %s: %s", id, ah_strerror(rc));
+    return;
+  }
+  a->outstanding++;
+}
+
+/* ---- events ------------------------------------------------------------------------------------------- */
+
+/* stream_deltas: the text streamed in the current turn and not yet matched by a commit. Deltas are
+ * published at once while stored events wait for their commit, so a turn's deltas may run ahead of the
+ * commits of earlier messages (a tool result): a commit is matched against this buffer, not against
+ * "the last deltas". Streamed text carries the message id "<turnId>/s<k>". */
+static void delta_reset(asession *s, const char *turn) {
+  free(s->delta);
+  s->delta = NULL;
+  s->stream_k = 0;
+  snprintf(s->delta_turn, sizeof s->delta_turn, "%s", turn ? turn : "-");
+}
+
+static void stream_id(const asession *s, char *buf, size_t n) {
+  snprintf(buf, n, "%s/s%d", s->delta_turn, s->stream_k);
+}
+
+static void on_delta(acp_agent *a, const json_t *data) {
+  asession *s = find_session(a, str_of(data, "sessionId"));
+  const char *text = str_of(data, "text");
+  const char *turn = str_of(data, "turnId");
+  if (!s || !text || !*text)
+    return;
+  if (strncmp(s->delta_turn, turn ? turn : "-", sizeof s->delta_turn - 1) != 0)
+    delta_reset(s, turn);
+  size_t old = s->delta ? strlen(s->delta) : 0, add = strlen(text);
+  char *grown = realloc(s->delta, old + add + 1);
+  if (grown) {
+    memcpy(grown + old, text, add + 1);
+    s->delta = grown;
+  }
+  char mid[192];
+  stream_id(s, mid, sizeof mid);
+  notify_update(a, s->id, acp_codec_text_chunk("agent_message_chunk", text, mid));
+}
+
+/* stream_deltas: a committed message whose text was streamed is not repeated (what the deltas missed is
+ * sent as one more chunk of the same message); a commit that was not streamed (a directive's result) is
+ * sent whole. */
+static void committed_after_deltas(acp_agent *a, asession *s, const json_t *ev) {
+  const char *text = str_of(json_object_get(ev, "data"), "text");
+  const char *turn = str_of(ev, "turnId");
+  char mid[192];
+  acp_codec_message_id(&s->ctr, turn, mid, sizeof mid);
+  s->ctr.n++;
+  if (!text)
+    return;
+  bool same_turn = strncmp(s->delta_turn, turn ? turn : "-", sizeof s->delta_turn - 1) == 0;
+  const char *streamed = same_turn && s->delta ? s->delta : "";
+  size_t n = strlen(streamed), t = strlen(text);
+  if (n > 0 && strncmp(text, streamed, n) == 0) {
+    if (text[n]) {
+      stream_id(s, mid, sizeof mid);
+      notify_update(a, s->id, acp_codec_text_chunk("agent_message_chunk", text + n, mid));
+    }
+    free(s->delta);
+    s->delta = NULL;
+    s->stream_k++;
+  } else if (n > t && t > 0 && strncmp(streamed, text, t) == 0) {
+    memmove(s->delta, s->delta + t, n - t + 1); /* the rest belongs to a later message */
+    s->stream_k++;
+  } else {
+    notify_update(a, s->id, acp_codec_text_chunk("agent_message_chunk", text, mid));
+  }
+}
+
+static void on_session_event(acp_agent *a, const json_t *data) {
+  asession *s = find_session(a, str_of(data, "sessionId"));
+  json_t *ev = json_object_get(data, "event");
+  if (!s || !json_is_object(ev))
+    return;
+  json_t *seq = json_object_get(ev, "seq");
+  if (json_is_integer(seq) && json_integer_value(seq) <= s->min_seq)
+    return;
+  const char *kind = str_of(ev, "kind");
+  const char *mid = str_of(ev, "messageId");
+  if (!kind)
+    return;
+  if (strcmp(kind, "message/committed") == 0 && a->stream_deltas) {
+    committed_after_deltas(a, s, ev);
+  } else {
+    json_t *updates = json_array();
+    if (updates) {
+      acp_codec_event(ev, false, true, &s->ctr, updates);
+      size_t i = 0;
+      json_t *u = NULL;
+      json_array_foreach(updates, i, u) notify_update(a, s->id, json_incref(u));
+      json_decref(updates);
+    }
+  }
+  prompt *head = s->head;
+  if (strcmp(kind, "turn/started") == 0 && head && head->cancel_requested && mid && head->message_id &&
+      strcmp(mid, head->message_id) == 0) {
+    /* The cancel arrived before the turn was claimed: the core had nothing to cancel then. */
+    fire(a, "session.cancel", json_pack("{s:s}", "sessionId", s->id));
+  } else if (strcmp(kind, "turn/ended") == 0 && mid && head && head->sent) {
+    if (head->message_id && strcmp(mid, head->message_id) == 0)
+      settle_head(a, s, json_object_get(ev, "data"));
+    else if (!head->message_id)
+      json_object_set(s->ended, mid, json_object_get(ev, "data"));
+  }
+}
+
+static void on_event(const char *name, const json_t *data, void *arg) {
+  acp_agent *a = arg;
+  if (!a->peer || a->phase == PHASE_CLOSED)
+    return;
+  if (strcmp(name, "session.event") == 0) {
+    on_session_event(a, data);
+  } else if (strcmp(name, "session.delta") == 0) {
+    if (a->stream_deltas)
+      on_delta(a, data);
+  } else if (strcmp(name, "request.pending") == 0) {
+    forward_request(a, json_object_get(data, "request"));
+  } else if (strcmp(name, "subagent.started") == 0) {
+    asession *root = find_root(a, str_of(data, "parentSessionId"));
+    const char *child = str_of(data, "sessionId");
+    if (root && child)
+      json_object_set_new(root->children, child, json_true());
+  } else if (strcmp(name, "session.closed") == 0) {
+    asession *s = find_session(a, str_of(data, "sessionId"));
+    if (s && !s->closing)
+      untrack(a, s); /* closed by another surface: its prompts end `cancelled` */
+  }
+}
+
+/* ---- quiesce, close, stop ----------------------------------------------------------------------------- */
+
+static void unsubscribe_all(acp_agent *a) {
+  if (a->sub)
+    a->api->unsubscribe(a->sub);
+  a->sub = NULL;
+}
+
+static void stop_quiesce_timer(acp_agent *a) {
+  if (a->quiesce_timer)
+    a->api->timer_stop(a->quiesce_timer);
+  a->quiesce_timer = NULL;
+}
+
+static void peer_closed(ah_rpc_peer *peer, void *arg) {
+  (void)peer;
+  acp_agent *a = arg;
+  a->peer_closed = true;
+  a->peer = NULL;
+  /* ACP-QUIESCE: every answer is flushed; only now is the host asked to stop. */
+  if (!a->stopping)
+    a->api->host_stop(a->m, 0);
+  maybe_finish(a);
+}
+
+static void close_peer(acp_agent *a) {
+  if (a->phase == PHASE_CLOSED)
+    return;
+  a->phase = PHASE_CLOSED;
+  stop_quiesce_timer(a);
+  unsubscribe_all(a);
+  if (!a->peer || a->api->rpc->close(a->peer, peer_closed, a) != 0) {
+    a->peer_closed = true;
+    a->peer = NULL;
+    if (!a->stopping)
+      a->api->host_stop(a->m, 0);
+  }
+}
+
+static bool prompts_pending(const acp_agent *a) {
+  for (const asession *s = a->sessions; s; s = s->next)
+    for (const prompt *p = s->head; p; p = p->next)
+      if (p->req)
+        return true;
+  return false;
+}
+
+static void maybe_quiesced(acp_agent *a) {
+  if (a->phase != PHASE_QUIESCING || prompts_pending(a) || a->client_calls > 0)
+    return;
+  close_peer(a);
+}
+
+static void answer_all_cancelled(acp_agent *a) {
+  for (asession *s = a->sessions; s; s = s->next)
+    for (prompt *p = s->head; p; p = p->next)
+      prompt_answer_stop(a, p, "cancelled");
+}
+
+static void quiesce_deadline(ah_timer *t, void *arg) {
+  (void)t;
+  acp_agent *a = arg;
+  a->quiesce_timer = NULL;
+  a->api->log(a->m, AH_PLOG_WARN, "quiesce: turns still running after %d ms; their prompts answer cancelled",
+              QUIESCE_WAIT_MS);
+  answer_all_cancelled(a);
+  close_peer(a);
+}
+
+static void on_eof(ah_rpc_peer *peer, int status, void *data) {
+  (void)peer;
+  acp_agent *a = data;
+  if (status)
+    a->api->log(a->m, AH_PLOG_WARN, "stdin failed: %s", ah_strerror(status));
+  if (a->phase != PHASE_SERVING)
+    return;
+  /* ACP-QUIESCE: stop admission, cancel this connection's turns, settle every prompt (each answers with its
+   * turn's end, `cancelled`), then close the peer and stop the host. Sessions of other surfaces are never
+   * touched; this connection's sessions stay open in the store (session/load finds them again). */
+  a->phase = PHASE_QUIESCING;
+  for (asession *s = a->sessions; s; s = s->next)
+    cancel_session(a, s);
+  if (prompts_pending(a) || a->client_calls > 0) {
+    if (a->api->timer_start(a->m, QUIESCE_WAIT_MS, 0, quiesce_deadline, a, &a->quiesce_timer) != 0) {
+      answer_all_cancelled(a);
+      close_peer(a);
+    }
+    return;
+  }
+  close_peer(a);
+}
+
+static void on_log(ah_rpc_peer *peer, const char *msg, void *data) {
+  (void)peer;
+  acp_agent *a = data;
+  a->api->log(a->m, AH_PLOG_WARN, "%s", msg);
+}
+
+static void agent_free(acp_agent *a) {
+  asession *s = a->sessions;
+  while (s) {
+    asession *next = s->next;
+    session_free(s);
+    s = next;
+  }
+  free(a);
+}
+
+static void maybe_finish(acp_agent *a) {
+  if (!a->stopping || a->finished || !a->peer_closed || a->outstanding)
+    return;
+  a->finished = true;
+  void (*done)(void *) = a->done;
+  void *arg = a->done_arg;
+  if (a->token)
+    a->api->token_free(a->token);
+  agent_free(a);
+  done(arg);
+}
+
+void acp_agent_stop(acp_agent *a, void (*done)(void *arg), void *arg) {
+  a->stopping = true;
+  a->done = done;
+  a->done_arg = arg;
+  /* The host stops the sessions after the plugins: the turns still running end `cancelled` then, so their
+   * prompts are answered `cancelled` now, before the peer closes. */
+  answer_all_cancelled(a);
+  close_peer(a);
+  a->api->token_trip(a->token); /* core calls in flight are answered `cancelled` */
+  maybe_finish(a);
+}
+
+/* A boolean config value: JSON true/false or the strings "true"/"false" (INI values are strings). */
+static int parse_bool(const json_t *v, bool *out) {
+  if (!v) {
+    *out = false;
+    return 0;
+  }
+  if (json_is_boolean(v)) {
+    *out = json_is_true(v);
+    return 0;
+  }
+  const char *t = json_string_value(v);
+  if (t && (strcmp(t, "true") == 0 || strcmp(t, "false") == 0)) {
+    *out = strcmp(t, "true") == 0;
+    return 0;
+  }
+  return AH_EINVAL;
+}
+
+static int parse_max_line(const json_t *v, size_t *out) {
+  if (!v) {
+    *out = AH_RPC_DEFAULT_MAX_LINE;
+    return 0;
+  }
+  if (json_is_integer(v) && json_integer_value(v) > 0) {
+    *out = (size_t)json_integer_value(v);
+    return 0;
+  }
+  const char *t = json_string_value(v);
+  if (!t || *t < '0' || *t > '9')
+    return AH_EINVAL;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long n = strtoull(t, &end, 10);
+  if (errno || *end || n == 0)
+    return AH_EINVAL;
+  *out = (size_t)n;
+  return 0;
+}
+
+int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, acp_agent **out) {
+  *out = NULL;
+  if (!AH_HAS_FIELD(api, ah_host_api, host_stop) || !api->stdio || !api->host_stop)
+    return AH_EABI;
+  bool stream_deltas = false;
+  size_t max_line = 0;
+  if (parse_bool(json_object_get(config, "stream_deltas"), &stream_deltas) != 0) {
+    api->log(m, AH_PLOG_ERROR, "stream_deltas: true or false is required");
+    return AH_ECONFIG;
+  }
+  if (parse_max_line(json_object_get(config, "max_line"), &max_line) != 0) {
+    api->log(m, AH_PLOG_ERROR, "max_line: a positive number of bytes is required");
+    return AH_ECONFIG;
+  }
+  acp_agent *a = calloc(1, sizeof *a);
+  if (!a)
+    return AH_ENOMEM;
+  a->m = m;
+  a->api = api;
+  a->stream_deltas = stream_deltas;
+  a->phase = PHASE_SERVING;
+  /* One subscription for everything: delivery is ordered per subscriber, so updates keep the order in which
+   * the core emitted the events. */
+  int rc = api->token_new(m, NULL, &a->token);
+  if (rc == 0)
+    rc = api->subscribe(m, "*", on_event, a, &a->sub);
+  uv_stream_t *in = NULL, *outs = NULL;
+  if (rc == 0) {
+    rc = api->stdio(m, &in, &outs);
+    if (rc)
+      api->log(m, AH_PLOG_ERROR, "no stdio to serve on: %s", ah_strerror(rc));
+  }
+  if (rc == 0) {
+    ah_rpc_opts opts = {.struct_size = sizeof opts,
+                        .max_line = max_line,
+                        .on_request = on_request,
+                        .on_notification = on_notification,
+                        .on_eof = on_eof,
+                        .on_log = on_log,
+                        .data = a};
+    rc = api->rpc->open(in, outs, &opts, &a->peer);
+  }
+  if (rc) {
+    unsubscribe_all(a);
+    if (a->token)
+      api->token_free(a->token);
+    agent_free(a);
+    return rc;
+  }
+  *out = a;
+  return 0;
+}
