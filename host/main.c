@@ -940,8 +940,48 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[optind];
-  int rest = argc - optind - 1;
+  /* The global options may also follow the command (`agenthost acp --state-dir DIR`, as editors' agent
+   * settings are often written): they are taken out of the command's own arguments, up to a "--". */
   char **rest_argv = argv + optind + 1;
+  int rest = 0;
+  for (int i = optind + 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--") == 0) {
+      while (++i < argc)
+        rest_argv[rest++] = argv[i];
+      break;
+    }
+    const struct option *o = NULL;
+    const char *val = NULL;
+    for (const struct option *k = longopts; k->name && !o; k++) {
+      size_t n = strlen(k->name);
+      if (k->has_arg != required_argument || strncmp(a, "--", 2) != 0 || strncmp(a + 2, k->name, n) != 0)
+        continue;
+      if (a[2 + n] == '=') {
+        o = k;
+        val = a + 3 + n;
+      } else if (a[2 + n] == '\0') {
+        if (i + 1 >= argc) {
+          fprintf(stderr, "agenthost: option --%s needs a value\n", k->name);
+          return 2;
+        }
+        o = k;
+        val = argv[++i];
+      }
+    }
+    if (!o) {
+      rest_argv[rest++] = argv[i];
+      continue;
+    }
+    const char **field = o->val == O_CONFIG    ? &cli.config_file
+                         : o->val == O_STATE   ? &cli.state_dir
+                         : o->val == O_RUNTIME ? &cli.runtime_dir
+                         : o->val == O_PLUGIN  ? &cli.plugin_dir
+                         : o->val == O_LISTEN  ? &cli.listen
+                         : o->val == O_TOKEN   ? &cli.token_file
+                                               : &cli.log_level;
+    *field = val;
+  }
   signal(SIGPIPE, SIG_IGN);
   if (strcmp(cmd, "version") == 0 && rest == 0) {
     printf("agenthost %s (protocol %d, plugin ABI %d.%d)\n", AH_VERSION, AH_PROTOCOL_VERSION, AH_ABI_MAJOR,

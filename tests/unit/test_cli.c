@@ -154,6 +154,39 @@ Test(cli, plugins_list_without_a_daemon, .timeout = 60, .fini = cleanup) {
   free(runtime);
 }
 
+Test(cli, global_options_may_follow_the_command, .timeout = 60, .fini = cleanup) {
+  /* Every option after the command, in both spellings: they are applied (the store named in the refusal is
+   * in our state dir) and not taken for the command's own arguments. */
+  char *config = quiet_config();
+  char *state = path_in("state");
+  char *runtime = path_in("run");
+  char *state_eq = NULL;
+  cr_assert_geq(asprintf(&state_eq, "--state-dir=%s", state), 0);
+  char *out = NULL;
+  char *err = NULL;
+  int code =
+      run(&out, &err, "sessions", "list", "--config", config, state_eq, "--runtime-dir", runtime, NULL);
+  cr_assert_eq(code, 1, "exited %d: %s", code, err);
+  cr_assert(strstr(err, state) && strstr(err, "agenthost.db"),
+            "the state dir after the command was not used: %s", err);
+  free(out);
+  free(err);
+  /* The command's own options stay its own; a missing value is a usage error; "--" ends the options. */
+  code = run(&out, &err, "version", "--log-level", NULL);
+  cr_assert_eq(code, 2, "%s", err);
+  cr_assert(strstr(err, "--log-level needs a value"), "%s", err);
+  free(out);
+  free(err);
+  code = run(&out, &err, "version", "--", "--log-level", "debug", NULL);
+  cr_assert_eq(code, 2, "arguments after -- belong to the command, which takes none: %s", err);
+  free(out);
+  free(err);
+  free(state_eq);
+  free(config);
+  free(state);
+  free(runtime);
+}
+
 Test(cli, bad_config_value_names_file_line_and_key, .timeout = 60, .fini = cleanup) {
   char *config = ts_write_file(test_dir(), "bad.ini", "; a comment\n[host]\nlog_level = loud\n");
   cr_assert_not_null(config);
