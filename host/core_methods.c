@@ -26,7 +26,8 @@ static void m_session_events(ah_call *call, const json_t *params, void *data) {
   json_t *after = json_object_get(params, "after");
   json_t *limit = json_object_get(params, "limit");
   if ((after && (!json_is_integer(after) || json_integer_value(after) < 0)) ||
-      (limit && (!json_is_integer(limit) || json_integer_value(limit) < 1 || json_integer_value(limit) > 1000))) {
+      (limit &&
+       (!json_is_integer(limit) || json_integer_value(limit) < 1 || json_integer_value(limit) > 1000))) {
     ah__call_error(call, AH_EINVAL, "params: after (integer >= 0), limit (1..1000)", NULL);
     return;
   }
@@ -41,7 +42,8 @@ static void m_session_events(ah_call *call, const json_t *params, void *data) {
     ah__call_error(call, AH_EIO, "the store could not be read", NULL);
     return;
   }
-  json_t *next = json_array_size(events) == n ? json_object_get(json_array_get(events, n - 1), "cursor") : NULL;
+  json_t *next =
+      json_array_size(events) == n ? json_object_get(json_array_get(events, n - 1), "cursor") : NULL;
   ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfter", next));
 }
 
