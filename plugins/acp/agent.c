@@ -101,6 +101,7 @@ typedef struct ccall {
 typedef struct perm {
   acp_agent *a;
   char *request_id;
+  json_t *answers; /* a question: the option labels, by index of "answer/<i>"; NULL for a tool approval */
 } perm;
 
 struct acp_agent {
@@ -965,13 +966,23 @@ static void on_permission(ah_rpc_peer *peer, int status, const json_t *result, c
   const char *kind = str_of(outcome, "outcome");
   const char *option = str_of(outcome, "optionId");
   const char *chosen = NULL;
-  for (size_t i = 0; status == 0 && kind && strcmp(kind, "selected") == 0 && option && i < 4; i++)
+  const char *answer = NULL;
+  bool selected = status == 0 && kind && strcmp(kind, "selected") == 0 && option;
+  for (size_t i = 0; selected && !r->answers && i < 4; i++)
     if (strcmp(option, option_ids[i]) == 0)
       chosen = option_ids[i];
+  if (selected && r->answers && strncmp(option, "answer/", 7) == 0) {
+    char *end = NULL;
+    unsigned long i = strtoul(option + 7, &end, 10);
+    if (end && *end == '\0' && end != option + 7 && i < json_array_size(r->answers))
+      answer = json_string_value(json_array_get(r->answers, i));
+  }
   if (status != AH_ECLOSED && !a->stopping) {
     json_t *params = NULL;
     if (chosen)
       params = json_pack("{s:s, s:{s:s}}", "id", r->request_id, "value", "optionId", chosen);
+    else if (answer)
+      params = json_pack("{s:s, s:{s:s}}", "id", r->request_id, "value", "answer", answer);
     else
       params = json_pack("{s:s, s:{s:s, s:O?}}", "id", r->request_id, "error", "message",
                          status == AH_EPROTO                      ? "the client answered with an error"
@@ -980,9 +991,58 @@ static void on_permission(ah_rpc_peer *peer, int status, const json_t *result, c
                          "clientError", status == AH_EPROTO ? error : NULL);
     fire(a, "request.respond", params);
   }
+  json_decref(r->answers);
   free(r->request_id);
   free(r);
   maybe_finish(a);
+}
+
+/* The kind of an answer shown as a permission option: ACP has only allow/reject kinds, so a label that
+ * reads as a refusal is a reject, anything else an allow ("always" makes it the lasting variant). */
+static const char *answer_kind(const char *label) {
+  static const char *const no[] = {"reject", "deny", "no", "cancel", "decline", "refuse", "don't", "never"};
+  bool always = strcasestr(label, "always") != NULL;
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+    if (strncasecmp(label, no[i], strlen(no[i])) == 0)
+      return always ? "reject_always" : "reject_once";
+  return always ? "allow_always" : "allow_once";
+}
+
+#define MAX_QUESTION_OPTIONS 16
+
+/* A question with 1..16 string options as a session/request_permission (*answers: the labels), or NULL. */
+static json_t *question_request(const json_t *request, const char *sid, json_t **answers) {
+  const json_t *opts = json_object_get(request, "options");
+  const char *question = str_of(json_object_get(request, "params"), "question");
+  size_t n = json_array_size(opts);
+  if (n == 0 || n > MAX_QUESTION_OPTIONS)
+    return NULL;
+  json_t *options = json_array();
+  json_t *labels = json_array();
+  for (size_t i = 0; options && labels && i < n; i++) {
+    const char *label = json_string_value(json_array_get(opts, i));
+    if (!label) {
+      json_decref(options);
+      json_decref(labels);
+      return NULL;
+    }
+    char oid[32];
+    snprintf(oid, sizeof oid, "answer/%zu", i);
+    json_array_append_new(
+        options, json_pack("{s:s, s:s, s:s}", "optionId", oid, "name", label, "kind", answer_kind(label)));
+    json_array_append_new(labels, json_string(label));
+  }
+  char call_id[192];
+  snprintf(call_id, sizeof call_id, "question/%s", str_of(request, "id") ? str_of(request, "id") : "?");
+  json_t *msg = json_pack("{s:s, s:{s:s, s:s, s:s, s:s}, s:o}", "sessionId", sid, "toolCall", "toolCallId",
+                          call_id, "title", question && *question ? question : "a question", "kind", "other",
+                          "status", "pending", "options", options);
+  if (!msg) {
+    json_decref(labels);
+    return NULL;
+  }
+  *answers = labels;
+  return msg;
 }
 
 static void forward_request(acp_agent *a, const json_t *request) {
@@ -994,38 +1054,48 @@ static void forward_request(acp_agent *a, const json_t *request) {
   const char *sid = root ? root->id : NULL;
   if (!kind || !id || !root)
     return;
+  json_t *msg = NULL;
+  json_t *answers = NULL;
   if (strcmp(kind, "approval") != 0) {
-    /* Questions have no ACP request of their own (request_permission is for tool calls): they are answered
-     * `cancelled` at once rather than left waiting for a client that cannot answer them. */
-    fire(a, "request.respond",
-         json_pack("{s:s, s:{s:s}}", "id", id, "error", "message", "questions are not supported over ACP"));
-    return;
+    /* A question with options (an ACP child agent's own permission request, say) is asked as a
+     * request_permission whose options are the answers; a free-text question has no ACP request and is
+     * answered `cancelled` at once rather than left waiting for a client that cannot answer it. */
+    msg = question_request(request, sid, &answers);
+    if (!msg) {
+      fire(a, "request.respond",
+           json_pack("{s:s, s:{s:s}}", "id", id, "error", "message",
+                     "free-text questions are not supported over ACP"));
+      return;
+    }
+  } else {
+    json_t *params = json_object_get(request, "params");
+    const char *tool = str_of(params, "tool");
+    json_t *args = json_object_get(params, "args");
+    char call_id[192];
+    acp_codec_tool_call_id(call_id, sizeof call_id, str_of(request, "turnId"), str_of(params, "callId"));
+    char *title = acp_codec_tool_title(tool, args);
+    json_t *options = json_array();
+    for (size_t i = 0; options && i < 4; i++)
+      json_array_append_new(options, json_pack("{s:s, s:s, s:s}", "optionId", option_ids[i], "name",
+                                               option_names[i], "kind", option_ids[i]));
+    msg = json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:O}, s:o}", "sessionId", sid, "toolCall", "toolCallId",
+                    call_id, "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
+                    "pending", "rawInput", args ? args : json_null(), "options", options);
+    free(title);
   }
-  json_t *params = json_object_get(request, "params");
-  const char *tool = str_of(params, "tool");
-  json_t *args = json_object_get(params, "args");
-  char call_id[192];
-  acp_codec_tool_call_id(call_id, sizeof call_id, str_of(request, "turnId"), str_of(params, "callId"));
-  char *title = acp_codec_tool_title(tool, args);
-  json_t *options = json_array();
-  for (size_t i = 0; options && i < 4; i++)
-    json_array_append_new(options, json_pack("{s:s, s:s, s:s}", "optionId", option_ids[i], "name",
-                                             option_names[i], "kind", option_ids[i]));
-  json_t *msg =
-      json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:O}, s:o}", "sessionId", sid, "toolCall", "toolCallId",
-                call_id, "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
-                "pending", "rawInput", args ? args : json_null(), "options", options);
-  free(title);
   perm *r = calloc(1, sizeof *r);
   if (!msg || !r || !(r->request_id = strdup(id))) {
     json_decref(msg);
+    json_decref(answers);
     free(r);
     a->api->log(a->m, AH_PLOG_ERROR, "cannot forward request %s: out of memory", id);
     return;
   }
   r->a = a;
+  r->answers = answers;
   int rc = a->api->rpc->request(a->peer, "session/request_permission", msg, on_permission, r, NULL);
   if (rc) {
+    json_decref(r->answers);
     free(r->request_id);
     free(r);
     a->api->log(a->m, AH_PLOG_WARN, "cannot send request %s: %s", id, ah_strerror(rc));

@@ -281,9 +281,9 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_ms
     free(text);
     append(out, u);
   } else if (strcmp(kind, "question/asked") == 0) {
-    /* Questions cannot be answered over ACP (agent.c answers them cancelled): the user still sees what was
-     * asked. */
-    const char *q = str_of(data, "question");
+    /* A question with options is asked as a session/request_permission (agent.c); a free-text one cannot be
+     * answered over ACP (agent.c answers it cancelled): the user still sees what was asked. */
+    const char *q = json_array_size(json_object_get(data, "options")) > 0 ? NULL : str_of(data, "question");
     char *text = NULL;
     snprintf(id, sizeof id, "%s/question/%s", turn ? turn : "-",
              str_of(data, "requestId") ? str_of(data, "requestId") : "-");

@@ -213,10 +213,17 @@ describe("acp-child", () => {
     proc.stderr.on("data", (d) => (stderr += d));
     const exited = new Promise((r) => proc.on("close", (code, sig) => r({ code, sig })));
     const updates = [];
+    const permissions = [];
     const conn = acp
       .client({ name: "acp-child-test" })
       .onNotification("session/update", ({ params }) => {
         updates.push(params);
+      })
+      .onRequest(acp.methods.client.session.requestPermission, async ({ params }) => {
+        // The child's own permission request reaches the editor with the child's option names as answers.
+        permissions.push(params);
+        const opt = params.options.find((o) => o.name === (permissions.length === 1 ? "Allow once" : "Reject"));
+        return { outcome: { outcome: "selected", optionId: opt.optionId } };
       })
       .connect(acp.ndJsonStream(Writable.toWeb(proc.stdin), Readable.toWeb(proc.stdout)));
     const texts = (sid) =>
@@ -257,8 +264,33 @@ describe("acp-child", () => {
         .join("");
       assert.match(partial, /^chunk 1 chunk 2 /, "the text so far reaches the editor");
       assert.doesNotMatch(partial, /chunk 100 /);
+      // A child's permission request is asked of the editor (ACP-OUTPUT-PERMISSION over the question the
+      // provider makes of it): the first answered "Allow once", the second "Reject".
+      for (const [n, want] of [[1, "permission: allow"], [2, "permission: reject"]]) {
+        const at = updates.length;
+        const r = await bounded(
+          conn.agent.request("session/prompt", { sessionId, prompt: [{ type: "text", text: "permission touch a file" }] }),
+          `the permission prompt #${n}`,
+        );
+        assert.equal(r.stopReason, "end_turn");
+        assert.equal(permissions.length, n, "one request_permission per child request");
+        const p = permissions[n - 1];
+        assert.equal(p.sessionId, sessionId);
+        assert.match(p.toolCall.title, /touch a file/);
+        assert.deepEqual(
+          p.options.map((o) => [o.name, o.kind]),
+          [["Allow once", "allow_once"], ["Reject", "reject_once"]],
+          "the child's options, with kinds read from their names",
+        );
+        const text = updates
+          .slice(at)
+          .filter((u) => u.update.sessionUpdate === "agent_message_chunk")
+          .map((u) => u.update.content.text)
+          .join("");
+        assert.equal(text, want, "the child got the editor's choice");
+      }
       const pids = readFileSync(pidFile, "utf8").split("\n").filter(Boolean).map(Number);
-      assert.equal(new Set(pids).size, 2, "a fresh child per prompt");
+      assert.equal(new Set(pids).size, 4, "a fresh child per prompt");
       for (const pid of pids) await waitGone(pid, 10000, "a child of agenthost acp");
     } finally {
       proc.stdin.end();
