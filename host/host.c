@@ -279,15 +279,23 @@ static json_t *describe_mount(const ah_mount *m) {
 }
 
 json_t *ah__host_describe(ah_host *h) {
+  /* Built once per change of what is mounted: it is asked for often (every client's handshake) and costs
+   * a few hundred JSON nodes. Callers get a reference and must not modify it. */
+  if (h->describe_cache && h->describe_gen == h->reg.gen)
+    return json_incref(h->describe_cache);
   json_t *plugins = json_array();
   AH__LIST_EACH(it, &h->mounts) {
     const ah_mount *m = AH__CONTAINER(it, ah_mount, link);
     if (m->state == AH__MOUNT_ACTIVE)
       json_array_append_new(plugins, describe_mount(m));
   }
-  return json_pack("{s:s, s:s, s:i, s:{s:i, s:i}, s:s, s:o}", "name", "agenthost", "version", AH_VERSION,
-                   "protocol", AH_PROTOCOL_VERSION, "abi", "major", AH_ABI_MAJOR, "minor", AH_ABI_MINOR,
-                   "mode", h->mode, "plugins", plugins);
+  json_t *d = json_pack("{s:s, s:s, s:i, s:{s:i, s:i}, s:s, s:o}", "name", "agenthost", "version", AH_VERSION,
+                        "protocol", AH_PROTOCOL_VERSION, "abi", "major", AH_ABI_MAJOR, "minor", AH_ABI_MINOR,
+                        "mode", h->mode, "plugins", plugins);
+  json_decref(h->describe_cache);
+  h->describe_cache = json_incref(d);
+  h->describe_gen = h->reg.gen;
+  return d;
 }
 
 static const char *state_name(ah__mount_state s) {
@@ -651,6 +659,8 @@ int ah__host_stop(ah_host *h, ah__done_fn cb, void *arg) {
 void ah__host_free(ah_host *h) {
   if (!h)
     return;
+  json_decref(h->describe_cache);
+  h->describe_cache = NULL;
   while (!ah__list_empty(&h->zombies)) {
     ah_mount *m = AH__CONTAINER(h->zombies.next, ah_mount, link);
     ah__list_remove(&m->link);

@@ -58,7 +58,7 @@ int ah__host_dispatch(ah_host *h, const ah_caller *caller, const char *method, j
 /* host.describe's value: {name, version, protocol, abi {major, minor}, plugins: [{name, version,
  * description, path, methods: [{name, privileged, cancellable}], events: [{name, allowlisted}],
  * descriptors: [...]}]}. New reference. */
-json_t *ah__host_describe(ah_host *h);
+json_t *ah__host_describe(ah_host *h); /* a new reference to a shared value: do not modify it */
 
 /* plugin.list's value: [{name, version, path, state}] including zombies. New reference. */
 json_t *ah__host_plugin_list(ah_host *h);

@@ -111,6 +111,7 @@ typedef struct ah__registry {
   ah__entry **buckets;
   size_t nbuckets;
   json_t *tombstones; /* {"kind:name": true}: withdrawn names that fail closed until registered again */
+  uint64_t gen;       /* bumped whenever what is visible changes (publish, withdraw, remove) */
 } ah__registry;
 
 int ah__registry_init(ah__registry *r);
@@ -357,6 +358,8 @@ struct ah_host {
   bool pump_active;
   size_t inflight;
   uint64_t bus_pass;
+  json_t *describe_cache; /* host.describe, valid while reg.gen == describe_gen (read-only for callers) */
+  uint64_t describe_gen;
   int audit_fd;                 /* state_dir/audit.log, append-only; -1 without a configuration */
   struct ah_sessions *sessions; /* NULL without a state directory */
   /* stdio for a stdio surface (api->stdio) */

@@ -79,6 +79,7 @@ int ah__registry_stage(ah__registry *r, ah_mount *m, ah__entry *e) {
 }
 
 void ah__registry_publish(ah__registry *r, ah_mount *m) {
+  r->gen++;
   AH__LIST_EACH(it, &m->journal) {
     ah__entry *e = AH__CONTAINER(it, ah__entry, journal);
     e->state = AH__ST_ACTIVE;
@@ -90,13 +91,14 @@ void ah__registry_publish(ah__registry *r, ah_mount *m) {
 }
 
 void ah__registry_withdraw(ah__registry *r, ah_mount *m) {
-  (void)r;
+  r->gen++;
   AH__LIST_EACH(it, &m->journal) {
     AH__CONTAINER(it, ah__entry, journal)->state = AH__ST_WITHDRAWN;
   }
 }
 
 void ah__registry_remove(ah__registry *r, ah_mount *m, bool tombstone) {
+  r->gen++;
   while (!ah__list_empty(&m->journal)) {
     ah__link *l = m->journal.prev; /* reverse registration order */
     ah__entry *e = AH__CONTAINER(l, ah__entry, journal);
