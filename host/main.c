@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -146,6 +147,102 @@ static int cmd_url(const ah_cli_overrides *cli) {
   explicit_bzero(u, strlen(u));
   free(u);
   return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
+}
+
+/* The token file of the configuration ([plugin.browser] token_file, else state_dir/token). */
+static void token_path(const ah_config *cfg, char *path, size_t cap) {
+  const char *tf = json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
+  if (tf && *tf)
+    snprintf(path, cap, "%s", tf);
+  else
+    snprintf(path, cap, "%s/token", cfg->state_dir);
+}
+
+/* Without a daemon: a new token file (32 random bytes, base64url, 0600), renamed over the old one. */
+static int rotate_offline(const char *path) {
+  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+  unsigned char t[32];
+  if (getrandom(t, sizeof t, 0) != (ssize_t)sizeof t)
+    return -1;
+  char text[45];
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t o = 0;
+  for (size_t i = 0; i < sizeof t; i++) {
+    acc = (acc << 8) | t[i];
+    bits += 8;
+    while (bits >= 6) {
+      bits -= 6;
+      text[o++] = alphabet[(acc >> bits) & 63];
+    }
+  }
+  text[o++] = alphabet[(acc << (6 - bits)) & 63];
+  text[o++] = '\n';
+  char tmp[4300];
+  if (snprintf(tmp, sizeof tmp, "%s.new", path) >= (int)sizeof tmp)
+    return -1;
+  unlink(tmp);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return -1;
+  bool ok = write(fd, text, o) == (ssize_t)o && fsync(fd) == 0;
+  close(fd);
+  explicit_bzero(text, sizeof text);
+  explicit_bzero(t, sizeof t);
+  if (!ok || rename(tmp, path) != 0) {
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+static void print_error(const char *what, int rc, json_t *error);
+
+/* `agenthost token rotate`: the running daemon's browser plugin replaces its token and closes every live
+ * WebSocket (1008), so open tabs must be given the new launch URL; without a daemon the file is replaced. */
+static int cmd_token(const ah_cli_overrides *cli, int argc, char **argv) {
+  if (argc != 1 || strcmp(argv[0], "rotate") != 0) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  ah_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  char *err = NULL;
+  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
+    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
+    free(err);
+    return 2;
+  }
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, "browser.rotate-token", NULL, 30000, &result, &error);
+  int code = 0;
+  if (rc == AH_ECLOSED) {
+    char path[4200];
+    token_path(&cfg, path, sizeof path);
+    if (rotate_offline(path) != 0) {
+      fprintf(stderr, "agenthost: token rotate: cannot replace %s\n", path);
+      code = 1;
+    } else {
+      printf("rotated the token in %s (no daemon is running)\n", path);
+    }
+  } else if (rc) {
+    print_error("token rotate", rc, error);
+    code = 1;
+  } else {
+    const char *why = NULL;
+    char *u = launch_url(&cfg, 0, &why);
+    if (u) {
+      printf("%s\n", u);
+      explicit_bzero(u, strlen(u));
+      free(u);
+    } else {
+      printf("rotated\n");
+    }
+  }
+  json_decref(result);
+  json_decref(error);
+  ah__config_free(&cfg);
+  return code;
 }
 
 static void close_leftover(uv_handle_t *h, void *arg) {
@@ -1002,6 +1099,8 @@ int main(int argc, char **argv) {
     return cmd_remote(&cli, rest, rest_argv);
   if (strcmp(cmd, "url") == 0 && rest == 0)
     return cmd_url(&cli);
+  if (strcmp(cmd, "token") == 0)
+    return cmd_token(&cli, rest, rest_argv);
   fprintf(stderr, "agenthost: unknown command or arguments: %s\n\n%s", cmd, usage);
   return 2;
 }

@@ -1,0 +1,350 @@
+/* agenthost browser plugin — POST /api/<method> and POST /api/respond (PROTOCOLS.md API-RPC-MODEL,
+ * API-RPC-SCHEMAS, API-HTTP-HANDLER, API-HTTP-BRIDGE; DECISIONS.md "Browser envelopes").
+ *
+ * The fence has admitted the headers and checked Content-Length against the route's limit; here the body is
+ * read into a buffer of exactly that size (counted in the global in-flight budget, 503 beyond it) under an
+ * idle deadline, then parsed in two stages: the envelope (kind, rpcId, method, payload or value/error),
+ * then the method's own params by the method itself. Carrier problems are HTTP statuses; business outcomes
+ * are 200 with `error` in the server-response. A client that disconnects cancels its call's token.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "browser.h"
+
+#define RPC_ID_MAX 256
+
+static void req_unlink(bp_req *r) {
+  bp_state *st = r->st;
+  if (r->prev)
+    r->prev->next = r->next;
+  else if (st->reqs == r)
+    st->reqs = r->next;
+  if (r->next)
+    r->next->prev = r->prev;
+  r->prev = r->next = NULL;
+}
+
+static void release_budget(bp_req *r) {
+  if (r->budgeted) {
+    r->st->body_in_flight -= r->content_length;
+    r->budgeted = false;
+  }
+}
+
+void bp_req_release(bp_req *r) {
+  req_unlink(r);
+  if (r->timer)
+    r->st->api->timer_stop(r->timer);
+  r->timer = NULL;
+  release_budget(r);
+  if (r->http && r->http->req == r)
+    r->http->req = NULL;
+  if (r->token)
+    r->st->api->token_free(r->token);
+  free(r->body);
+  free(r->rpc_id);
+  free(r);
+}
+
+void bp_req_detach(bp_req *r) {
+  r->wsi = NULL;
+  r->http = NULL;
+  if (r->dispatched) {
+    /* API-HTTP-BRIDGE: the client went away: cancel its call; the reply frees the request. */
+    if (r->token)
+      r->st->api->token_trip(r->token);
+    return;
+  }
+  bp_req_release(r);
+}
+
+static bp_req *req_new(bp_state *st, bp_http *h, struct lws *wsi, bp_req_kind kind) {
+  bp_req *r = calloc(1, sizeof *r);
+  if (!r)
+    return NULL;
+  r->st = st;
+  r->wsi = wsi;
+  r->http = h;
+  r->kind = kind;
+  r->conn_id = h->conn_id;
+  r->next = st->reqs;
+  if (st->reqs)
+    st->reqs->prev = r;
+  st->reqs = r;
+  h->req = r;
+  return r;
+}
+
+/* Queue a response on the request's connection; the request is done. */
+static void respond(bp_req *r, int status, json_t *body) {
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  json_decref(body);
+  if (r->wsi && r->http) {
+    if (!text)
+      status = 500;
+    if (bp_build_response(r->wsi, &r->http->out, status, "application/json", NULL, text ? text : "{}",
+                          text ? strlen(text) : 2, true, false) == 0)
+      bp_send_later(r->http, r->wsi);
+  }
+  free(text);
+  bp_req_release(r);
+}
+
+static json_t *error_body(const char *rpc_id, const char *category, const char *message, json_t *data) {
+  json_t *err = json_pack("{s:s, s:s}", "code", category, "message", message ? message : category);
+  if (err && data)
+    json_object_set(err, "data", data);
+  json_t *body = json_pack("{s:s, s:o}", "kind", "server-response", "error", err);
+  if (body && rpc_id)
+    json_object_set_new(body, "rpcId", json_string(rpc_id));
+  return body;
+}
+
+int bp_answer_error(bp_http *h, struct lws *wsi, int status, const char *rpc_id, const char *category,
+                    const char *message, json_t *data) {
+  json_t *body = error_body(rpc_id, category, message, data);
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  json_decref(body);
+  int rc = bp_build_response(wsi, &h->out, status, "application/json", NULL, text ? text : "{}",
+                             text ? strlen(text) : 2, true, false);
+  free(text);
+  if (rc == 0)
+    bp_send_later(h, wsi);
+  return rc;
+}
+
+/* A generic 500: nothing of the failure reaches the client but a correlation id, which the log carries with
+ * the real message (G9). */
+static void internal_error(bp_req *r, const char *what) {
+  bp_state *st = r->st;
+  char corr[40];
+  snprintf(corr, sizeof corr, "c-%llx-%llx", (unsigned long long)getpid(),
+           (unsigned long long)++st->next_corr);
+  st->api->log(st->m, AH_PLOG_ERROR, "internal error in %s (correlation id %s): %s", r->method, corr,
+               what ? what : "unknown");
+  respond(r, 500,
+          error_body(r->rpc_id, "internal", "internal error", json_pack("{s:s}", "correlationId", corr)));
+}
+
+static void on_reply(const ah_outcome *o, void *arg) {
+  bp_req *r = arg;
+  r->dispatched = false;
+  r->st->outstanding--;
+  if (!r->wsi) {
+    bp_req_release(r);
+    return;
+  }
+  if (o->status == 0) {
+    if (r->kind == BP_REQ_RESPOND)
+      respond(r, 200, json_deep_copy(o->result)); /* the receipt {accepted, reason?} */
+    else
+      respond(
+          r, 200,
+          json_pack("{s:s, s:s, s:O}", "kind", "server-response", "rpcId", r->rpc_id, "value", o->result));
+    return;
+  }
+  switch (o->status) {
+  case AH_ENOMETHOD:
+    respond(r, 404, error_body(r->rpc_id, "not-found", "no such method", NULL));
+    return;
+  case AH_EPERM:
+    respond(r, 403, error_body(r->rpc_id, "forbidden", o->message, NULL));
+    return;
+  case AH_EINTERNAL:
+  case AH_ENOMEM:
+  case AH_ESTATE:
+  case AH_EABI:
+  case AH_ELOAD:
+    internal_error(r, o->message);
+    return;
+  case AH_EINVAL:
+    if (r->kind == BP_REQ_RESPOND) {
+      respond(r, 400, error_body(r->rpc_id, "bad-request", o->message, NULL));
+      return;
+    }
+    break;
+  default:
+    break;
+  }
+  respond(r, 200, error_body(r->rpc_id, ah_err_category(o->status), o->message, (json_t *)o->data));
+}
+
+static void dispatch(bp_req *r, const char *method, json_t *params) {
+  bp_state *st = r->st;
+  int rc = st->api->token_new(st->m, NULL, &r->token);
+  ah_caller c;
+  if (rc == 0)
+    rc = st->api->dispatch(st->m, bp_caller(&c, r->loopback, r->conn_id), method, params, r->token, on_reply,
+                           r);
+  else
+    json_decref(params);
+  if (rc == 0) {
+    r->dispatched = true;
+    st->outstanding++;
+    return;
+  }
+  switch (rc) {
+  case AH_ENOMETHOD:
+    respond(r, 404, error_body(r->rpc_id, "not-found", "no such method", NULL));
+    break;
+  case AH_EPERM:
+    respond(r, 403, error_body(r->rpc_id, "forbidden", "not permitted for this caller", NULL));
+    break;
+  case AH_EINVAL:
+    respond(r, 400, error_body(r->rpc_id, "bad-request", "params must be an object or an array", NULL));
+    break;
+  case AH_ESTATE:
+    respond(r, 503, error_body(r->rpc_id, "unavailable", "the host is stopping", NULL));
+    break;
+  case AH_EUNAVAILABLE:
+    respond(r, 200, error_body(r->rpc_id, "unavailable", "the method is withdrawn", NULL));
+    break;
+  default:
+    internal_error(r, ah_strerror(rc));
+  }
+}
+
+#define BODY_ABSOLUTE_MS 300000
+
+static void body_tick(ah_timer *t, void *arg) {
+  (void)t;
+  bp_req *r = arg;
+  bp_state *st = r->st;
+  uint64_t now = uv_now(st->loop);
+  if (!r->wsi || r->dispatched)
+    return;
+  bool idle = now - r->last_ms > (uint64_t)st->body_timeout_s * 1000;
+  if (!idle && now - r->start_ms <= BODY_ABSOLUTE_MS)
+    return;
+  st->api->log(st->m, AH_PLOG_WARN, "closing a connection: the body of POST /api/%s %s (%zu of %llu bytes)",
+               r->method, idle ? "stopped coming" : "took too long", r->got,
+               (unsigned long long)r->content_length);
+  /* Closes at once: CLOSED_HTTP detaches and frees `r` (and stops this timer). */
+  lws_set_timeout(r->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+}
+
+int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d) {
+  /* G7: the global in-flight body budget, checked before a byte is read. */
+  if (st->body_in_flight + d->content_length > st->body_budget) {
+    st->api->log(st->m, AH_PLOG_WARN, "refused POST /api/%s: 503 in-flight body budget exhausted",
+                 d->route == BF_ROUTE_RESPOND ? "respond" : d->method);
+    bp_refuse_now(st, wsi, 503, "too many request bodies in flight; retry later", NULL, false,
+                  d->content_length > 0);
+    return d->content_length > 0 ? -1 : (lws_http_transaction_completed(wsi) ? -1 : 0);
+  }
+  bp_req *r = req_new(st, h, wsi, d->route == BF_ROUTE_RESPOND ? BP_REQ_RESPOND : BP_REQ_API);
+  if (!r)
+    return -1;
+  snprintf(r->method, sizeof r->method, "%s", d->route == BF_ROUTE_RESPOND ? "request.respond" : d->method);
+  r->loopback = d->loopback;
+  r->content_length = d->content_length;
+  r->body = malloc(d->content_length ? d->content_length : 1);
+  if (!r->body) {
+    bp_req_release(r);
+    bp_refuse_now(st, wsi, 503, "out of memory", NULL, false, true);
+    return -1;
+  }
+  r->budgeted = true;
+  st->body_in_flight += d->content_length;
+  if (d->content_length == 0)
+    return bp_api_body_done(st, h, wsi);
+  /* G7: the body must keep coming: an idle deadline between chunks and an absolute one, checked by a host
+   * timer (outside libwebsockets' callbacks, where a synchronous close is safe). */
+  r->start_ms = r->last_ms = uv_now(st->loop);
+  if (st->api->timer_start(st->m, 250, 250, body_tick, r, &r->timer) != 0)
+    r->timer = NULL;
+  return 0;
+}
+
+int bp_api_body(bp_state *st, bp_http *h, struct lws *wsi, const void *in, size_t len) {
+  bp_req *r = h->req;
+  if (r->dispatched)
+    return -1;
+  if (len > r->content_length - r->got) {
+    bp_log_refusal(st, wsi, "POST", r->method, 400, "more body than Content-Length");
+    return -1;
+  }
+  memcpy(r->body + r->got, in, len);
+  r->got += len;
+  r->last_ms = uv_now(st->loop);
+  return 0;
+}
+
+static const char *str_of(const json_t *o, const char *k) {
+  return json_string_value(json_object_get(o, k));
+}
+
+int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
+  bp_req *r = h->req;
+  if (r->dispatched)
+    return 0;
+  lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
+  if (r->timer)
+    st->api->timer_stop(r->timer);
+  r->timer = NULL;
+  if (r->got != r->content_length) {
+    respond(r, 400, error_body(NULL, "bad-request", "the body is shorter than Content-Length", NULL));
+    return 0;
+  }
+  /* Stage 1: the envelope. jansson refuses nesting deeper than 2048 (T6) and duplicate keys. */
+  json_error_t jerr;
+  json_t *env = json_loadb((const char *)r->body, r->got, JSON_REJECT_DUPLICATES, &jerr);
+  free(r->body);
+  r->body = NULL;
+  release_budget(r);
+  if (!env) {
+    /* jansson's message may quote the input: never echoed, never logged (T9). */
+    respond(r, 400, error_body(NULL, "bad-request", "the body is not valid JSON", NULL));
+    return 0;
+  }
+  const char *rpc = json_is_object(env) ? str_of(env, "rpcId") : NULL;
+  if (rpc && strlen(rpc) <= RPC_ID_MAX)
+    r->rpc_id = strdup(rpc);
+  const char *kind = json_is_object(env) ? str_of(env, "kind") : NULL;
+  const char *why = NULL;
+  if (!json_is_object(env))
+    why = "the envelope must be a JSON object";
+  else if (!r->rpc_id)
+    why = "rpcId: a string of at most 256 bytes is required";
+  if (!why && r->kind == BP_REQ_API) {
+    const char *method = str_of(env, "method");
+    json_t *payload = json_object_get(env, "payload");
+    if (!kind || strcmp(kind, "client-request") != 0)
+      why = "kind: \"client-request\" is required";
+    else if (!method)
+      why = "method: a string is required";
+    else if (strcmp(method, r->method) != 0)
+      why = "the envelope's method differs from the URL's";
+    else if (payload && !json_is_null(payload) && !json_is_object(payload) && !json_is_array(payload))
+      why = "payload: an object or an array is required";
+    if (!why) {
+      json_t *params = payload && !json_is_null(payload) ? json_incref(payload) : json_object();
+      json_decref(env);
+      dispatch(r, r->method, params);
+      return 0;
+    }
+  } else if (!why) {
+    json_t *value = json_object_get(env, "value");
+    json_t *error = json_object_get(env, "error");
+    if (!kind || strcmp(kind, "client-response") != 0)
+      why = "kind: \"client-response\" is required";
+    else if ((value != NULL) == (error != NULL))
+      why = "exactly one of value or error is required";
+    else if (error && (!json_is_object(error) || !str_of(error, "code") || !str_of(error, "message")))
+      why = "error: {code, message} is required";
+    if (!why) {
+      json_t *params = json_pack("{s:s}", "id", r->rpc_id);
+      if (params)
+        json_object_set(params, value ? "value" : "error", value ? value : error);
+      json_decref(env);
+      dispatch(r, "request.respond", params);
+      return 0;
+    }
+  }
+  json_decref(env);
+  respond(r, 400, error_body(r->rpc_id, "bad-request", why, NULL));
+  return 0;
+}

@@ -1,0 +1,237 @@
+/* agenthost browser plugin — internal declarations shared by its files.
+ *
+ * server.c  mount/withdraw, the libwebsockets context on the host's loop, the protocol callback, responses
+ * fence.c   the request pipeline of SECURITY.md §2.3 as a pure decision (fence.h)
+ * token.c   the token (state_dir/token or --token-file) and the discovery file serve.json
+ * api.c     POST /api/<method> and /api/respond: envelopes, bodies, dispatch
+ * ws.c      the two downlink WebSockets, /api/ws/mux and /api/ws/host
+ * static.c  the static UI and GET /api/sessions/<id>/export
+ *
+ * Everything runs on the host's loop thread; all state hangs off one `bp_state` (no statics).
+ */
+#ifndef AGENTHOST_BROWSER_H
+#define AGENTHOST_BROWSER_H
+
+#include <uv.h> /* before libwebsockets.h: its libuv helpers need it */
+
+#include <agenthost/plugin.h>
+#include <libwebsockets.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "fence.h"
+
+#define BP_MAX_LISTEN 8
+#define BP_HDR_MAX 4096
+
+typedef struct bp_state bp_state;
+typedef struct bp_http bp_http;
+typedef struct bp_req bp_req;
+typedef struct bp_ws bp_ws;
+
+/* A queued downlink frame: LWS_PRE bytes of headroom, then `len` bytes of JSON text. */
+typedef struct bp_frame {
+  struct bp_frame *next;
+  int64_t cursor; /* a durable event's cursor, 0 for transient frames */
+  char rid[64];   /* request.approval / request.question: the request id (dedup on the host stream) */
+  size_t len;
+  unsigned char data[];
+} bp_frame;
+
+/* A response waiting for HTTP_WRITEABLE: headers and body in one buffer with LWS_PRE headroom. */
+typedef struct bp_out {
+  unsigned char *buf;
+  size_t len; /* bytes after LWS_PRE */
+  bool close_after;
+} bp_out;
+
+/* Per HTTP connection (libwebsockets' per-session data of protocols[0], zeroed per connection). */
+struct bp_http {
+  bp_state *st;
+  uint64_t conn_id;
+  bp_req *req; /* the request of this transaction (body being read or call in flight) */
+  bp_out out;
+};
+
+typedef enum bp_req_kind {
+  BP_REQ_INVALID = 0,
+  BP_REQ_API,
+  BP_REQ_RESPOND,
+  BP_REQ_EXPORT,
+} bp_req_kind;
+
+/* One API request; outlives its connection when the client goes away while the call runs. */
+struct bp_req {
+  bp_state *st;
+  struct lws *wsi; /* NULL once the connection closed */
+  bp_http *http;
+  bp_req_kind kind;
+  char method[BF_METHOD_MAX + 1];
+  char session_id[BF_ID_MAX + 1];
+  bool loopback;
+  uint64_t conn_id;
+  uint64_t content_length;
+  bool budgeted; /* content_length counted in st->body_in_flight */
+  unsigned char *body;
+  size_t got;
+  char *rpc_id;
+  ah_cancel *token;
+  bool dispatched;
+  ah_timer *timer; /* the body deadline */
+  uint64_t start_ms, last_ms;
+  bp_req *prev, *next;
+};
+
+typedef enum bp_ws_kind {
+  BP_WS_INVALID = 0,
+  BP_WS_MUX,
+  BP_WS_HOST,
+} bp_ws_kind;
+
+#define BP_WS_MAGIC 0x62707773u /* "bpws": tags the opaque user data of our WebSocket wsis */
+#define BP_CONN_MAGIC \
+  0x62706363u /* "bpcc": an HTTP connection's identity (kept across keep-alive requests) */
+
+/* The opaque user data of an HTTP wsi: libwebsockets' per-session data does not outlive a transaction,
+ * but the connection id must (request.respond tells a duplicate from a late answer by it). */
+typedef struct bp_conn {
+  uint32_t magic;
+  uint64_t id;
+} bp_conn;
+
+struct bp_ws {
+  uint32_t magic;
+  bp_state *st;
+  struct lws *wsi; /* NULL once closed */
+  bp_ws_kind kind;
+  uint64_t id;
+  bool established;
+  bool linked; /* in st->ws */
+  bool closing;
+  bool close_after_flush; /* a stream/error was queued: close (1011) once it is written */
+  int close_code;         /* a close waiting for the socket to drain (1013), 0 when none */
+  bool close_posted;
+  ah_timer *close_timer; /* the deadline of that drain */
+  bool destroyed;        /* WSI_DESTROY ran while a call was in flight: the call's reply frees it */
+  int calls;             /* core calls in flight for this socket */
+  /* send queue */
+  bp_frame *head, *tail;
+  size_t queued;
+  uint64_t frames_sent;
+  /* mux: replay from the store, then live */
+  bool has_after;
+  int64_t after; /* the client's cursor */
+  int64_t sent_cursor;
+  bool replaying;
+  bool replay_dropped;             /* live frames were dropped during the replay: read the store again */
+  bp_frame *live_head, *live_tail; /* live frames held during the replay */
+  size_t live_queued;
+  /* host: pending requests first */
+  bool listing;
+  json_t *listed; /* ids sent from request.list (dedup of request.pending during the listing) */
+  bp_ws *prev, *next;
+};
+
+struct bp_state {
+  ah_mount *m;
+  const ah_host_api *api;
+  uv_loop_t *loop;
+  struct lws_context *ctx;
+  struct lws_protocols protocols[3];
+  lws_retry_bo_t retry;
+  /* configuration */
+  char *listen_addr[BP_MAX_LISTEN]; /* "127.0.0.1", "::1", … */
+  int listen_port[BP_MAX_LISTEN];   /* as configured (0 = ephemeral) */
+  int ports[BP_MAX_LISTEN];         /* as bound */
+  size_t nlisten;
+  size_t nports;
+  struct lws_vhost *vhosts[BP_MAX_LISTEN];
+  char vhost_names[BP_MAX_LISTEN][8]; /* libwebsockets keeps the pointer, not a copy */
+  char **hosts;
+  size_t nhosts;
+  char **origins;
+  size_t norigins;
+  bool any_ip;
+  uint64_t max_body;
+  uint64_t max_body_prompt;
+  uint64_t body_budget;
+  uint64_t body_in_flight;
+  size_t ws_queue_max;
+  size_t max_ws; /* WebSockets at once (G7) */
+  unsigned ping_s;
+  unsigned header_timeout_s;
+  unsigned body_timeout_s;
+  char *ui_dir;
+  int ui_fd;
+  /* token and discovery */
+  uint8_t token[BF_TOKEN_BYTES];
+  char *token_path; /* the token file (state_dir/token or token_file) */
+  char *serve_json; /* the file we wrote */
+  /* the method table (host.describe): name → true when privileged */
+  json_t *methods;
+  int describe_calls;
+  int outstanding; /* core calls in flight for requests and sockets */
+  /* connections */
+  ah_sub *sub;
+  bp_ws *ws;
+  size_t nws;
+  bp_req *reqs;
+  uint64_t next_conn;
+  uint64_t next_frame;
+  uint64_t next_corr;
+  int64_t last_cursor;
+  /* withdraw */
+  bool withdrawing;
+  ah_withdraw_done_fn done;
+  ah_timer *wd_timer;
+  int wd_phase;
+  int wd_ticks;
+};
+
+/* server.c */
+void bp_log_refusal(bp_state *st, struct lws *wsi, const char *method, const char *path, int status,
+                    const char *reason);
+/* Build a response: status, content type (NULL = none), extra header lines ("name: value\r\n", may be NULL),
+ * body (may be NULL). Hardening headers are added to every response. Returns 0 or -1. */
+int bp_build_response(struct lws *wsi, bp_out *out, int status, const char *ctype, const char *extra,
+                      const void *body, size_t len, bool is_api, bool close_after);
+/* Queue `out` for HTTP_WRITEABLE on the connection. */
+void bp_send_later(bp_http *h, struct lws *wsi);
+/* Write a refusal now (header time, inside the HTTP callback) and tell whether the connection must close. */
+int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason, const char *allow,
+                  bool www_auth, bool close_after);
+bf_method_class bp_classify(const char *method, void *arg);
+void bp_refresh_methods(bp_state *st);
+const ah_caller *bp_caller(ah_caller *c, bool loopback, uint64_t conn_id);
+
+/* api.c */
+int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d);
+int bp_api_body(bp_state *st, bp_http *h, struct lws *wsi, const void *in, size_t len);
+int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi);
+void bp_req_detach(bp_req *r);
+void bp_req_release(bp_req *r);
+/* An envelope-level answer: server-response JSON for `rpc_id` (may be NULL). */
+int bp_answer_error(bp_http *h, struct lws *wsi, int status, const char *rpc_id, const char *category,
+                    const char *message, json_t *data);
+
+/* ws.c */
+int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d);
+int bp_ws_callback(bp_state *st, struct lws *wsi, enum lws_callback_reasons reason, void *in, size_t len);
+void bp_ws_destroy(bp_ws *w);
+void bp_ws_on_event(bp_state *st, const char *name, const json_t *data);
+void bp_ws_close_all(bp_state *st, int code, const char *why);
+
+/* static.c */
+int bp_static_serve(bp_state *st, bp_http *h, struct lws *wsi, const char *path);
+int bp_export_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d);
+int bp_ui_open(bp_state *st, const json_t *config);
+
+/* token.c */
+int bp_token_load(bp_state *st, const json_t *config);
+int bp_discovery_write(bp_state *st);
+/* Replace the token (new random bytes, the file rewritten atomically). */
+int bp_token_rotate(bp_state *st);
+void bp_discovery_remove(bp_state *st);
+
+#endif

@@ -1,0 +1,982 @@
+/* agenthost browser plugin — mount and withdraw, the libwebsockets context on the host's loop, the protocol
+ * callback and the responses (PROTOCOLS.md "Browser API", SECURITY.md, STACK-NOTES.md).
+ *
+ * libwebsockets runs on the host's libuv loop (a foreign loop): one context with explicit vhosts, one vhost
+ * per listener (127.0.0.1:7878 and [::1]:7878 by default). Every request's headers go through the fence
+ * (fence.c) inside LWS_CALLBACK_HTTP or LWS_CALLBACK_HTTP_CONFIRM_UPGRADE, before any body byte is accepted;
+ * a refusal is written there and then, and a connection whose refused request announced a body is closed.
+ *
+ * Withdraw (STACK-NOTES "Shutdown with a foreign loop"): never from inside an lws callback. WebSockets are
+ * closed with 1001, in-flight calls cancelled, then lws_context_destroy() runs from a host timer; the timer
+ * then waits until no loop handle has a callback inside libwebsockets or its evlib (uv_walk + dladdr) and no
+ * close is pending, and calls lws_context_destroy() the second time, which frees the context.
+ */
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "browser.h"
+
+#define DEFAULT_LISTEN "127.0.0.1:7878,[::1]:7878"
+
+static const char csp_api[] = "default-src 'none'; frame-ancestors 'none'";
+static const char csp_ui[] = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                             "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+                             "frame-ancestors 'none'";
+
+/* ---- configuration ------------------------------------------------------------------------------------ */
+
+static char **split_list(const char *s, size_t *n) {
+  *n = 0;
+  if (!s)
+    return NULL;
+  char **out = NULL;
+  const char *p = s;
+  while (*p) {
+    while (*p == ',' || *p == ' ' || *p == '\t')
+      p++;
+    const char *start = p;
+    while (*p && *p != ',')
+      p++;
+    const char *end = p;
+    while (end > start && (end[-1] == ' ' || end[-1] == '\t'))
+      end--;
+    if (end > start) {
+      char **grown = realloc(out, (*n + 1) * sizeof *out);
+      if (!grown)
+        break;
+      out = grown;
+      out[*n] = strndup(start, (size_t)(end - start));
+      if (out[*n])
+        (*n)++;
+    }
+  }
+  return out;
+}
+
+static void free_list(char **l, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    free(l[i]);
+  free(l);
+}
+
+static int parse_u64(const json_t *config, const char *key, uint64_t def, uint64_t *out) {
+  const json_t *v = json_object_get(config, key);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (json_is_integer(v) && json_integer_value(v) >= 0) {
+    *out = (uint64_t)json_integer_value(v);
+    return 0;
+  }
+  const char *t = json_string_value(v);
+  if (!t || !isdigit((unsigned char)*t))
+    return -1;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(t, &end, 10);
+  if (errno || *end)
+    return -1;
+  *out = x;
+  return 0;
+}
+
+/* "127.0.0.1:7878", "[::1]:7878", "0.0.0.0:80". */
+static int parse_listener(const char *spec, char **addr, int *port) {
+  const char *colon = NULL;
+  char host[128];
+  if (spec[0] == '[') {
+    const char *close = strchr(spec, ']');
+    if (!close || close[1] != ':' || (size_t)(close - spec - 1) >= sizeof host)
+      return -1;
+    memcpy(host, spec + 1, (size_t)(close - spec - 1));
+    host[close - spec - 1] = '\0';
+    colon = close + 1;
+  } else {
+    colon = strrchr(spec, ':');
+    if (!colon || (size_t)(colon - spec) >= sizeof host || colon == spec)
+      return -1;
+    memcpy(host, spec, (size_t)(colon - spec));
+    host[colon - spec] = '\0';
+  }
+  unsigned char buf[sizeof(struct in6_addr)];
+  if (inet_pton(AF_INET, host, buf) != 1 && inet_pton(AF_INET6, host, buf) != 1)
+    return -1;
+  char *end = NULL;
+  long p = strtol(colon + 1, &end, 10);
+  if (!colon[1] || *end || p < 0 || p > 65535)
+    return -1;
+  *addr = strdup(host);
+  *port = (int)p;
+  return *addr ? 0 : -1;
+}
+
+static int load_config(bp_state *st, const json_t *config) {
+  const char *listen = json_string_value(json_object_get(config, "listen"));
+  bool defaulted = !listen || !*listen;
+  size_t n = 0;
+  char **specs = split_list(defaulted ? DEFAULT_LISTEN : listen, &n);
+  int rc = 0;
+  for (size_t i = 0; i < n && rc == 0; i++) {
+    if (st->nlisten == BP_MAX_LISTEN ||
+        parse_listener(specs[i], &st->listen_addr[st->nlisten], &st->listen_port[st->nlisten]) != 0) {
+      st->api->log(st->m, AH_PLOG_ERROR, "listen: \"%s\" is not ADDRESS:PORT (IPv6 as [ADDRESS]:PORT)",
+                   specs[i]);
+      rc = AH_ECONFIG;
+    } else {
+      st->nlisten++;
+    }
+  }
+  free_list(specs, n);
+  if (rc == 0 && st->nlisten == 0) {
+    st->api->log(st->m, AH_PLOG_ERROR, "listen: no address");
+    rc = AH_ECONFIG;
+  }
+  if (rc)
+    return rc;
+  st->hosts = split_list(json_string_value(json_object_get(config, "allowed_hosts")), &st->nhosts);
+  st->origins = split_list(json_string_value(json_object_get(config, "allowed_origins")), &st->norigins);
+  uint64_t queue = 0, ping = 0, hto = 0, bto = 0, max_ws = 0;
+  if (parse_u64(config, "max_body", 1u << 20, &st->max_body) ||
+      parse_u64(config, "max_body_prompt", 160u << 20, &st->max_body_prompt) ||
+      parse_u64(config, "body_budget", 512u << 20, &st->body_budget) ||
+      parse_u64(config, "ws_queue_bytes", 8u << 20, &queue) || parse_u64(config, "ping_s", 30, &ping) ||
+      parse_u64(config, "header_timeout_s", 10, &hto) || parse_u64(config, "body_timeout_s", 10, &bto) ||
+      parse_u64(config, "max_websockets", 256, &max_ws)) {
+    st->api->log(st->m, AH_PLOG_ERROR,
+                 "max_body, max_body_prompt, body_budget, ws_queue_bytes, ping_s, header_timeout_s, "
+                 "body_timeout_s and max_websockets must be non-negative integers");
+    return AH_ECONFIG;
+  }
+  st->ws_queue_max = (size_t)queue;
+  st->max_ws = (size_t)max_ws;
+  st->ping_s = (unsigned)(ping ? ping : 30);
+  st->header_timeout_s = (unsigned)(hto ? hto : 10);
+  st->body_timeout_s = (unsigned)(bto ? bto : 10);
+  return 0;
+}
+
+/* Bind each listener once with a plain socket first: a port in use is a clear error before libwebsockets
+ * exists (STACK-NOTES: a listen failure inside lws_create_context() leaves a half-destroyed context). */
+static int probe_listeners(bp_state *st, bool defaulted_v6_optional) {
+  for (size_t i = 0; i < st->nlisten; i++) {
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof ss);
+    socklen_t sl = 0;
+    int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
+    if (af == AF_INET) {
+      struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+      in->sin_family = AF_INET;
+      in->sin_port = htons((uint16_t)st->listen_port[i]);
+      inet_pton(AF_INET, st->listen_addr[i], &in->sin_addr);
+      sl = sizeof *in;
+    } else {
+      struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+      in6->sin6_family = AF_INET6;
+      in6->sin6_port = htons((uint16_t)st->listen_port[i]);
+      inet_pton(AF_INET6, st->listen_addr[i], &in6->sin6_addr);
+      sl = sizeof *in6;
+    }
+    int fd = socket(af, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    int err = 0;
+    if (fd < 0)
+      err = errno;
+    else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+             (af == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+             bind(fd, (struct sockaddr *)&ss, sl) != 0)
+      err = errno;
+    if (fd >= 0)
+      close(fd);
+    if (!err)
+      continue;
+    if (af == AF_INET6 && defaulted_v6_optional && err != EADDRINUSE) {
+      st->api->log(st->m, AH_PLOG_WARN, "not listening on [%s]:%d: %s", st->listen_addr[i],
+                   st->listen_port[i], strerror(err));
+      free(st->listen_addr[i]);
+      memmove(&st->listen_addr[i], &st->listen_addr[i + 1],
+              (st->nlisten - i - 1) * sizeof st->listen_addr[0]);
+      memmove(&st->listen_port[i], &st->listen_port[i + 1],
+              (st->nlisten - i - 1) * sizeof st->listen_port[0]);
+      st->nlisten--;
+      i--;
+      continue;
+    }
+    st->api->log(st->m, AH_PLOG_ERROR, "cannot listen on %s%s%s:%d: %s%s", af == AF_INET6 ? "[" : "",
+                 st->listen_addr[i], af == AF_INET6 ? "]" : "", st->listen_port[i], strerror(err),
+                 err == EADDRINUSE ? " (the port is in use: is another agenthost running? see --listen)"
+                                   : "");
+    return AH_EIO;
+  }
+  return st->nlisten ? 0 : AH_EIO;
+}
+
+/* ---- the method table ------------------------------------------------------------------------------- */
+
+bf_method_class bp_classify(const char *method, void *arg) {
+  bp_state *st = arg;
+  json_t *v = st->methods ? json_object_get(st->methods, method) : NULL;
+  if (!v)
+    return BF_METHOD_UNKNOWN;
+  return json_is_true(v) ? BF_METHOD_PRIVILEGED : BF_METHOD_PUBLIC;
+}
+
+static void described(const ah_outcome *o, void *arg) {
+  bp_state *st = arg;
+  st->describe_calls--;
+  if (o->status == 0 && !st->withdrawing) {
+    json_t *table = json_object();
+    size_t i = 0, j = 0;
+    json_t *p = NULL, *mt = NULL;
+    json_array_foreach(json_object_get(o->result, "plugins"), i, p) {
+      json_array_foreach(json_object_get(p, "methods"), j, mt) {
+        const char *name = json_string_value(json_object_get(mt, "name"));
+        if (name)
+          json_object_set_new(table, name, json_boolean(json_is_true(json_object_get(mt, "privileged"))));
+      }
+    }
+    json_decref(st->methods);
+    st->methods = table;
+  }
+}
+
+const ah_caller *bp_caller(ah_caller *c, bool loopback, uint64_t conn_id) {
+  memset(c, 0, sizeof *c);
+  c->struct_size = sizeof *c;
+  /* Privilege by peer address (getpeername) with a valid token — every caller here presented one. */
+  c->authority = loopback ? AH_AUTH_LOOPBACK : AH_AUTH_LAN;
+  c->surface = "browser";
+  c->connection_id = conn_id;
+  return c;
+}
+
+void bp_refresh_methods(bp_state *st) {
+  ah_caller c;
+  if (st->api->dispatch(st->m, bp_caller(&c, true, 0), "host.describe", NULL, NULL, described, st) == 0)
+    st->describe_calls++;
+}
+
+static void on_event(const char *name, const json_t *data, void *arg) {
+  bp_state *st = arg;
+  if (st->withdrawing)
+    return;
+  if (strcmp(name, "plugin.mounted") == 0 || strcmp(name, "plugin.withdrawn") == 0)
+    bp_refresh_methods(st);
+  bp_ws_on_event(st, name, data);
+}
+
+/* ---- responses ---------------------------------------------------------------------------------------- */
+
+static int add_header(struct lws *wsi, const char *name, const char *value, unsigned char **p,
+                      unsigned char *end) {
+  return lws_add_http_header_by_name(wsi, (const unsigned char *)name, (const unsigned char *)value,
+                                     (int)strlen(value), p, end);
+}
+
+int bp_build_response(struct lws *wsi, bp_out *out, int status, const char *ctype, const char *extra,
+                      const void *body, size_t len, bool is_api, bool close_after) {
+  size_t extra_len = extra ? strlen(extra) : 0;
+  size_t cap = LWS_PRE + 1024 + extra_len * 2 + len;
+  unsigned char *buf = malloc(cap);
+  if (!buf)
+    return -1;
+  unsigned char *start = buf + LWS_PRE;
+  unsigned char *p = start;
+  unsigned char *end = buf + cap - len;
+  int bad = lws_add_http_header_status(wsi, (unsigned int)status, &p, end);
+  if (!bad && ctype)
+    bad = lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, (const unsigned char *)ctype,
+                                       (int)strlen(ctype), &p, end);
+  if (!bad)
+    bad = lws_add_http_header_content_length(wsi, len, &p, end);
+  /* G8: on every response. Never any Access-Control-Allow-* header. */
+  if (!bad)
+    bad = add_header(wsi, "x-content-type-options:", "nosniff", &p, end) ||
+          add_header(wsi, "content-security-policy:", is_api ? csp_api : csp_ui, &p, end) ||
+          add_header(wsi, "x-frame-options:", "DENY", &p, end) ||
+          add_header(wsi, "cache-control:", is_api ? "no-store" : "no-cache", &p, end) ||
+          add_header(wsi, "cross-origin-resource-policy:", "same-origin", &p, end) ||
+          add_header(wsi, "referrer-policy:", "no-referrer", &p, end);
+  /* extra: "name:value\n" lines */
+  const char *e = extra;
+  while (!bad && e && *e) {
+    const char *nl = strchr(e, '\n');
+    const char *colon = strchr(e, ':');
+    if (!nl || !colon || colon > nl)
+      break;
+    char name[64];
+    char value[512];
+    size_t nlen = (size_t)(colon - e) + 1;
+    size_t vlen = (size_t)(nl - colon - 1);
+    if (nlen >= sizeof name || vlen >= sizeof value)
+      break;
+    memcpy(name, e, nlen);
+    name[nlen] = '\0';
+    memcpy(value, colon + 1, vlen);
+    value[vlen] = '\0';
+    bad = add_header(wsi, name, value, &p, end);
+    e = nl + 1;
+  }
+  if (!bad && close_after)
+    bad = add_header(wsi, "connection:", "close", &p, end);
+  if (!bad)
+    bad = lws_finalize_http_header(wsi, &p, end);
+  if (bad) {
+    free(buf);
+    return -1;
+  }
+  if (len)
+    memcpy(p, body, len);
+  p += len;
+  free(out->buf);
+  out->buf = buf;
+  out->len = (size_t)(p - start);
+  out->close_after = close_after;
+  return 0;
+}
+
+void bp_send_later(bp_http *h, struct lws *wsi) {
+  (void)h;
+  lws_callback_on_writable(wsi);
+}
+
+static const char *status_category(int status) {
+  switch (status) {
+  case 401:
+    return "unauthorized";
+  case 403:
+    return "forbidden";
+  case 404:
+    return "not-found";
+  case 408:
+    return "timeout";
+  case 500:
+    return "internal";
+  case 503:
+    return "unavailable";
+  default:
+    return "bad-request";
+  }
+}
+
+int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason, const char *allow,
+                  bool www_auth, bool close_after) {
+  (void)st;
+  json_t *body = json_pack("{s:s, s:{s:s, s:s}}", "kind", "server-response", "error", "code",
+                           status_category(status), "message", reason);
+  char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+  json_decref(body);
+  char extra[128] = "";
+  if (allow)
+    snprintf(extra, sizeof extra, "allow:%s\n", allow);
+  else if (www_auth)
+    snprintf(extra, sizeof extra, "www-authenticate:Bearer realm=\"agenthost\"\n");
+  bp_out out = {0};
+  int rc = bp_build_response(wsi, &out, status, "application/json", extra, text ? text : "{}",
+                             text ? strlen(text) : 2, true, close_after);
+  free(text);
+  if (rc == 0) {
+    if (lws_write(wsi, out.buf + LWS_PRE, out.len, LWS_WRITE_HTTP_FINAL) != (int)out.len)
+      rc = -1;
+    free(out.buf);
+  }
+  return rc;
+}
+
+static void peer_text(struct lws *wsi, char *buf, size_t cap, struct sockaddr_storage *ss) {
+  socklen_t sl = sizeof *ss;
+  memset(ss, 0, sizeof *ss);
+  snprintf(buf, cap, "?");
+  int fd = lws_get_socket_fd(wsi);
+  if (fd < 0 || getpeername(fd, (struct sockaddr *)ss, &sl) != 0)
+    return;
+  char a[INET6_ADDRSTRLEN] = "?";
+  if (ss->ss_family == AF_INET)
+    inet_ntop(AF_INET, &((struct sockaddr_in *)ss)->sin_addr, a, sizeof a);
+  else if (ss->ss_family == AF_INET6)
+    inet_ntop(AF_INET6, &((struct sockaddr_in6 *)ss)->sin6_addr, a, sizeof a);
+  snprintf(buf, cap, "%s", a);
+}
+
+/* T9: one record; the host's logger escapes control characters; header values are never logged except the
+ * User-Agent (escaped), never the Authorization, Cookie or Sec-WebSocket-Protocol. */
+void bp_log_refusal(bp_state *st, struct lws *wsi, const char *method, const char *path, int status,
+                    const char *reason) {
+  char peer[INET6_ADDRSTRLEN + 2];
+  struct sockaddr_storage ss;
+  peer_text(wsi, peer, sizeof peer, &ss);
+  char ua[256] = "";
+  if (lws_hdr_total_length(wsi, WSI_TOKEN_HTTP_USER_AGENT) > 0)
+    lws_hdr_copy(wsi, ua, sizeof ua, WSI_TOKEN_HTTP_USER_AGENT);
+  st->api->log(st->m, AH_PLOG_WARN, "refused %s %s: %d %s (peer %s, user-agent \"%s\")", method, path, status,
+               reason, peer, ua);
+}
+
+/* ---- the protocol callback ---------------------------------------------------------------------------- */
+
+static char *hdr(struct lws *wsi, enum lws_token_indexes t, char *buf, size_t cap) {
+  if (lws_hdr_total_length(wsi, t) <= 0)
+    return NULL;
+  if (lws_hdr_copy(wsi, buf, (int)cap, t) < 0)
+    return NULL;
+  return buf;
+}
+
+static char *custom_hdr(struct lws *wsi, const char *name, char *buf, size_t cap) {
+  int n = (int)strlen(name);
+  if (lws_hdr_custom_length(wsi, name, n) < 0)
+    return NULL;
+  if (lws_hdr_custom_copy(wsi, buf, (int)cap, name, n) < 0)
+    return NULL;
+  return buf;
+}
+
+static const char *http_method(struct lws *wsi) {
+  static const struct {
+    enum lws_token_indexes t;
+    const char *name;
+  } methods[] = {
+      {WSI_TOKEN_GET_URI, "GET"},   {WSI_TOKEN_POST_URI, "POST"},   {WSI_TOKEN_OPTIONS_URI, "OPTIONS"},
+      {WSI_TOKEN_PUT_URI, "PUT"},   {WSI_TOKEN_PATCH_URI, "PATCH"}, {WSI_TOKEN_DELETE_URI, "DELETE"},
+      {WSI_TOKEN_HEAD_URI, "HEAD"}, {WSI_TOKEN_CONNECT, "CONNECT"},
+  };
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++)
+    if (lws_hdr_total_length(wsi, methods[i].t) > 0)
+      return methods[i].name;
+  return "OTHER";
+}
+
+static enum lws_token_indexes uri_token(const char *method) {
+  if (strcmp(method, "POST") == 0)
+    return WSI_TOKEN_POST_URI;
+  if (strcmp(method, "OPTIONS") == 0)
+    return WSI_TOKEN_OPTIONS_URI;
+  if (strcmp(method, "PUT") == 0)
+    return WSI_TOKEN_PUT_URI;
+  if (strcmp(method, "PATCH") == 0)
+    return WSI_TOKEN_PATCH_URI;
+  if (strcmp(method, "DELETE") == 0)
+    return WSI_TOKEN_DELETE_URI;
+  if (strcmp(method, "HEAD") == 0)
+    return WSI_TOKEN_HEAD_URI;
+  return WSI_TOKEN_GET_URI;
+}
+
+typedef struct hdrs {
+  char host[512], origin[512], sfs[64], sfm[64], auth[256], proto[1024], ctype[256], clen[64], te[128],
+      upgrade[64], path[BP_HDR_MAX * 2 + 2];
+} hdrs;
+
+/* Gather the request for the fence. */
+static void gather(bp_state *st, struct lws *wsi, const char *method, const char *in, bool upgrade, hdrs *h,
+                   struct sockaddr_storage *peer, bf_request *r) {
+  memset(r, 0, sizeof *r);
+  r->method = method;
+  int total = lws_hdr_total_length(wsi, uri_token(method));
+  if (in) {
+    snprintf(h->path, sizeof h->path, "%s", in);
+  } else if (total > 0) {
+    lws_hdr_copy(wsi, h->path, sizeof h->path, uri_token(method));
+  } else {
+    h->path[0] = '\0';
+  }
+  r->path = h->path;
+  /* The decoded target's length as lws stored it: a NUL decoded from %00 makes it longer than strlen(). */
+  r->path_len = total > 0 && (size_t)total >= strlen(h->path) ? (size_t)total : strlen(h->path);
+  if (r->path_len >= sizeof h->path)
+    r->path_len = sizeof h->path - 1;
+  r->upgrade = upgrade;
+  char *up = hdr(wsi, WSI_TOKEN_UPGRADE, h->upgrade, sizeof h->upgrade);
+  if (up && strcasecmp(up, "websocket") != 0)
+    r->upgrade_other = up;
+  else if (up && !upgrade)
+    r->upgrade = true;
+  r->host = hdr(wsi, WSI_TOKEN_HOST, h->host, sizeof h->host);
+  r->host_count = r->host ? 1 : 0;
+  char extra[8];
+  if (r->host && lws_hdr_copy_fragment(wsi, extra, sizeof extra, WSI_TOKEN_HOST, 1) >= 0)
+    r->host_count = 2;
+  r->origin = hdr(wsi, WSI_TOKEN_ORIGIN, h->origin, sizeof h->origin);
+  r->sec_fetch_site = custom_hdr(wsi, "sec-fetch-site:", h->sfs, sizeof h->sfs);
+  r->sec_fetch_mode = custom_hdr(wsi, "sec-fetch-mode:", h->sfm, sizeof h->sfm);
+  r->authorization = hdr(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, h->auth, sizeof h->auth);
+  r->ws_protocol = hdr(wsi, WSI_TOKEN_PROTOCOL, h->proto, sizeof h->proto);
+  r->content_type = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, h->ctype, sizeof h->ctype);
+  r->content_length = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, h->clen, sizeof h->clen);
+  r->transfer_encoding = hdr(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, h->te, sizeof h->te);
+  socklen_t sl = sizeof *peer;
+  memset(peer, 0, sizeof *peer);
+  int fd = lws_get_socket_fd(wsi);
+  if (fd >= 0)
+    getpeername(fd, (struct sockaddr *)peer, &sl);
+  r->peer = (const struct sockaddr *)peer;
+  (void)st;
+}
+
+static void policy_of(bp_state *st, bf_policy *p) {
+  memset(p, 0, sizeof *p);
+  p->token = st->token;
+  p->hosts = (const char *const *)st->hosts;
+  p->nhosts = st->nhosts;
+  p->origins = (const char *const *)st->origins;
+  p->norigins = st->norigins;
+  p->ports = st->ports;
+  p->nports = st->nports;
+  p->any_ip_literal = st->any_ip;
+  p->max_body = st->max_body;
+  p->max_body_prompt = st->max_body_prompt;
+  p->classify = bp_classify;
+  p->classify_arg = st;
+}
+
+/* A refused request that announced a body: the connection is closed, the body never read. */
+static bool body_announced(const bf_request *r) {
+  return r->transfer_encoding || (r->content_length && strcmp(r->content_length, "0") != 0);
+}
+
+static uint64_t conn_id_of(bp_state *st, struct lws *wsi) {
+  bp_conn *c = lws_get_opaque_user_data(wsi);
+  if (c && c->magic == BP_CONN_MAGIC)
+    return c->id;
+  c = calloc(1, sizeof *c);
+  if (!c)
+    return ++st->next_conn;
+  c->magic = BP_CONN_MAGIC;
+  c->id = ++st->next_conn;
+  lws_set_opaque_user_data(wsi, c);
+  return c->id;
+}
+
+static int on_http(bp_state *st, bp_http *h, struct lws *wsi, const char *in) {
+  h->conn_id = conn_id_of(st, wsi);
+  h->st = st;
+  const char *method = http_method(wsi);
+  hdrs hb;
+  struct sockaddr_storage peer;
+  bf_request r;
+  gather(st, wsi, method, in, false, &hb, &peer, &r);
+  bf_policy pol;
+  policy_of(st, &pol);
+  bf_decision d;
+  bf_decide(&pol, &r, &d);
+  if (d.status == 0 && st->withdrawing) {
+    d.status = 503;
+    d.reason = "the server is stopping";
+  }
+  if (d.status) {
+    bp_log_refusal(st, wsi, method, r.path, d.status, d.reason);
+    bool close = body_announced(&r);
+    if (bp_refuse_now(st, wsi, d.status, d.reason, d.allow, d.status == 401, close) != 0)
+      return -1;
+    return close ? -1 : (lws_http_transaction_completed(wsi) ? -1 : 0);
+  }
+  switch (d.route) {
+  case BF_ROUTE_API:
+  case BF_ROUTE_RESPOND:
+    return bp_api_begin(st, h, wsi, &d);
+  case BF_ROUTE_EXPORT:
+    return bp_export_begin(st, h, wsi, &d);
+  case BF_ROUTE_STATIC:
+    return bp_static_serve(st, h, wsi, r.path);
+  default:
+    /* An upgrade route reached without an upgrade: the fence answers 400 before this. */
+    return -1;
+  }
+}
+
+static int on_confirm_upgrade(bp_state *st, struct lws *wsi) {
+  const char *method = http_method(wsi);
+  hdrs hb;
+  struct sockaddr_storage peer;
+  bf_request r;
+  gather(st, wsi, method, NULL, true, &hb, &peer, &r);
+  bf_policy pol;
+  policy_of(st, &pol);
+  bf_decision d;
+  bf_decide(&pol, &r, &d);
+  if (d.status == 0 && d.route != BF_ROUTE_WS_MUX && d.route != BF_ROUTE_WS_HOST) {
+    d.status = 404;
+    d.reason = "not found";
+  }
+  if (d.status == 0 && st->withdrawing) {
+    d.status = 503;
+    d.reason = "the server is stopping";
+  }
+  if (d.status == 0 && st->nws >= st->max_ws) {
+    d.status = 503;
+    d.reason = "too many WebSockets";
+  }
+  if (d.status) {
+    /* T3: refused before 101, never after. */
+    bp_log_refusal(st, wsi, method, r.path, d.status, d.reason);
+    bp_refuse_now(st, wsi, d.status, d.reason, d.allow, d.status == 401, true);
+    return 1;
+  }
+  return bp_ws_confirm(st, wsi, &d);
+}
+
+static int bp_callback(struct lws *wsi, enum lws_callback_reasons reason, void *user, void *in, size_t len) {
+  struct lws_context *ctx = wsi ? lws_get_context(wsi) : NULL;
+  bp_state *st = ctx ? lws_context_user(ctx) : NULL;
+  bp_http *h = user;
+  if (!st)
+    return 0;
+  switch (reason) {
+  case LWS_CALLBACK_HTTP:
+    return on_http(st, h, wsi, in);
+  case LWS_CALLBACK_HTTP_BODY:
+    return h && h->req ? bp_api_body(st, h, wsi, in, len) : -1;
+  case LWS_CALLBACK_HTTP_BODY_COMPLETION:
+    return h && h->req ? bp_api_body_done(st, h, wsi) : -1;
+  case LWS_CALLBACK_HTTP_WRITEABLE: {
+    if (!h || !h->out.buf)
+      return 0;
+    bp_out out = h->out;
+    memset(&h->out, 0, sizeof h->out);
+    int n = lws_write(wsi, out.buf + LWS_PRE, out.len, LWS_WRITE_HTTP_FINAL);
+    free(out.buf);
+    if (n < 0 || out.close_after)
+      return -1;
+    return lws_http_transaction_completed(wsi) ? -1 : 0;
+  }
+  case LWS_CALLBACK_CLOSED_HTTP:
+    if (h) {
+      if (h->req)
+        bp_req_detach(h->req);
+      h->req = NULL;
+      free(h->out.buf);
+      memset(&h->out, 0, sizeof h->out);
+    }
+    return 0;
+  case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE:
+    return on_confirm_upgrade(st, wsi);
+  case LWS_CALLBACK_WSI_DESTROY: {
+    bp_ws *w = lws_get_opaque_user_data(wsi);
+    if (w && w->magic == BP_WS_MAGIC) {
+      lws_set_opaque_user_data(wsi, NULL);
+      bp_ws_destroy(w);
+    } else if (w && ((bp_conn *)(void *)w)->magic == BP_CONN_MAGIC) {
+      lws_set_opaque_user_data(wsi, NULL);
+      free(w);
+    }
+    if (h && h->req) {
+      bp_req_detach(h->req);
+      h->req = NULL;
+    }
+    if (h) {
+      free(h->out.buf);
+      memset(&h->out, 0, sizeof h->out);
+    }
+    return 0;
+  }
+  case LWS_CALLBACK_ESTABLISHED:
+  case LWS_CALLBACK_SERVER_WRITEABLE:
+  case LWS_CALLBACK_RECEIVE:
+  case LWS_CALLBACK_CLOSED:
+    return bp_ws_callback(st, wsi, reason, in, len);
+  default:
+    return 0;
+  }
+}
+
+/* ---- the context -------------------------------------------------------------------------------------- */
+
+static int start_lws(bp_state *st) {
+  /* libwebsockets' own log: errors only, on stderr (it never sees a token: nothing here logs headers). */
+  lws_set_log_level(LLL_ERR, NULL);
+  st->protocols[0] = (struct lws_protocols){
+      .name = "http", .callback = bp_callback, .per_session_data_size = sizeof(bp_http), .rx_buffer_size = 0};
+  st->protocols[1] = (struct lws_protocols){
+      .name = "agenthost.v1", .callback = bp_callback, .per_session_data_size = 0, .rx_buffer_size = 4096};
+  memset(&st->protocols[2], 0, sizeof st->protocols[2]);
+  st->retry = (lws_retry_bo_t){.secs_since_valid_ping = (uint16_t)st->ping_s,
+                               .secs_since_valid_hangup = (uint16_t)(st->ping_s * 2 + 10)};
+  void *loops[1] = {st->loop};
+  struct lws_context_creation_info info;
+  memset(&info, 0, sizeof info);
+  info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
+  info.foreign_loops = loops;
+  info.pcontext = &st->ctx;
+  info.fd_limit_per_thread = 1024;
+  info.port = CONTEXT_PORT_NO_LISTEN;
+  info.protocols = st->protocols;
+  info.user = st;
+  info.count_threads = 1;
+  info.timeout_secs = st->header_timeout_s;
+  info.timeout_secs_ah_idle = st->header_timeout_s;
+  info.keepalive_timeout = 60;
+  info.max_http_header_data = 16384;
+  info.max_http_header_pool = 64;
+  st->ctx = lws_create_context(&info);
+  if (!st->ctx) {
+    st->api->log(st->m, AH_PLOG_ERROR,
+                 "cannot create the libwebsockets context (is libwebsockets-evlib-uv installed?)");
+    return AH_EIO;
+  }
+  for (size_t i = 0; i < st->nlisten; i++) {
+    struct lws_context_creation_info vi;
+    memset(&vi, 0, sizeof vi);
+    char *name = st->vhost_names[i];
+    snprintf(name, sizeof st->vhost_names[i], "bp%u", (unsigned)(i % BP_MAX_LISTEN));
+    bool v6 = strchr(st->listen_addr[i], ':') != NULL;
+    vi.vhost_name = name;
+    vi.port = st->listen_port[i];
+    vi.iface = st->listen_addr[i];
+    vi.protocols = st->protocols;
+    vi.options = LWS_SERVER_OPTION_LIBUV |
+                 (v6 ? LWS_SERVER_OPTION_IPV6_V6ONLY_MODIFY | LWS_SERVER_OPTION_IPV6_V6ONLY_VALUE
+                     : LWS_SERVER_OPTION_DISABLE_IPV6);
+    vi.retry_and_idle_policy = &st->retry;
+    vi.keepalive_timeout = 60;
+    vi.timeout_secs = st->header_timeout_s;
+    /* G7 / H27: the header deadline is absolute from the connection's start (or the previous request's end):
+     * libwebsockets does not restart it for every byte that trickles in. */
+    vi.timeout_secs_ah_idle = st->header_timeout_s;
+    st->vhosts[i] = lws_create_vhost(st->ctx, &vi);
+    if (!st->vhosts[i]) {
+      /* Rare (the probe bound it a moment ago): the context is kept and destroyed by withdraw, on later
+       * loop turns, as STACK-NOTES requires. */
+      st->api->log(st->m, AH_PLOG_ERROR, "cannot listen on %s%s%s:%d", v6 ? "[" : "", st->listen_addr[i],
+                   v6 ? "]" : "", st->listen_port[i]);
+      continue;
+    }
+    int port = lws_get_vhost_listen_port(st->vhosts[i]);
+    st->ports[st->nports++] = port;
+    if (strcmp(st->listen_addr[i], "0.0.0.0") == 0 || strcmp(st->listen_addr[i], "::") == 0)
+      st->any_ip = true;
+    else {
+      /* The listener's own IP literal is a valid Host (T1). */
+      char **grown = realloc(st->hosts, (st->nhosts + 1) * sizeof *grown);
+      if (grown) {
+        st->hosts = grown;
+        st->hosts[st->nhosts] = strdup(st->listen_addr[i]);
+        if (st->hosts[st->nhosts])
+          st->nhosts++;
+      }
+    }
+    st->api->log(st->m, AH_PLOG_INFO, "listening on http://%s%s%s:%d/", v6 ? "[" : "", st->listen_addr[i],
+                 v6 ? "]" : "", port);
+  }
+  return 0;
+}
+
+/* browser.rotate-token (privileged): a new token; every live WebSocket generation is closed with 1008 so
+ * that clients rebuild with the new token (SECURITY.md §2.2 item 5, DECISIONS.md `agenthost token rotate`).
+ */
+static void m_rotate(ah_call *call, const json_t *params, void *data) {
+  (void)params;
+  bp_state *st = data;
+  int rc = bp_token_rotate(st);
+  if (rc) {
+    st->api->call_error(call, rc, "the token could not be replaced", NULL);
+    return;
+  }
+  bp_ws_close_all(st, 1008, "token rotated");
+  st->api->call_reply(call, json_pack("{s:b}", "rotated", 1));
+}
+
+/* ---- mount and withdraw -------------------------------------------------------------------------------- */
+
+static void state_free(bp_state *st) {
+  for (size_t i = 0; i < st->nlisten; i++)
+    free(st->listen_addr[i]);
+  free_list(st->hosts, st->nhosts);
+  free_list(st->origins, st->norigins);
+  free(st->ui_dir);
+  if (st->ui_fd >= 0)
+    close(st->ui_fd);
+  free(st->serve_json);
+  free(st->token_path);
+  json_decref(st->methods);
+  explicit_bzero(st->token, sizeof st->token);
+  free(st);
+}
+
+static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
+  if (!AH_HAS_FIELD(api, ah_host_api, loop) || !api->loop)
+    return AH_EABI;
+  bp_state *st = calloc(1, sizeof *st);
+  if (!st)
+    return AH_ENOMEM;
+  st->m = m;
+  st->api = api;
+  st->loop = api->loop(m);
+  st->ui_fd = -1;
+  const char *listen = json_string_value(json_object_get(config, "listen"));
+  int rc = load_config(st, config);
+  if (rc == 0)
+    rc = bp_token_load(st, config);
+  if (rc == 0)
+    rc = bp_ui_open(st, config);
+  if (rc == 0)
+    rc = probe_listeners(st, !listen || !*listen);
+  if (rc == 0)
+    rc = api->subscribe(m, "*", on_event, st, &st->sub);
+  if (rc == 0) {
+    const ah_method_def rotate = {.struct_size = sizeof rotate,
+                                  .name = "browser.rotate-token",
+                                  .handler = m_rotate,
+                                  .flags = AH_METHOD_PRIVILEGED,
+                                  .data = st};
+    rc = api->register_method(m, &rotate);
+  }
+  if (rc == 0)
+    rc = start_lws(st);
+  if (rc) {
+    if (st->sub)
+      api->unsubscribe(st->sub);
+    state_free(st);
+    return rc;
+  }
+  bp_refresh_methods(st);
+  /* The discovery file belongs to the daemon (which holds the runtime directory's lock), not to a stdio
+   * child that was configured to serve the browser too. */
+  const char *mode =
+      AH_HAS_FIELD(api, ah_host_api, host_mode) && api->host_mode ? api->host_mode(m) : "serve";
+  if (st->nports && strcmp(mode ? mode : "", "serve") == 0 && bp_discovery_write(st) != 0)
+    api->log(m, AH_PLOG_WARN,
+             "the discovery file was not written: `agenthost url` will not find this server");
+  *state = st;
+  return 0;
+}
+
+typedef struct walk_ctx {
+  int lws_handles;
+} walk_ctx;
+
+static bool in_lws(void *fn) {
+  Dl_info info;
+  if (!fn || !dladdr(fn, &info) || !info.dli_fname)
+    return false;
+  return strstr(info.dli_fname, "libwebsockets") != NULL;
+}
+
+static void walk_cb(uv_handle_t *h, void *arg) {
+  walk_ctx *w = arg;
+  void *cb = NULL;
+  switch (h->type) {
+  case UV_POLL:
+    cb = (void *)((uv_poll_t *)h)->poll_cb;
+    break;
+  case UV_TIMER:
+    cb = (void *)((uv_timer_t *)h)->timer_cb;
+    break;
+  case UV_IDLE:
+    cb = (void *)((uv_idle_t *)h)->idle_cb;
+    break;
+  case UV_PREPARE:
+    cb = (void *)((uv_prepare_t *)h)->prepare_cb;
+    break;
+  case UV_CHECK:
+    cb = (void *)((uv_check_t *)h)->check_cb;
+    break;
+  case UV_SIGNAL:
+    cb = (void *)((uv_signal_t *)h)->signal_cb;
+    break;
+  case UV_ASYNC:
+    cb = (void *)((uv_async_t *)h)->async_cb;
+    break;
+  default:
+    break;
+  }
+  if (in_lws(cb) || (uv_is_closing(h) && in_lws((void *)h->close_cb)))
+    w->lws_handles++;
+}
+
+static int lws_handles_alive(bp_state *st) {
+  walk_ctx w = {0};
+  uv_walk(st->loop, walk_cb, &w);
+  /* A close still pending in the loop (ours or not) may be one of lws's handles without a close callback,
+   * whose memory the second destroy frees: wait for the loop's closing list to empty as well. */
+  return w.lws_handles + (st->loop->closing_handles != NULL);
+}
+
+static void finish(bp_state *st) {
+  ah_mount *m = st->m;
+  ah_withdraw_done_fn done = st->done;
+  const ah_host_api *api = st->api;
+  if (st->wd_timer)
+    api->timer_stop(st->wd_timer);
+  st->wd_timer = NULL;
+  state_free(st);
+  done(m);
+}
+
+static void wd_tick(ah_timer *t, void *arg) {
+  (void)t;
+  bp_state *st = arg;
+  st->wd_ticks++;
+  switch (st->wd_phase) {
+  case 0: /* WebSockets closing with 1001: wait for their WSI_DESTROY, at most ~1 s */
+    if (st->nws > 0 && st->wd_ticks < 100)
+      return;
+    if (st->ctx)
+      lws_context_destroy(st->ctx);
+    st->wd_phase = 1;
+    st->wd_ticks = 0;
+    return;
+  case 1: /* lws closes its handles on the following loop turns */
+    if (st->ctx && lws_handles_alive(st) && st->wd_ticks < 500)
+      return;
+    if (st->ctx && lws_handles_alive(st))
+      st->api->log(st->m, AH_PLOG_WARN, "libwebsockets still has loop handles after 5 s; destroying anyway");
+    if (st->ctx)
+      lws_context_destroy(st->ctx); /* the second time: frees the context (st->ctx becomes NULL) */
+    st->ctx = NULL;
+    st->wd_phase = 2;
+    return;
+  default: /* the core calls made for requests and sockets were cancelled: wait for their replies */
+    if ((st->describe_calls > 0 || st->outstanding > 0) && st->wd_ticks < 300)
+      return;
+    if (st->describe_calls > 0 || st->outstanding > 0)
+      st->api->log(st->m, AH_PLOG_WARN, "withdraw: %d call(s) still unanswered",
+                   st->outstanding + st->describe_calls);
+    while (st->reqs)
+      bp_req_release(st->reqs);
+    finish(st);
+  }
+}
+
+static void bp_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
+  (void)m;
+  bp_state *st = state;
+  st->withdrawing = true;
+  st->done = done;
+  if (st->sub)
+    st->api->unsubscribe(st->sub);
+  st->sub = NULL;
+  bp_discovery_remove(st);
+  for (bp_req *r = st->reqs; r; r = r->next)
+    if (r->token)
+      st->api->token_trip(r->token);
+  bp_ws_close_all(st, 1001, "the server is going away");
+  if (st->api->timer_start(st->m, 10, 10, wd_tick, st, &st->wd_timer) != 0) {
+    st->api->log(st->m, AH_PLOG_ERROR, "withdraw: no timer; libwebsockets is left running");
+    done(m);
+  }
+}
+
+static const ah_plugin_desc bp_desc = {
+    .struct_size = sizeof(ah_plugin_desc),
+    .abi = AH_ABI_VERSION,
+    .name = "browser",
+    .version = "0.1.0",
+    .description =
+        "Browser surface: HTTP + two downlink WebSockets behind the trust fence and a token, and the web UI",
+    .mount = bp_mount,
+    .withdraw = bp_withdraw,
+    .may_withdraw = NULL,
+};
+
+AH_EXPORT const ah_plugin_desc *ah_plugin_entry_v1(uint32_t host_abi) {
+  if (AH_ABI_MAJOR_OF(host_abi) != AH_ABI_MAJOR)
+    return NULL;
+  return &bp_desc;
+}

@@ -1,0 +1,371 @@
+// The agenthost web UI: wires the API, the connection loop, the store and the views together.
+import { Api, ApiError, storeToken, takeToken } from "./api.js";
+import { Connection } from "./connection.js";
+import { Store } from "./store.js";
+import { ConversationView, renderConnection, renderRequests, renderSessionList, sessionLabel } from "./views.js";
+
+const $ = (id) => document.getElementById(id);
+const CWD_KEY = "agenthost.lastCwd";
+
+const api = new Api({ token: takeToken() });
+const store = new Store();
+const conversation = new ConversationView($("conversation"), $("conversation-scroll"));
+let selected = new URLSearchParams(location.hash.slice(1)).get("s");
+let connState = { state: "idle" };
+
+// A small log of what the UI dropped or failed at, for diagnosis from the console (agenthostLog()).
+const logRing = [];
+const logger = {
+  add(level, args) {
+    logRing.push({ time: new Date().toISOString(), level, text: args.map((a) => (a instanceof Error ? a.message : String(a))).join(" ") });
+    if (logRing.length > 200) logRing.shift();
+  },
+  info: (...a) => (logger.add("info", a), console.info(...a)),
+  warn: (...a) => (logger.add("warn", a), console.warn(...a)),
+  error: (...a) => (logger.add("error", a), console.error(...a)),
+};
+window.agenthostLog = () => logRing.slice();
+
+function notice(text, { error = false } = {}) {
+  const n = $("notice");
+  n.textContent = text;
+  n.dataset.kind = error ? "error" : "info";
+  n.hidden = !text;
+  clearTimeout(notice.timer);
+  if (text) notice.timer = setTimeout(() => (n.hidden = true), error ? 10000 : 4000);
+}
+
+function describeError(err) {
+  if (err instanceof ApiError) return `${err.message} (${err.code}${err.correlationId ? `, id ${err.correlationId}` : ""})`;
+  return String(err?.message ?? err);
+}
+
+// ---- loading from the host
+
+const historyLoads = new Map(); // sessionId → {running, again}
+
+// Reads the session's history after the last seq held without a hole; merged by seq, so it never
+// duplicates what the mux delivers, and fills what a disconnect missed.
+function ensureHistory(sessionId) {
+  let h = historyLoads.get(sessionId);
+  if (h?.running) {
+    h.again = true;
+    return;
+  }
+  h = { running: true, again: false };
+  historyLoads.set(sessionId, h);
+  (async () => {
+    try {
+      do {
+        h.again = false;
+        let afterSeq = store.contiguousSeq(sessionId);
+        for (let page = 0; page < 1000; page++) {
+          const r = await api.call("session.history", { sessionId, afterSeq, limit: 1000 });
+          for (const ev of r.events ?? []) store.addEvent(sessionId, ev);
+          if (r.nextAfterSeq === null || r.nextAfterSeq === undefined || !(r.events?.length > 0)) break;
+          afterSeq = r.nextAfterSeq;
+        }
+      } while (h.again);
+    } catch (err) {
+      logger.warn(`agenthost: history of ${sessionId} not loaded: ${describeError(err)}`);
+    } finally {
+      h.running = false;
+    }
+  })();
+}
+
+async function loadSessions() {
+  let cursor = null;
+  for (let page = 0; page < 100; page++) {
+    const r = await api.call("session.list", cursor ? { cursor, limit: 500 } : { limit: 500 });
+    store.setSessions(r.sessions ?? []);
+    if (!r.nextCursor) break;
+    cursor = r.nextCursor;
+  }
+}
+
+async function loadRequests() {
+  const r = await api.call("request.list", {});
+  const list = r.requests ?? [];
+  for (const req of list) store.addRequest(req);
+  store.keepRequests(list.map((q) => q.id));
+}
+
+const fetchingSession = new Set();
+async function fetchSession(sessionId) {
+  if (fetchingSession.has(sessionId)) return;
+  fetchingSession.add(sessionId);
+  try {
+    const r = await api.call("session.get", { sessionId });
+    if (r?.session) store.upsertSession(r.session);
+  } catch (err) {
+    logger.warn(`agenthost: session ${sessionId}: ${describeError(err)}`);
+    if (err instanceof ApiError && err.code === "not-found" && sessionId === selected) {
+      // A stale link (#s=ID) to a session this host does not have.
+      selected = null;
+      history.replaceState(history.state, "", location.pathname + location.search);
+      notice("That session does not exist on this host.", { error: true });
+      renderAll();
+    }
+  } finally {
+    fetchingSession.delete(sessionId);
+  }
+}
+
+// ---- the downlink sink
+
+function requestOf(frame) {
+  const p = frame.payload;
+  const r = p && typeof p.request === "object" && p.request ? { ...p.request } : { ...p };
+  r.id ??= frame.rpcId;
+  r.kind ??= frame.method === "request.question" ? "question" : "approval";
+  return r;
+}
+
+function onFrame(frame) {
+  const p = frame.payload;
+  switch (frame.method) {
+    case "session.event": {
+      if (!store.sessions.has(p.sessionId)) fetchSession(p.sessionId);
+      store.addEvent(p.sessionId, p.event, { cursor: frame.cursor });
+      if (p.sessionId === selected && store.hasGap(p.sessionId)) ensureHistory(p.sessionId);
+      break;
+    }
+    case "session.delta":
+      store.addDelta(p.sessionId, p.turnId ?? p.messageId ?? null, p.text);
+      break;
+    case "session.status":
+      if (!store.sessions.has(p.sessionId)) fetchSession(p.sessionId);
+      store.setStatus(p.sessionId, p.status);
+      break;
+    case "session.created":
+      store.upsertSession(p.session);
+      break;
+    case "session.closed":
+      store.markClosed(p.sessionId);
+      break;
+    case "request.approval":
+    case "request.question":
+      store.addRequest(requestOf(frame));
+      break;
+    case "request.resolved":
+      store.resolveRequest(p.id, p.state);
+      break;
+    case "stream/error":
+      logger.warn("agenthost: stream error", JSON.stringify(p));
+      notice(`The host reported a stream error: ${p?.message ?? p?.error?.message ?? "unknown"}`, { error: true });
+      break;
+    default:
+      // Unknown methods pass through unhandled (plugin.mounted, host/remote-event, …).
+      break;
+  }
+}
+
+async function onReady() {
+  $("token-banner").hidden = true;
+  try {
+    await Promise.all([loadSessions(), loadRequests()]);
+  } catch (err) {
+    logger.warn(`agenthost: refresh after connecting failed: ${describeError(err)}`);
+  }
+  if (selected) ensureHistory(selected);
+}
+
+function onState(s) {
+  connState = s;
+  renderConnection($("conn"), s);
+  if (s.state === "unauthorized") showTokenBanner("The host refused the access token. Open the launch URL again (“agenthost url” prints it).");
+}
+
+const connection = new Connection({ api, getAfter: () => store.muxCursor, sink: { onFrame, onReady, onState }, logger });
+
+setInterval(() => {
+  if (connState.state === "waiting" || connState.state === "unauthorized") renderConnection($("conn"), connState);
+}, 1000);
+
+// ---- rendering
+
+function sessionName(id) {
+  const s = store.sessions.get(id);
+  return s ? sessionLabel(s) : `session ${id.slice(-8)}`;
+}
+
+// CHANGE (from the store) says what changed; without it everything is drawn again.
+function renderAll(change = null) {
+  const touches = (kind) => !change || change.kinds.has(kind);
+  if (touches("sessions") || touches("requests")) renderSessionList($("session-list"), store, selected, select);
+  const s = selected ? store.sessions.get(selected) : null;
+  $("empty").hidden = Boolean(selected);
+  $("session-view").hidden = !selected;
+  if (selected) {
+    conversation.show(selected);
+    if (!change || change.sessions.has(selected) || !change.sessions.size) conversation.update(store);
+    $("session-title").textContent = s ? sessionLabel(s) : `session ${selected.slice(-8)}`;
+    const status = s ? (s.closed ? "closed" : s.status ?? "idle") : "…";
+    const st = $("session-status");
+    st.textContent = status;
+    st.className = `badge status-${status}`;
+    $("session-cwd").textContent = s?.cwd ?? "";
+    $("cancel").disabled = status !== "running";
+    $("send").disabled = Boolean(s?.closed);
+    $("prompt").disabled = Boolean(s?.closed);
+  }
+  if (touches("requests") || touches("sessions"))
+    renderRequests($("requests"), store, { selectedId: selected, sessionName, onAnswer: answer, onOpen: select });
+}
+
+store.subscribe((change) => renderAll(change));
+
+function select(id) {
+  selected = id;
+  history.replaceState(history.state, "", location.pathname + location.search + "#s=" + encodeURIComponent(id));
+  if (!store.sessions.has(id)) fetchSession(id);
+  ensureHistory(id);
+  setSidebar(false);
+  renderAll();
+  $("prompt").focus();
+}
+
+// ---- actions
+
+async function answer(id, outcome) {
+  const entry = store.requests.get(id);
+  const first = !entry?.sent; // no earlier answer left this tab
+  if (entry) entry.sent = true;
+  store.setAnswering(id, true);
+  try {
+    const receipt = await api.respond(id, outcome);
+    // The host tells callers apart by HTTP connection, and tabs of one browser share pooled connections:
+    // a "duplicate" for this tab's first answer means another tab answered first.
+    if (!receipt.accepted && receipt.reason === "duplicate" && first) receipt.shown = "resolved";
+    store.setReceipt(id, receipt);
+  } catch (err) {
+    store.setAnswering(id, false);
+    const entry = store.requests.get(id);
+    if (entry) entry.error = `Not sent: ${describeError(err)}`;
+    store.changed("requests");
+  }
+}
+
+$("prompt-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const box = $("prompt");
+  const text = box.value;
+  if (!selected || !text.trim()) return;
+  $("send").disabled = true;
+  try {
+    await api.call("session.prompt", { sessionId: selected, text });
+    if (box.value === text) box.value = "";
+  } catch (err) {
+    notice(`The prompt was not accepted: ${describeError(err)}`, { error: true });
+  } finally {
+    $("send").disabled = false;
+    box.focus();
+  }
+});
+
+$("prompt").addEventListener("keydown", (e) => {
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing && !e.altKey && !e.ctrlKey && !e.metaKey) {
+    e.preventDefault();
+    $("prompt-form").requestSubmit();
+  }
+});
+
+$("cancel").addEventListener("click", async () => {
+  if (!selected) return;
+  try {
+    const r = await api.call("session.cancel", { sessionId: selected });
+    if (!r?.cancelled) notice("Nothing to cancel.");
+  } catch (err) {
+    notice(`Cancel failed: ${describeError(err)}`, { error: true });
+  }
+});
+
+$("export").addEventListener("click", async () => {
+  if (!selected) return;
+  try {
+    const blob = await api.exportSession(selected);
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = `agenthost-session-${selected}.jsonl`;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  } catch (err) {
+    notice(`Export failed: ${describeError(err)}`, { error: true });
+  }
+});
+
+try {
+  $("new-cwd").value = localStorage.getItem(CWD_KEY) ?? "";
+} catch {
+  // no storage
+}
+
+$("new-session").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const cwd = $("new-cwd").value.trim();
+  const title = $("new-title").value.trim();
+  if (!cwd) return;
+  const btn = $("create");
+  btn.disabled = true;
+  try {
+    const r = await api.call("session.create", title ? { cwd, title } : { cwd });
+    try {
+      localStorage.setItem(CWD_KEY, cwd);
+    } catch {
+      // no storage
+    }
+    $("new-title").value = "";
+    if (r?.session) store.upsertSession(r.session);
+    select(r.sessionId ?? r.session.id);
+  } catch (err) {
+    notice(`The session was not created: ${describeError(err)}`, { error: true });
+  } finally {
+    btn.disabled = false;
+  }
+});
+
+$("conn-retry").addEventListener("click", () => connection.reconnectNow());
+
+// The sidebar is a panel of its own in a narrow window.
+function setSidebar(open) {
+  document.body.classList.toggle("sidebar-open", open);
+  $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+}
+$("toggle-sidebar").addEventListener("click", () => setSidebar(!document.body.classList.contains("sidebar-open")));
+
+// ---- the token
+
+function showTokenBanner(text) {
+  $("token-text").textContent = text;
+  $("token-banner").hidden = false;
+}
+
+$("token-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const raw = $("token-input").value.trim();
+  const m = /#(?:.*&)?k=([^&]+)/.exec(raw);
+  const token = m ? decodeURIComponent(m[1]) : raw;
+  if (!token) return;
+  $("token-input").value = "";
+  api.token = token;
+  storeToken(token);
+  $("token-banner").hidden = true;
+  if (connection.stopped) connection.start();
+  else connection.reconnectNow();
+});
+
+window.addEventListener("online", () => connection.reconnectNow());
+
+renderAll();
+if (api.token) {
+  connection.start();
+} else {
+  onState({ state: "no-token" });
+  showTokenBanner("No access token. Open the launch URL printed by “agenthost serve” (or “agenthost url”), or paste it here.");
+}
+if (selected) select(selected);
+else setSidebar(true); // a narrow window starts on the session list

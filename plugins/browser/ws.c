@@ -1,0 +1,597 @@
+/* agenthost browser plugin — the two downlink WebSockets (PROTOCOLS.md API-WS-HOST; DECISIONS.md "Browser
+ * envelopes").
+ *
+ * Both are downlink only: a client data frame closes the socket with 1008. Every frame is a server-request
+ * envelope. Each socket has a bounded queue (ws_queue_bytes): a consumer that lets it fill is closed with
+ * 1013 instead of growing memory. libwebsockets pings idle sockets (the vhost's retry policy).
+ *
+ * /api/ws/mux?after=CURSOR carries every session's events. With `after`, the stored events after the cursor
+ * are replayed first (core method session.events, page by page as the queue drains) while live frames are
+ * held; when a page comes back short the held frames follow, minus those the replay already sent (by
+ * cursor), so the stream is gap-free and has no duplicate. Live session.event frames carry the event's
+ * cursor and seq; transient frames (deltas, status) carry the last cursor.
+ *
+ * /api/ws/host carries the pending server requests first on every connect (core request.list), then
+ * approvals/questions as they come (replyRequired: true, rpcId = the core request id), request.resolved,
+ * plugin and session lifecycle events, and the remote plugin's forwarded events as host/remote-event
+ * {name, args}. A source that fails sends `stream/error` and the socket closes (1011).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "browser.h"
+
+#define REPLAY_PAGE 500
+
+static void frames_free(bp_frame *f) {
+  while (f) {
+    bp_frame *next = f->next;
+    free(f);
+    f = next;
+  }
+}
+
+static bp_frame *frame_new(const char *text, size_t len, int64_t cursor, const char *rid) {
+  bp_frame *f = malloc(sizeof *f + LWS_PRE + len);
+  if (!f)
+    return NULL;
+  f->next = NULL;
+  f->cursor = cursor;
+  snprintf(f->rid, sizeof f->rid, "%s", rid ? rid : "");
+  f->len = len;
+  memcpy(f->data + LWS_PRE, text, len);
+  return f;
+}
+
+/* The envelope text of a frame (malloc'ed). cursor < 0: none; seq < 0: none. */
+static char *frame_text(bp_state *st, const char *method, const json_t *payload, bool reply,
+                        const char *rpc_id, int64_t cursor, int64_t seq) {
+  char id[32];
+  if (!rpc_id) {
+    snprintf(id, sizeof id, "p%llu", (unsigned long long)++st->next_frame);
+    rpc_id = id;
+  }
+  json_t *env = json_pack("{s:s, s:s, s:s, s:O, s:b}", "kind", "server-request", "rpcId", rpc_id, "method",
+                          method, "payload", payload ? payload : json_null(), "replyRequired", reply);
+  if (!env)
+    return NULL;
+  if (cursor >= 0)
+    json_object_set_new(env, "cursor", json_integer(cursor));
+  if (seq >= 0)
+    json_object_set_new(env, "seq", json_integer(seq));
+  char *text = json_dumps(env, JSON_COMPACT);
+  json_decref(env);
+  return text;
+}
+
+static void ws_unlink(bp_ws *w) {
+  bp_state *st = w->st;
+  if (!w->linked)
+    return;
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    st->ws = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->prev = w->next = NULL;
+  w->linked = false;
+  st->nws--;
+}
+
+static void ws_free(bp_ws *w) {
+  frames_free(w->head);
+  frames_free(w->live_head);
+  json_decref(w->listed);
+  w->magic = 0;
+  free(w);
+}
+
+void bp_ws_destroy(bp_ws *w) {
+  ws_unlink(w);
+  w->wsi = NULL;
+  if (w->calls > 0) {
+    w->destroyed = true; /* the reply of the call in flight frees it */
+    return;
+  }
+  ws_free(w);
+}
+
+/* Drop a call's hold on the socket; true when the socket is still usable. */
+static bool call_done(bp_ws *w) {
+  w->calls--;
+  w->st->outstanding--;
+  if (w->destroyed) {
+    if (w->calls == 0)
+      ws_free(w);
+    return false;
+  }
+  return w->wsi && !w->closing;
+}
+
+/* Close from outside libwebsockets' callbacks (a bus event, a call's reply, a posted task): the close frame
+ * with `code` goes out, then the socket is killed synchronously (STACK-NOTES "Closing"). `w` may be freed on
+ * return. */
+static void ws_close(bp_ws *w, int code, const char *why) {
+  if (!w->wsi || w->closing)
+    return;
+  w->closing = true;
+  frames_free(w->head);
+  w->head = w->tail = NULL;
+  w->queued = 0;
+  frames_free(w->live_head);
+  w->live_head = w->live_tail = NULL;
+  w->live_queued = 0;
+  struct lws *wsi = w->wsi;
+  lws_close_reason(wsi, (enum lws_close_status)code, (unsigned char *)why, strlen(why));
+  lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+}
+
+static void drop_queues(bp_ws *w) {
+  frames_free(w->head);
+  w->head = w->tail = NULL;
+  w->queued = 0;
+  frames_free(w->live_head);
+  w->live_head = w->live_tail = NULL;
+  w->live_queued = 0;
+}
+
+static void close_posted(void *arg);
+
+/* Drop a hold; true when `w` is still allocated (and not destroyed). */
+static bool release_hold(bp_ws *w) {
+  w->calls--;
+  w->st->outstanding--;
+  if (w->destroyed) {
+    if (w->calls == 0)
+      ws_free(w);
+    return false;
+  }
+  return true;
+}
+
+static void close_deadline(ah_timer *t, void *arg) {
+  (void)t;
+  bp_ws *w = arg;
+  w->close_timer = NULL;
+  if (!release_hold(w) || !w->wsi || !w->close_code)
+    return;
+  /* The peer never read enough for the close frame to go out: drop the connection. */
+  w->close_code = 0;
+  lws_set_timeout(w->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+}
+
+/* A close that must reach a peer whose socket is full (1013): stop queueing, drop what is queued, and send
+ * the close frame once libwebsockets reports the socket writable again (its own partial frame flushed), from
+ * a posted task; a peer that does not read for 10 s more is dropped without it. */
+static void ws_close_when_drained(bp_ws *w, int code) {
+  bp_state *st = w->st;
+  if (!w->wsi || w->closing)
+    return;
+  w->closing = true;
+  w->close_code = code;
+  drop_queues(w);
+  if (st->api->timer_start(st->m, 10000, 0, close_deadline, w, &w->close_timer) == 0) {
+    w->calls++;
+    st->outstanding++;
+  }
+  lws_callback_on_writable(w->wsi);
+}
+
+static void append(bp_frame **head, bp_frame **tail, bp_frame *f) {
+  if (*tail)
+    (*tail)->next = f;
+  else
+    *head = f;
+  *tail = f;
+}
+
+/* Put a frame on the send queue. Returns false when the socket was closed (1013, slow consumer): `w` may be
+ * gone then. `bounded`: live frames are; replayed ones are paced by the replay instead. */
+static bool send_frame(bp_ws *w, bp_frame *f, bool bounded) {
+  bp_state *st = w->st;
+  if (bounded && w->queued > 0 && w->queued + f->len > st->ws_queue_max) {
+    free(f);
+    st->api->log(st->m, AH_PLOG_WARN, "closing WebSocket %llu: slow consumer (%zu bytes queued)",
+                 (unsigned long long)w->id, w->queued);
+    ws_close_when_drained(w, 1013);
+    return false;
+  }
+  append(&w->head, &w->tail, f);
+  w->queued += f->len;
+  if (f->cursor > w->sent_cursor)
+    w->sent_cursor = f->cursor;
+  lws_callback_on_writable(w->wsi);
+  return true;
+}
+
+/* Hold a live frame while the replay (mux) or the listing (host) runs. */
+static void hold_frame(bp_ws *w, bp_frame *f) {
+  if (w->live_queued + f->len > w->st->ws_queue_max) {
+    /* Every held session.event is in the store: drop them and read it again. */
+    frames_free(w->live_head);
+    w->live_head = w->live_tail = NULL;
+    w->live_queued = 0;
+    w->replay_dropped = true;
+    free(f);
+    return;
+  }
+  append(&w->live_head, &w->live_tail, f);
+  w->live_queued += f->len;
+}
+
+static void stream_error(bp_ws *w, const char *source, int status, const char *message) {
+  bp_state *st = w->st;
+  json_t *payload = json_pack("{s:s, s:s, s:s}", "source", source, "code", ah_err_category(status), "message",
+                              message ? message : ah_strerror(status));
+  char *text = frame_text(st, "stream/error", payload, false, NULL, -1, -1);
+  json_decref(payload);
+  st->api->log(st->m, AH_PLOG_WARN, "WebSocket %llu: %s failed: %s", (unsigned long long)w->id, source,
+               message ? message : ah_strerror(status));
+  bp_frame *f = text ? frame_new(text, strlen(text), 0, NULL) : NULL;
+  free(text);
+  if (f && send_frame(w, f, false)) {
+    w->close_after_flush = true;
+    return;
+  }
+  if (!f)
+    ws_close(w, 1011, "stream failed");
+}
+
+/* ---- mux: replay, then live ------------------------------------------------------------------------------
+ */
+
+static void fetch_page(bp_ws *w);
+
+static void flush_held(bp_ws *w) {
+  bp_frame *f = w->live_head;
+  w->live_head = w->live_tail = NULL;
+  w->live_queued = 0;
+  while (f) {
+    bp_frame *next = f->next;
+    f->next = NULL;
+    bool dup = (w->kind == BP_WS_MUX && f->cursor > 0 && f->cursor <= w->sent_cursor) ||
+               (w->kind == BP_WS_HOST && f->rid[0] && json_object_get(w->listed, f->rid));
+    if (dup) {
+      free(f);
+    } else if (!send_frame(w, f, true)) {
+      frames_free(next);
+      return;
+    }
+    f = next;
+  }
+}
+
+static void on_page(const ah_outcome *o, void *arg) {
+  bp_ws *w = arg;
+  if (!call_done(w))
+    return;
+  bp_state *st = w->st;
+  if (o->status != 0) {
+    stream_error(w, "session.events", o->status, o->message);
+    return;
+  }
+  json_t *events = json_object_get(o->result, "events");
+  st->api->log(st->m, AH_PLOG_DEBUG, "mux %llu: replay page after %lld: %zu event(s)",
+               (unsigned long long)w->id, (long long)w->sent_cursor, json_array_size(events));
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(events, i, ev) {
+    int64_t cursor = json_integer_value(json_object_get(ev, "cursor"));
+    if (cursor <= w->sent_cursor)
+      continue;
+    json_t *payload = json_pack("{s:O?, s:O}", "sessionId", json_object_get(ev, "sessionId"), "event", ev);
+    char *text = frame_text(st, "session.event", payload, false, NULL, cursor,
+                            json_integer_value(json_object_get(ev, "seq")));
+    json_decref(payload);
+    bp_frame *f = text ? frame_new(text, strlen(text), cursor, NULL) : NULL;
+    free(text);
+    if (f)
+      send_frame(w, f, false);
+  }
+  if (json_array_size(events) >= REPLAY_PAGE || w->replay_dropped) {
+    w->replay_dropped = false;
+    /* Paced: the next page when the queue has drained (SERVER_WRITEABLE), at once when it is short. */
+    if (w->queued < st->ws_queue_max / 2)
+      fetch_page(w);
+    return;
+  }
+  w->replaying = false;
+  st->api->log(st->m, AH_PLOG_DEBUG, "mux %llu: replay done at cursor %lld; %zu byte(s) held",
+               (unsigned long long)w->id, (long long)w->sent_cursor, w->live_queued);
+  flush_held(w);
+}
+
+static void fetch_page(bp_ws *w) {
+  bp_state *st = w->st;
+  if (w->calls > 0 || !w->replaying || w->closing)
+    return;
+  ah_caller c;
+  json_t *params = json_pack("{s:I, s:i}", "after", (json_int_t)w->sent_cursor, "limit", REPLAY_PAGE);
+  int rc = st->api->dispatch(st->m, bp_caller(&c, false, w->id), "session.events", params, NULL, on_page, w);
+  if (rc) {
+    stream_error(w, "session.events", rc, NULL);
+    return;
+  }
+  w->calls++;
+  st->outstanding++;
+}
+
+/* ---- host: pending requests first ------------------------------------------------------------------------
+ */
+
+static bp_frame *request_frame(bp_state *st, const json_t *request) {
+  const char *kind = json_string_value(json_object_get(request, "kind"));
+  const char *id = json_string_value(json_object_get(request, "id"));
+  const char *method = !kind || !id                    ? NULL
+                       : strcmp(kind, "approval") == 0 ? "request.approval"
+                       : strcmp(kind, "question") == 0 ? "request.question"
+                                                       : NULL;
+  if (!method)
+    return NULL;
+  char *text = frame_text(st, method, request, true, id, -1, -1);
+  bp_frame *f = text ? frame_new(text, strlen(text), 0, id) : NULL;
+  free(text);
+  return f;
+}
+
+static void on_list(const ah_outcome *o, void *arg) {
+  bp_ws *w = arg;
+  if (!call_done(w))
+    return;
+  if (o->status != 0) {
+    stream_error(w, "request.list", o->status, o->message);
+    return;
+  }
+  w->listed = json_object();
+  size_t i = 0;
+  json_t *req = NULL;
+  json_array_foreach(json_object_get(o->result, "requests"), i, req) {
+    bp_frame *f = request_frame(w->st, req);
+    if (!f)
+      continue;
+    json_object_set_new(w->listed, f->rid, json_true());
+    send_frame(w, f, false);
+  }
+  w->listing = false;
+  flush_held(w);
+}
+
+/* ---- libwebsockets callbacks -----------------------------------------------------------------------------
+ */
+
+static void close_posted(void *arg) {
+  bp_ws *w = arg;
+  if (!release_hold(w) || !w->wsi)
+    return;
+  int code = w->close_code ? w->close_code : 1011;
+  w->close_code = 0;
+  if (w->close_timer) {
+    w->st->api->timer_stop(w->close_timer);
+    w->close_timer = NULL;
+    w->calls--;
+    w->st->outstanding--;
+  }
+  w->closing = false;
+  ws_close(w, code, code == 1013 ? "slow consumer" : "stream failed"); /* may free `w` */
+}
+
+int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d) {
+  bp_ws *w = calloc(1, sizeof *w);
+  if (!w)
+    return 1;
+  w->magic = BP_WS_MAGIC;
+  w->st = st;
+  w->kind = d->route == BF_ROUTE_WS_MUX ? BP_WS_MUX : BP_WS_HOST;
+  w->id = ++st->next_conn;
+  if (w->kind == BP_WS_MUX) {
+    char buf[64];
+    const char *v = lws_get_urlarg_by_name(wsi, "after=", buf, sizeof buf);
+    if (!v)
+      v = lws_get_urlarg_by_name(wsi, "after", buf, sizeof buf);
+    if (v) {
+      char *end = NULL;
+      long long after = strtoll(v, &end, 10);
+      if (!*v || *end || after < 0) {
+        free(w);
+        bp_refuse_now(st, wsi, 400, "after: a cursor (integer >= 0) is required", NULL, false, true);
+        return 1;
+      }
+      w->has_after = true;
+      w->after = after;
+    }
+  }
+  bp_conn *c = lws_get_opaque_user_data(wsi);
+  if (c && c->magic == BP_CONN_MAGIC)
+    free(c); /* the upgraded connection is identified by the socket from now on */
+  lws_set_opaque_user_data(wsi, w);
+  return 0;
+}
+
+static int on_established(bp_state *st, struct lws *wsi) {
+  bp_ws *w = lws_get_opaque_user_data(wsi);
+  if (!w || w->magic != BP_WS_MAGIC)
+    return -1;
+  w->wsi = wsi;
+  w->established = true;
+  w->linked = true;
+  w->next = st->ws;
+  if (st->ws)
+    st->ws->prev = w;
+  st->ws = w;
+  st->nws++;
+  ah_caller c;
+  if (w->kind == BP_WS_MUX) {
+    if (w->has_after) {
+      w->replaying = true;
+      w->sent_cursor = w->after;
+      fetch_page(w);
+    }
+    return 0;
+  }
+  w->listing = true;
+  int rc = st->api->dispatch(st->m, bp_caller(&c, false, w->id), "request.list", NULL, NULL, on_list, w);
+  if (rc) {
+    w->listing = false;
+    stream_error(w, "request.list", rc, NULL);
+  } else {
+    w->calls++;
+    st->outstanding++;
+  }
+  return 0;
+}
+
+int bp_ws_callback(bp_state *st, struct lws *wsi, enum lws_callback_reasons reason, void *in, size_t len) {
+  (void)in;
+  (void)len;
+  bp_ws *w = lws_get_opaque_user_data(wsi);
+  if (w && w->magic != BP_WS_MAGIC)
+    w = NULL;
+  switch (reason) {
+  case LWS_CALLBACK_ESTABLISHED:
+    return on_established(st, wsi);
+  case LWS_CALLBACK_SERVER_WRITEABLE: {
+    if (w && w->close_code && !w->close_posted) {
+      /* The socket drained: the close frame can go out now (not from inside this callback). */
+      w->close_posted = true;
+      if (st->api->post(st->m, close_posted, w) == 0) {
+        w->calls++;
+        st->outstanding++;
+      }
+      return 0;
+    }
+    if (!w || w->closing || !w->head)
+      return 0;
+    bp_frame *f = w->head;
+    w->head = f->next;
+    if (!w->head)
+      w->tail = NULL;
+    w->queued -= f->len;
+    int n = lws_write(wsi, f->data + LWS_PRE, f->len, LWS_WRITE_TEXT);
+    free(f);
+    if (n < 0)
+      return -1;
+    w->frames_sent++;
+    if (w->head) {
+      lws_callback_on_writable(wsi);
+    } else if (w->close_after_flush) {
+      /* Not from inside this callback (STACK-NOTES): from a posted task. */
+      w->close_after_flush = false;
+      if (st->api->post(st->m, close_posted, w) == 0) {
+        w->calls++;
+        st->outstanding++;
+      }
+    } else if (w->replaying && w->calls == 0) {
+      fetch_page(w);
+    }
+    return 0;
+  }
+  case LWS_CALLBACK_RECEIVE:
+    /* API-WS-HOST: downlink only. */
+    st->api->log(st->m, AH_PLOG_WARN, "WebSocket %llu: the client sent a data frame; closing (1008)",
+                 (unsigned long long)(w ? w->id : 0));
+    lws_close_reason(wsi, LWS_CLOSE_STATUS_POLICY_VIOLATION, (unsigned char *)"downlink only", 13);
+    return -1;
+  case LWS_CALLBACK_CLOSED:
+    if (w) {
+      w->closing = true;
+      ws_unlink(w);
+    }
+    return 0;
+  default:
+    return 0;
+  }
+}
+
+void bp_ws_close_all(bp_state *st, int code, const char *why) {
+  bp_ws *w = st->ws;
+  while (w) {
+    bp_ws *next = w->next;
+    ws_close(w, code, why);
+    w = next;
+  }
+}
+
+/* ---- bus events → frames --------------------------------------------------------------------------------
+ */
+
+static bool is_mux_event(const char *name) {
+  return strcmp(name, "session.event") == 0 || strcmp(name, "session.delta") == 0 ||
+         strcmp(name, "session.status") == 0 || strcmp(name, "subagent.started") == 0 ||
+         strcmp(name, "subagent.finished") == 0;
+}
+
+static bool is_host_event(const char *name) {
+  return strcmp(name, "request.pending") == 0 || strcmp(name, "request.resolved") == 0 ||
+         strcmp(name, "plugin.mounted") == 0 || strcmp(name, "plugin.withdrawn") == 0 ||
+         strcmp(name, "session.created") == 0 || strcmp(name, "session.closed") == 0 ||
+         strcmp(name, "host.config-changed") == 0;
+}
+
+static void fan_out(bp_state *st, bp_ws_kind kind, const char *text, int64_t cursor, const char *rid) {
+  size_t len = strlen(text);
+  bp_ws *w = st->ws;
+  while (w) {
+    bp_ws *next = w->next;
+    if (w->kind == kind && w->established && !w->closing) {
+      bp_frame *f = frame_new(text, len, cursor, rid);
+      if (f) {
+        if (w->replaying || w->listing)
+          hold_frame(w, f);
+        else if (kind == BP_WS_MUX && cursor > 0 && cursor <= w->sent_cursor)
+          free(f);
+        else
+          send_frame(w, f, true); /* may close and free w */
+      }
+    }
+    w = next;
+  }
+}
+
+void bp_ws_on_event(bp_state *st, const char *name, const json_t *data) {
+  if (is_mux_event(name)) {
+    int64_t cursor = 0, seq = -1;
+    if (strcmp(name, "session.event") == 0) {
+      const json_t *ev = json_object_get(data, "event");
+      cursor = json_integer_value(json_object_get(ev, "cursor"));
+      seq = json_integer_value(json_object_get(ev, "seq"));
+      if (cursor > st->last_cursor)
+        st->last_cursor = cursor;
+    }
+    if (!st->ws)
+      return;
+    char *text = frame_text(st, name, data, false, NULL, cursor ? cursor : st->last_cursor, seq);
+    if (text)
+      fan_out(st, BP_WS_MUX, text, cursor, NULL);
+    free(text);
+    return;
+  }
+  if (strcmp(name, "remote.event") == 0) {
+    /* REMOTE-EVENT-FORWARD: the remote plugin's forwarded events, as host/remote-event {name, args}. */
+    if (!st->ws)
+      return;
+    char *text = frame_text(st, "host/remote-event", data, false, NULL, -1, -1);
+    if (text)
+      fan_out(st, BP_WS_HOST, text, 0, NULL);
+    free(text);
+    return;
+  }
+  if (!is_host_event(name) || !st->ws)
+    return;
+  if (strcmp(name, "request.pending") == 0) {
+    bp_frame *proto = request_frame(st, json_object_get(data, "request"));
+    if (!proto)
+      return;
+    char *text = strndup((const char *)proto->data + LWS_PRE, proto->len);
+    if (text)
+      fan_out(st, BP_WS_HOST, text, 0, proto->rid);
+    free(text);
+    free(proto);
+    return;
+  }
+  char *text = frame_text(st, name, data, false, NULL, -1, -1);
+  if (text)
+    fan_out(st, BP_WS_HOST, text, 0, NULL);
+  free(text);
+}

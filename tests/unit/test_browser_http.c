@@ -1,0 +1,1192 @@
+/* The browser plugin against the real binary: `agenthost serve` with the plugin on an ephemeral port of
+ * 127.0.0.1, driven from raw sockets (ws_client.c), no browser. Each test runs its own daemon with private
+ * state and runtime directories. Threat ids (T1…, H01…, W01…) are SECURITY.md's; API-* tags PROTOCOLS.md's.
+ */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "support.h"
+#include "ws_client.h"
+
+typedef struct daemon {
+  char *dir, *state, *runtime, *ui, *config, *out, *err;
+  pid_t pid;
+  int port;
+  char token[64];
+} daemon_t;
+
+/* The daemon of the running test (each test is its own process), for the log dump at the end. */
+static daemon_t *current;
+
+static void dump_log(void) {
+  if (current && current->err && getenv("BROWSER_TEST_LOG")) {
+    char *log = ts_read_file(current->err, NULL);
+    fprintf(stderr, "---- daemon log ----\n%s\n", log ? log : "");
+    free(log);
+  }
+  ts_kill_all();
+}
+
+TestSuite(browser_http, .fini = dump_log);
+
+static const char *agenthost(void) {
+  const char *p = getenv("AH_TEST_AGENTHOST");
+  cr_assert(p, "AH_TEST_AGENTHOST is not set");
+  return p;
+}
+
+static char *cat(const char *a, const char *b) {
+  char *s = NULL;
+  cr_assert(asprintf(&s, "%s%s", a, b) > 0);
+  return s;
+}
+
+/* A UI directory of our own (T8): a page, a script, a dotfile, a symlink out of the tree. */
+static void make_ui(daemon_t *d) {
+  d->ui = cat(d->dir, "/ui");
+  cr_assert_eq(mkdir(d->ui, 0700), 0);
+  free(ts_write_file(d->ui, "index.html", "<!doctype html><title>t</title>\n"));
+  free(ts_write_file(d->ui, "app.js", "export const x = 1;\n"));
+  free(ts_write_file(d->ui, "app.css", "body{}\n"));
+  free(ts_write_file(d->ui, ".secret", "dotfile\n"));
+  char *sub = cat(d->ui, "/sub");
+  mkdir(sub, 0700);
+  free(ts_write_file(sub, "index.html", "sub\n"));
+  free(sub);
+  char *link = cat(d->ui, "/escape.txt");
+  cr_assert_eq(symlink("/etc/passwd", link), 0);
+  free(link);
+  char *link2 = cat(d->ui, "/up.txt");
+  cr_assert_eq(symlink("../outside.txt", link2), 0);
+  free(link2);
+  free(ts_write_file(d->dir, "outside.txt", "outside\n"));
+}
+
+/* Start a daemon; `browser_keys` are extra [plugin.browser] lines; the remote plugin only when asked. */
+static void start_full(daemon_t *d, const char *browser_keys, bool remote, const char *listen) {
+  memset(d, 0, sizeof *d);
+  d->dir = ts_mkdtemp();
+  d->state = cat(d->dir, "/state");
+  d->runtime = cat(d->dir, "/run");
+  make_ui(d);
+  char cfg[2048];
+  snprintf(cfg, sizeof cfg, "[plugin.remote]\nenabled = %s\n[plugin.browser]\nui_dir = %s\n%s",
+           remote ? "true" : "false", d->ui, browser_keys ? browser_keys : "");
+  d->config = ts_write_file(d->dir, "agenthost.ini", cfg);
+  d->out = cat(d->dir, "/out.log");
+  d->err = cat(d->dir, "/err.log");
+  char *argv[] = {(char *)agenthost(),
+                  "--config",
+                  d->config,
+                  "--state-dir",
+                  d->state,
+                  "--runtime-dir",
+                  d->runtime,
+                  "--listen",
+                  (char *)listen,
+                  "--log-level",
+                  "debug",
+                  "serve",
+                  NULL};
+  d->pid = ts_spawn(argv, d->out, d->err);
+  cr_assert(d->pid > 0);
+  current = d;
+  char *serve = cat(d->runtime, "/serve.json");
+  cr_assert(ts_wait_path(serve, 10000), "no serve.json");
+  json_t *j = NULL;
+  for (int i = 0; i < 100 && !j; i++) {
+    j = json_load_file(serve, 0, NULL);
+    if (!j)
+      usleep(20000);
+  }
+  cr_assert(j);
+  d->port = (int)json_integer_value(json_object_get(j, "port"));
+  cr_assert(d->port > 0);
+  json_decref(j);
+  free(serve);
+  char *tokpath = cat(d->state, "/token");
+  char *tok = ts_read_file(tokpath, NULL);
+  cr_assert(tok);
+  snprintf(d->token, sizeof d->token, "%.43s", tok);
+  free(tok);
+  free(tokpath);
+}
+
+static void start_with(daemon_t *d, const char *browser_keys, bool remote) {
+  start_full(d, browser_keys, remote, "127.0.0.1:0");
+}
+
+static void start(daemon_t *d, const char *browser_keys) {
+  start_with(d, browser_keys, false);
+}
+
+/* Stop the daemon: it must exit 0 (a clean stop, the loop closed) and its log must hold no sanitizer report
+ * (under -Db_sanitize the daemon is instrumented too; LeakSanitizer makes the exit status non-zero). */
+static void stop(daemon_t *d) {
+  if (d->pid > 0) {
+    int status = ts_stop(d->pid, SIGTERM, 10000);
+    cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the daemon's exit status: %d", status);
+  }
+  d->pid = 0;
+  char *log = ts_read_file(d->err, NULL);
+  if (log) {
+    cr_expect_null(strstr(log, "Sanitizer"), "a sanitizer report in the daemon's log");
+    cr_expect_null(strstr(log, "runtime error:"), "an undefined-behaviour report in the daemon's log");
+    cr_expect_null(strstr(log, "did not close cleanly"));
+  }
+  free(log);
+  dump_log();
+  current = NULL;
+  ts_rmtree(d->dir);
+  free(d->dir);
+  free(d->state);
+  free(d->runtime);
+  free(d->ui);
+  free(d->config);
+  free(d->out);
+  free(d->err);
+}
+
+/* ---- HTTP helpers ----------------------------------------------------------------------------------------
+ */
+
+/* Write a POST of `body` to /api/<route> with the token on `fd` and read the answer. */
+static int post_on(daemon_t *d, int fd, const char *route, const char *body, tc_resp *r) {
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nOrigin: http://127.0.0.1:%d\r\n"
+           "Sec-Fetch-Site: same-origin\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n",
+           route, d->port, d->port, d->token, strlen(body));
+  cr_assert(tc_send_str(fd, head) && tc_send_str(fd, body));
+  return tc_read_response(fd, r, 10000);
+}
+
+static int post(daemon_t *d, const char *route, const char *body, tc_resp *r) {
+  int fd = tc_connect(d->port, 0);
+  cr_assert(fd >= 0);
+  int st = post_on(d, fd, route, body, r);
+  close(fd);
+  return st;
+}
+
+/* A client-request for `method` with `payload` (JSON text); the server-response's value (owned) or NULL. */
+static json_t *call(daemon_t *d, const char *method, const char *payload) {
+  char *body = NULL;
+  cr_assert(asprintf(&body,
+                     "{\"kind\":\"client-request\",\"rpcId\":\"t-%s\",\"method\":\"%s\",\"payload\":%s}",
+                     method, method, payload) > 0);
+  tc_resp r;
+  int st = post(d, method, body, &r);
+  free(body);
+  cr_assert_eq(st, 200, "%s → %d %s", method, st, r.body ? r.body : "");
+  json_t *j = json_loads(r.body, 0, NULL);
+  tc_resp_free(&r);
+  cr_assert(j);
+  json_t *v = json_incref(json_object_get(j, "value"));
+  json_decref(j);
+  return v;
+}
+
+static char *create_session(daemon_t *d) {
+  char payload[512];
+  snprintf(payload, sizeof payload, "{\"cwd\":\"%s\"}", d->dir);
+  json_t *v = call(d, "session.create", payload);
+  char *id = strdup(json_string_value(json_object_get(v, "sessionId")));
+  json_decref(v);
+  return id;
+}
+
+static void prompt(daemon_t *d, const char *sid, const char *text) {
+  json_t *p = json_pack("{s:s, s:s}", "sessionId", sid, "text", text);
+  char *pt = json_dumps(p, JSON_COMPACT);
+  json_t *v = call(d, "session.prompt", pt);
+  cr_assert(json_string_value(json_object_get(v, "messageId")));
+  json_decref(v);
+  free(pt);
+  json_decref(p);
+}
+
+/* Every stored event after `after` (session.events, the public core method the mux uses). */
+static json_t *stored_after(daemon_t *d, int64_t after) {
+  char payload[128];
+  snprintf(payload, sizeof payload, "{\"after\":%lld,\"limit\":1000}", (long long)after);
+  json_t *v = call(d, "session.events", payload);
+  json_t *events = json_incref(json_object_get(v, "events"));
+  json_decref(v);
+  return events;
+}
+
+/* Wait until the session has a turn/ended event `n` times. */
+static json_t *wait_turns(daemon_t *d, int n) {
+  for (int i = 0; i < 500; i++) {
+    json_t *ev = stored_after(d, 0);
+    int ended = 0;
+    size_t k = 0;
+    json_t *e = NULL;
+    json_array_foreach(ev, k, e) {
+      if (strcmp(json_string_value(json_object_get(e, "kind")), "turn/ended") == 0)
+        ended++;
+    }
+    if (ended >= n)
+      return ev;
+    json_decref(ev);
+    usleep(20000);
+  }
+  cr_assert_fail("the turns did not end");
+  return NULL;
+}
+
+static void expect_hardening(const tc_resp *r, const char *what) {
+  char v[512];
+  cr_expect(tc_header(r->head, "x-content-type-options", v, sizeof v) && strcmp(v, "nosniff") == 0,
+            "%s: nosniff", what);
+  cr_expect(tc_header(r->head, "content-security-policy", v, sizeof v) && strstr(v, "frame-ancestors 'none'"),
+            "%s: CSP frame-ancestors", what);
+  cr_expect(tc_header(r->head, "cross-origin-resource-policy", v, sizeof v) && strcmp(v, "same-origin") == 0,
+            "%s: CORP", what);
+  cr_expect(tc_header(r->head, "referrer-policy", v, sizeof v) && strcmp(v, "no-referrer") == 0,
+            "%s: Referrer-Policy", what);
+  cr_expect(tc_header(r->head, "cache-control", v, sizeof v), "%s: Cache-Control", what);
+  cr_expect_null(strcasestr(r->head, "access-control-allow"), "%s: never Access-Control-Allow-*", what);
+}
+
+static char *log_text(daemon_t *d) {
+  char *t = ts_read_file(d->err, NULL);
+  return t ? t : strdup("");
+}
+
+/* ---- the launch URL --------------------------------------------------------------------------------------
+ */
+
+Test(browser_http, launch_url_printed_once_and_by_the_url_command) {
+  daemon_t d;
+  start(&d, NULL);
+  char want[256];
+  snprintf(want, sizeof want, "http://127.0.0.1:%d/#k=%s\n", d.port, d.token);
+  char *out = ts_read_file(d.out, NULL);
+  cr_expect_str_eq(out, want, "stdout: exactly one launch URL line");
+  free(out);
+  char *argv[] = {(char *)agenthost(), "--config", d.config, "--state-dir", d.state,
+                  "--runtime-dir",     d.runtime,  "url",    NULL};
+  char *o = NULL;
+  cr_expect_eq(ts_run(argv, 10000, &o, NULL), 0);
+  cr_expect_str_eq(o, want);
+  free(o);
+  char *log = log_text(&d);
+  cr_expect_null(strstr(log, d.token), "T9: the token never reaches the log");
+  free(log);
+  /* The token and the discovery file are 0600 (§2.2). */
+  struct stat sb;
+  char *tp = cat(d.state, "/token"), *sp = cat(d.runtime, "/serve.json");
+  cr_expect(stat(tp, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  cr_expect(stat(sp, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  char *serve = ts_read_file(sp, NULL);
+  cr_expect_null(strstr(serve, d.token), "serve.json holds no token");
+  free(serve);
+  /* A restart reuses the token, so open tabs reconnect. */
+  char tok[64];
+  snprintf(tok, sizeof tok, "%s", d.token);
+  ts_stop(d.pid, SIGTERM, 5000);
+  cr_expect_neq(access(sp, F_OK), 0, "serve.json is removed at stop");
+  d.pid = ts_spawn((char *[]){(char *)agenthost(), "--config", d.config, "--state-dir", d.state,
+                              "--runtime-dir", d.runtime, "--listen", "127.0.0.1:0", "serve", NULL},
+                   NULL, NULL);
+  cr_assert(ts_wait_path(sp, 10000));
+  char *again = ts_read_file(tp, NULL);
+  cr_expect_eq(strncmp(again, tok, 43), 0);
+  free(again);
+  free(tp);
+  free(sp);
+  stop(&d);
+}
+
+/* ---- envelopes (API-RPC-MODEL, API-RPC-SCHEMAS, API-HTTP-HANDLER) -----------------------------------------
+ */
+
+Test(browser_http, envelope_kinds_rpc_id_echoed_and_mismatch_is_typed_400) {
+  daemon_t d;
+  start(&d, NULL);
+  tc_resp r;
+  cr_assert_eq(
+      post(&d, "host.describe",
+           "{\"kind\":\"client-request\",\"rpcId\":\"abc-1\",\"method\":\"host.describe\",\"payload\":{}}",
+           &r),
+      200);
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "kind")), "server-response");
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "abc-1");
+  cr_expect_eq(json_integer_value(json_object_get(json_object_get(j, "value"), "protocol")), 1);
+  expect_hardening(&r, "200");
+  json_decref(j);
+  tc_resp_free(&r);
+  /* URL/envelope mismatch → typed 400 with the rpcId. */
+  cr_assert_eq(
+      post(&d, "host.describe",
+           "{\"kind\":\"client-request\",\"rpcId\":\"abc-2\",\"method\":\"plugin.list\",\"payload\":{}}", &r),
+      400);
+  j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "abc-2");
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "bad-request");
+  expect_hardening(&r, "400");
+  json_decref(j);
+  tc_resp_free(&r);
+  /* Bad envelopes. */
+  static const char *const bad[] = {
+      "not json",
+      "[1,2]",
+      "{\"kind\":\"client-request\",\"method\":\"host.describe\"}",
+      "{\"kind\":\"server-request\",\"rpcId\":\"x\",\"method\":\"host.describe\"}",
+      "{\"kind\":\"client-request\",\"rpcId\":\"x\",\"method\":\"host.describe\",\"payload\":7}",
+      "{\"kind\":\"client-request\",\"rpcId\":\"x\",\"rpcId\":\"y\",\"method\":\"host.describe\"}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_expect_eq(post(&d, "host.describe", bad[i], &r), 400, "%s", bad[i]);
+    tc_resp_free(&r);
+  }
+  /* T6 H33: deep nesting → 400 typed, never a 500. */
+  char *deep = malloc(2049 * 2 + 1);
+  memset(deep, '[', 2049);
+  memset(deep + 2049, ']', 2049);
+  deep[4098] = '\0';
+  cr_expect_eq(post(&d, "host.describe", deep, &r), 400);
+  cr_expect(strstr(r.body, "bad-request"));
+  tc_resp_free(&r);
+  free(deep);
+  /* Unknown method (loopback peer) → 404; business errors → 200 with error. */
+  cr_expect_eq(post(&d, "no.such-method",
+                    "{\"kind\":\"client-request\",\"rpcId\":\"u\",\"method\":\"no.such-method\"}", &r),
+               404);
+  tc_resp_free(&r);
+  cr_expect_eq(post(&d, "session.prompt",
+                    "{\"kind\":\"client-request\",\"rpcId\":\"p\",\"method\":\"session.prompt\",\"payload\":"
+                    "{\"sessionId\":\"0192aabb-ccdd-7eee-8fff-000000000001\",\"text\":\"hi\"}}",
+                    &r),
+               200);
+  j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(j, "error"), "code")), "not-found");
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "p");
+  json_decref(j);
+  tc_resp_free(&r);
+  stop(&d);
+}
+
+/* Late and duplicate answers get receipts (API-RPC-MODEL); the host stream sends the pending request first
+ * on every connect (API-WS-HOST). */
+Test(browser_http, respond_receipts_and_pending_requests_first) {
+  daemon_t d;
+  start(&d, NULL);
+  char *sid = create_session(&d);
+  prompt(&d, sid, "/tool run_command {\"command\":\"echo hi\"}");
+  char proto[256];
+  snprintf(proto, sizeof proto, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  json_t *req = NULL;
+  for (int attempt = 0; attempt < 100 && !req; attempt++) {
+    tc_resp hs;
+    int ws = tc_ws_open(d.port, "/api/ws/host", proto, &hs, 0);
+    cr_assert(ws >= 0);
+    char v[128];
+    cr_expect_str_eq(tc_header(hs.head, "sec-websocket-protocol", v, sizeof v), "agenthost.v1",
+                     "only agenthost.v1 is echoed, never the bearer");
+    tc_resp_free(&hs);
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, 200) == 0 && op == 1) {
+      json_t *f = json_loads(p, 0, NULL);
+      if (f && strcmp(json_string_value(json_object_get(f, "method")), "request.approval") == 0)
+        req = json_incref(f);
+      json_decref(f);
+    }
+    free(p);
+    close(ws);
+  }
+  cr_assert(req, "no pending approval on the host stream");
+  cr_expect_str_eq(json_string_value(json_object_get(req, "kind")), "server-request");
+  cr_expect(json_is_true(json_object_get(req, "replyRequired")));
+  const char *rid = json_string_value(json_object_get(req, "rpcId"));
+  cr_expect_str_eq(rid, json_string_value(json_object_get(json_object_get(req, "payload"), "id")));
+  char body[512];
+  snprintf(body, sizeof body,
+           "{\"kind\":\"client-response\",\"rpcId\":\"%s\",\"value\":{\"optionId\":\"allow_once\"}}", rid);
+  int fd = tc_connect(d.port, 0);
+  tc_resp r;
+  cr_assert_eq(post_on(&d, fd, "respond", body, &r), 200);
+  cr_expect_str_eq(r.body, "{\"accepted\":true}");
+  tc_resp_free(&r);
+  cr_assert_eq(post_on(&d, fd, "respond", body, &r), 200, "keep-alive");
+  cr_expect(strstr(r.body, "\"accepted\":false") && strstr(r.body, "\"duplicate\""), "%s", r.body);
+  tc_resp_free(&r);
+  close(fd);
+  cr_assert_eq(post(&d, "respond", body, &r), 200);
+  cr_expect(strstr(r.body, "\"accepted\":false") && strstr(r.body, "\"resolved\""), "late: %s", r.body);
+  tc_resp_free(&r);
+  cr_assert_eq(
+      post(&d, "respond",
+           "{\"kind\":\"client-response\",\"rpcId\":\"0192aabb-0000-7000-8000-000000000000\",\"value\":{}}",
+           &r),
+      200);
+  cr_expect(strstr(r.body, "\"unknown\""), "%s", r.body);
+  tc_resp_free(&r);
+  cr_expect_eq(post(&d, "respond", "{\"kind\":\"client-request\",\"rpcId\":\"x\",\"value\":{}}", &r), 400);
+  tc_resp_free(&r);
+  json_t *ev = wait_turns(&d, 1);
+  bool ran = false;
+  size_t k = 0;
+  json_t *e = NULL;
+  json_array_foreach(ev, k, e) {
+    if (strcmp(json_string_value(json_object_get(e, "kind")), "tool/result") == 0)
+      ran = true;
+  }
+  cr_expect(ran, "the command ran once approved");
+  json_decref(ev);
+  json_decref(req);
+  free(sid);
+  stop(&d);
+}
+
+/* ---- the pipeline's order: a refused request never runs a handler and never has its body read --------- */
+
+Test(browser_http, t5_h20_oversized_content_length_is_413_before_any_body) {
+  daemon_t d;
+  start(&d, NULL);
+  int fd = tc_connect(d.port, 0);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/session.prompt HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: 167772161\r\n\r\n",
+           d.port, d.token);
+  uint64_t t0 = ts_now_ms();
+  cr_assert(tc_send_str(fd, head));
+  tc_resp r;
+  cr_assert_eq(tc_read_response(fd, &r, 5000), 413);
+  uint64_t took = ts_now_ms() - t0;
+  cr_expect_lt(took, 1000, "413 in %llu ms (target 100 ms; bound 10x)", (unsigned long long)took);
+  expect_hardening(&r, "413");
+  tc_resp_free(&r);
+  cr_expect(tc_wait_eof(fd, 2000), "the connection is closed");
+  close(fd);
+  stop(&d);
+}
+
+Test(browser_http, t1_refused_before_the_body_and_no_handler_runs) {
+  daemon_t d;
+  start(&d, NULL);
+  char payload[512];
+  snprintf(payload, sizeof payload,
+           "{\"kind\":\"client-request\",\"rpcId\":\"c\",\"method\":\"session.create\",\"payload\":{\"cwd\":"
+           "\"%s\"}}",
+           d.dir);
+  int fd = tc_connect(d.port, 0);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/session.create HTTP/1.1\r\nHost: rebind.attacker.example:%d\r\nOrigin: "
+           "http://rebind.attacker.example:%d\r\nSec-Fetch-Site: same-origin\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n",
+           d.port, d.port, d.token, strlen(payload));
+  cr_assert(tc_send_str(fd, head)); /* H01: the body is never sent; the answer must not wait for it */
+  tc_resp r;
+  cr_assert_eq(tc_read_response(fd, &r, 2000), 403);
+  expect_hardening(&r, "403");
+  tc_resp_free(&r);
+  tc_send_str(fd, payload);
+  cr_expect(tc_wait_eof(fd, 2000), "closed: the body is never read as a request");
+  close(fd);
+  /* Both wrong (Host and token): 403, not 401. */
+  fd = tc_connect(d.port, 0);
+  snprintf(head, sizeof head,
+           "POST /api/session.create HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\n"
+           "Content-Length: 2\r\n\r\n{}");
+  tc_send_str(fd, head);
+  cr_expect_eq(tc_read_response(fd, &r, 2000), 403);
+  tc_resp_free(&r);
+  close(fd);
+  json_t *v = call(&d, "session.list", "{}");
+  cr_expect_eq(json_array_size(json_object_get(v, "sessions")), 0, "no handler ran");
+  json_decref(v);
+  stop(&d);
+}
+
+Test(browser_http, keep_alive_every_request_goes_through_the_fence) {
+  daemon_t d;
+  start(&d, NULL);
+  int fd = tc_connect(d.port, 0);
+  tc_resp r;
+  const char *env = "{\"kind\":\"client-request\",\"rpcId\":\"k\",\"method\":\"host.describe\"}";
+  cr_assert_eq(post_on(&d, fd, "host.describe", env, &r), 200);
+  tc_resp_free(&r);
+  cr_assert_eq(post_on(&d, fd, "host.describe", env, &r), 200, "the connection is kept alive");
+  tc_resp_free(&r);
+  char head[512];
+  snprintf(head, sizeof head,
+           "POST /api/host.describe HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/json\r\n"
+           "Content-Length: %zu\r\n\r\n%s",
+           d.port, strlen(env), env);
+  cr_assert(tc_send_str(fd, head));
+  cr_expect_eq(tc_read_response(fd, &r, 2000), 401, "second request without a token");
+  tc_resp_free(&r);
+  close(fd);
+  fd = tc_connect(d.port, 0);
+  cr_assert_eq(post_on(&d, fd, "host.describe", env, &r), 200);
+  tc_resp_free(&r);
+  snprintf(head, sizeof head, "GET / HTTP/1.1\r\nHost: rebind.attacker.example:%d\r\n\r\n", d.port);
+  cr_assert(tc_send_str(fd, head));
+  cr_expect_eq(tc_read_response(fd, &r, 2000), 403, "T1 on a later request of the connection, static route");
+  tc_resp_free(&r);
+  close(fd);
+  stop(&d);
+}
+
+Test(browser_http, framing_chunked_411_and_body_budget_503_and_body_deadline) {
+  daemon_t d;
+  start(&d, "body_budget = 100\nbody_timeout_s = 1\n");
+  int fd = tc_connect(d.port, 0);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/host.describe HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
+           d.port, d.token);
+  cr_assert(tc_send_str(fd, head));
+  tc_resp r;
+  cr_expect_eq(tc_read_response(fd, &r, 2000), 411);
+  tc_resp_free(&r);
+  close(fd);
+  /* G7: the global in-flight budget (100 bytes here) → 503 before reading. */
+  fd = tc_connect(d.port, 0);
+  snprintf(head, sizeof head,
+           "POST /api/host.describe HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: 500\r\n\r\n",
+           d.port, d.token);
+  cr_assert(tc_send_str(fd, head));
+  cr_expect_eq(tc_read_response(fd, &r, 2000), 503);
+  tc_resp_free(&r);
+  close(fd);
+  /* A body that stops coming is cut at the idle deadline (1 s here). */
+  fd = tc_connect(d.port, 0);
+  snprintf(head, sizeof head,
+           "POST /api/host.describe HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: 50\r\n\r\n{\"kind\":",
+           d.port, d.token);
+  uint64_t t0 = ts_now_ms();
+  cr_assert(tc_send_str(fd, head));
+  cr_expect(tc_wait_eof(fd, 10000), "closed at the body deadline");
+  cr_expect_lt(ts_now_ms() - t0, 10000);
+  close(fd);
+  stop(&d);
+}
+
+/* ---- WebSockets (T3, API-WS-HOST) ------------------------------------------------------------------------
+ */
+
+Test(browser_http, t3_w01_upgrade_with_bad_origin_is_403_never_101_and_missing_token_401) {
+  daemon_t d;
+  start(&d, NULL);
+  char extra[512];
+  tc_resp hs;
+  snprintf(extra, sizeof extra,
+           "Origin: https://evil.example\r\nSec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n",
+           d.token);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0), -1);
+  cr_expect_eq(hs.status, 403);
+  expect_hardening(&hs, "403 upgrade");
+  tc_resp_free(&hs);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/host", "Sec-WebSocket-Protocol: agenthost.v1\r\n", &hs, 0), -1);
+  cr_expect_eq(hs.status, 401);
+  tc_resp_free(&hs);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/host", "", &hs, 0), -1, "no subprotocol, no Origin");
+  cr_expect_eq(hs.status, 401);
+  tc_resp_free(&hs);
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/nope", extra, &hs, 0), -1);
+  cr_expect_eq(hs.status, 404);
+  tc_resp_free(&hs);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/mux?after=abc", extra, &hs, 0), -1);
+  cr_expect_eq(hs.status, 400);
+  tc_resp_free(&hs);
+  stop(&d);
+}
+
+Test(browser_http, client_data_frame_closes_1008) {
+  daemon_t d;
+  start(&d, NULL);
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  static const char *const paths[] = {"/api/ws/mux", "/api/ws/host"};
+  for (int i = 0; i < 2; i++) {
+    tc_resp hs;
+    int ws = tc_ws_open(d.port, paths[i], extra, &hs, 0);
+    cr_assert(ws >= 0, "%s → %d", paths[i], hs.status);
+    tc_resp_free(&hs);
+    cr_assert(tc_ws_send(ws, 1, "{\"hello\":1}", 11));
+    int code = 0;
+    for (int k = 0; k < 50; k++) {
+      int op = 0;
+      char *p = NULL;
+      size_t n = 0;
+      if (tc_ws_recv(ws, &op, &p, &n, 2000) != 0)
+        break;
+      if (op == 8)
+        code = tc_ws_close_code(p, n);
+      free(p);
+      if (op == 8)
+        break;
+    }
+    cr_expect_eq(code, 1008, "%s", paths[i]);
+    close(ws);
+  }
+  stop(&d);
+}
+
+/* Mux replay after a cursor then live, gap-free and without duplicates (API-WS-HOST, DECISIONS.md). */
+Test(browser_http, mux_replays_after_the_cursor_then_live_gap_free) {
+  daemon_t d;
+  start(&d, NULL);
+  char *sid = create_session(&d);
+  prompt(&d, sid, "first /chunks 3");
+  prompt(&d, sid, "second");
+  json_t *stored = wait_turns(&d, 2);
+  size_t n = json_array_size(stored);
+  cr_assert_gt(n, 6);
+  int64_t after = json_integer_value(json_object_get(json_array_get(stored, 2), "cursor"));
+  char extra[256], path[64];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  snprintf(path, sizeof path, "/api/ws/mux?after=%lld", (long long)after);
+  tc_resp hs;
+  int ws = tc_ws_open(d.port, path, extra, &hs, 0);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  /* Live while the replay runs: a third prompt. */
+  prompt(&d, sid, "third");
+  json_t *all = wait_turns(&d, 3);
+  int64_t last = json_integer_value(json_object_get(json_array_get(all, json_array_size(all) - 1), "cursor"));
+  json_t *got = json_array();
+  int64_t prev = after;
+  while (prev < last) {
+    int op = 0;
+    char *p = NULL;
+    size_t len = 0;
+    cr_assert_eq(tc_ws_recv(ws, &op, &p, &len, 5000), 0, "stream stopped at cursor %lld of %lld",
+                 (long long)prev, (long long)last);
+    json_t *f = json_loads(p, 0, NULL);
+    free(p);
+    cr_assert(f);
+    cr_expect_str_eq(json_string_value(json_object_get(f, "kind")), "server-request");
+    cr_expect(json_is_false(json_object_get(f, "replyRequired")));
+    cr_expect(json_is_integer(json_object_get(f, "cursor")), "every mux frame has a cursor");
+    if (strcmp(json_string_value(json_object_get(f, "method")), "session.event") == 0) {
+      int64_t c = json_integer_value(json_object_get(f, "cursor"));
+      const json_t *ev = json_object_get(json_object_get(f, "payload"), "event");
+      cr_expect_eq(json_integer_value(json_object_get(ev, "cursor")), c);
+      cr_expect_eq(json_integer_value(json_object_get(f, "seq")),
+                   json_integer_value(json_object_get(ev, "seq")));
+      cr_expect_gt(c, prev, "no duplicate, in order (%lld after %lld)", (long long)c, (long long)prev);
+      prev = c;
+      json_array_append_new(got, json_integer(c));
+    }
+    json_decref(f);
+  }
+  /* Exactly the stored cursors after `after`. */
+  size_t k = 0, j = 0;
+  json_t *e = NULL;
+  json_array_foreach(all, k, e) {
+    int64_t c = json_integer_value(json_object_get(e, "cursor"));
+    if (c <= after)
+      continue;
+    cr_assert_lt(j, json_array_size(got), "missing cursor %lld", (long long)c);
+    cr_expect_eq(json_integer_value(json_array_get(got, j)), c, "gap at %zu", j);
+    j++;
+  }
+  cr_expect_eq(j, json_array_size(got));
+  close(ws);
+  json_decref(got);
+  json_decref(all);
+  json_decref(stored);
+  free(sid);
+  stop(&d);
+}
+
+/* A consumer that does not read is closed 1013 instead of growing the server's memory. */
+Test(browser_http, slow_consumer_is_closed_1013) {
+  daemon_t d;
+  start(&d, "ws_queue_bytes = 1048576\n");
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  tc_resp hs;
+  int ws = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 4096);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  char *sid = create_session(&d);
+  size_t big = 64 * 1024;
+  char *text = malloc(big + 1);
+  memset(text, 'x', big);
+  text[big] = '\0';
+  for (int i = 0; i < 100; i++)
+    prompt(&d, sid, text);
+  free(text);
+  json_decref(wait_turns(&d, 100));
+  int code = 0;
+  for (;;) {
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, 5000) != 0)
+      break;
+    if (op == 8)
+      code = tc_ws_close_code(p, n);
+    free(p);
+    if (op == 8)
+      break;
+  }
+  cr_expect_eq(code, 1013);
+  char *log = log_text(&d);
+  cr_expect(strstr(log, "slow consumer"));
+  free(log);
+  close(ws);
+  free(sid);
+  stop(&d);
+}
+
+/* ---- static UI (T8) and export
+ * ------------------------------------------------------------------------------ */
+
+static int get(daemon_t *d, const char *target, const char *extra, tc_resp *r) {
+  int fd = tc_connect(d->port, 0);
+  char req[2048];
+  snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n", target, d->port,
+           extra ? extra : "");
+  cr_assert(tc_send_str(fd, req));
+  int st = tc_read_response(fd, r, 5000);
+  close(fd);
+  return st;
+}
+
+Test(browser_http, t8_static_traversal_dotfiles_symlinks_mime_etag) {
+  daemon_t d;
+  start(&d, NULL);
+  tc_resp r;
+  static const char *const refused[] = {
+      "/../../../../etc/passwd",
+      "/%2e%2e/%2e%2e/etc/passwd",
+      "/%252e%252e/etc/passwd",
+      "/..%2f..%2fetc/passwd",
+      "/.secret",
+      "/%2esecret",
+      "/escape.txt",
+      "/up.txt",
+      "/sub/../.secret",
+      "/..\\..\\etc\\passwd",
+      "/index.html%00.png",
+      "//etc/passwd",
+      "/app.js#/../../etc/passwd",
+  };
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    int st = get(&d, refused[i], NULL, &r);
+    cr_expect(st == 404 || st == 400 || st == -1, "%s → %d", refused[i], st);
+    if (st > 0) {
+      cr_expect_null(strstr(r.body, "root:"), "%s leaked /etc/passwd", refused[i]);
+      cr_expect_null(strstr(r.body, "dotfile"), "%s", refused[i]);
+      cr_expect_null(strstr(r.body, "outside"), "%s", refused[i]);
+      expect_hardening(&r, refused[i]);
+    }
+    tc_resp_free(&r);
+  }
+  cr_expect_eq(get(&d, "/app.js#x", NULL, &r), 400, "H37");
+  tc_resp_free(&r);
+  char v[256];
+  cr_assert_eq(get(&d, "/", NULL, &r), 200);
+  cr_expect_str_eq(tc_header(r.head, "content-type", v, sizeof v), "text/html; charset=utf-8");
+  expect_hardening(&r, "index");
+  char etag[128];
+  cr_assert(tc_header(r.head, "etag", etag, sizeof etag));
+  tc_resp_free(&r);
+  cr_assert_eq(get(&d, "/app.js", NULL, &r), 200);
+  cr_expect_str_eq(tc_header(r.head, "content-type", v, sizeof v), "text/javascript; charset=utf-8");
+  tc_resp_free(&r);
+  cr_assert_eq(get(&d, "/app.css", NULL, &r), 200);
+  cr_expect_str_eq(tc_header(r.head, "content-type", v, sizeof v), "text/css; charset=utf-8");
+  tc_resp_free(&r);
+  cr_assert_eq(get(&d, "/sub/", NULL, &r), 200);
+  cr_expect_str_eq(r.body, "sub\n");
+  tc_resp_free(&r);
+  char inm[256];
+  snprintf(inm, sizeof inm, "If-None-Match: %s\r\n", etag);
+  cr_expect_eq(get(&d, "/index.html", inm, &r), 304);
+  expect_hardening(&r, "304");
+  tc_resp_free(&r);
+  cr_expect_eq(get(&d, "/index.html", "If-None-Match: \"other\"\r\n", &r), 200);
+  tc_resp_free(&r);
+  stop(&d);
+}
+
+Test(browser_http, export_jsonl_fenced_and_authenticated) {
+  daemon_t d;
+  start(&d, NULL);
+  char *sid = create_session(&d);
+  prompt(&d, sid, "hello");
+  json_t *stored = wait_turns(&d, 1);
+  char path[256], auth[128];
+  snprintf(path, sizeof path, "/api/sessions/%s/export", sid);
+  snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", d.token);
+  tc_resp r;
+  cr_assert_eq(get(&d, path, auth, &r), 200);
+  char v[128];
+  cr_expect_str_eq(tc_header(r.head, "content-type", v, sizeof v), "application/x-ndjson");
+  expect_hardening(&r, "export");
+  int lines = 0;
+  int64_t prev = 0;
+  for (char *line = strtok(r.body, "\n"); line; line = strtok(NULL, "\n")) {
+    json_t *e = json_loads(line, 0, NULL);
+    cr_assert(e, "line %d is JSON", lines);
+    cr_expect_eq(json_integer_value(json_object_get(e, "seq")), prev + 1);
+    prev = json_integer_value(json_object_get(e, "seq"));
+    json_decref(e);
+    lines++;
+  }
+  cr_expect_eq((size_t)lines, json_array_size(stored));
+  tc_resp_free(&r);
+  cr_expect_eq(get(&d, path, NULL, &r), 401);
+  tc_resp_free(&r);
+  cr_expect_eq(get(&d, "/api/sessions/0192aabb-ccdd-7eee-8fff-000000000001/export", auth, &r), 404);
+  tc_resp_free(&r);
+  json_decref(stored);
+  free(sid);
+  stop(&d);
+}
+
+/* ---- T9 log injection and secrets ------------------------------------------------------------------------
+ */
+
+Test(browser_http, t9_h34_log_injection_escaped_and_secrets_never_logged) {
+  daemon_t d;
+  start(&d, NULL);
+  tc_resp r;
+  int fd = tc_connect(d.port, 0);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/%%1B%%5B2J%%0D%%0A%%5BINFO%%5D%%20auth%%20ok HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+           "User-Agent: x\x1b]0;pwn\x07\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"
+           "Content-Length: 2\r\n\r\n{}",
+           d.port, d.token);
+  cr_assert(tc_send_str(fd, head));
+  int st = tc_read_response(fd, &r, 2000);
+  cr_expect(st == 400 || st == 404, "%d", st);
+  tc_resp_free(&r);
+  close(fd);
+  /* A refused upgrade carrying the bearer subprotocol, and a refused request with a wrong token. */
+  char extra[256];
+  snprintf(extra, sizeof extra,
+           "Origin: https://evil.example\r\nSec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n",
+           d.token);
+  tc_resp hs;
+  tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
+  tc_resp_free(&hs);
+  cr_expect_eq(get(&d, "/api/sessions/x/export?token=SECRETQUERY",
+                   "Authorization: Bearer WRONGSECRET\r\nCookie: c=SECRETCOOKIE\r\n", &r),
+               401);
+  tc_resp_free(&r);
+  usleep(200000);
+  char *log = log_text(&d);
+  cr_expect_null(strchr(log, '\x1b'), "no raw ESC in the log");
+  cr_expect_null(strchr(log, '\x07'), "no raw BEL in the log");
+  cr_expect(strstr(log, "\\u001b"), "the ESC is escaped");
+  cr_expect_null(strstr(log, "[INFO] auth ok\n"), "no forged record");
+  cr_expect_null(strstr(log, d.token), "the token never reaches the log");
+  cr_expect_null(strstr(log, "WRONGSECRET"));
+  cr_expect_null(strstr(log, "SECRETCOOKIE"));
+  cr_expect_null(strstr(log, "SECRETQUERY"));
+  free(log);
+  stop(&d);
+}
+
+/* ---- unload, reload, load in a running host
+ * ------------------------------------------------------------------ */
+
+static int admin(daemon_t *d, const char *sub, const char *arg, char **out) {
+  char *argv[] = {(char *)agenthost(), "--config", d->config,   "--state-dir", d->state, "--runtime-dir",
+                  d->runtime,          "plugins",  (char *)sub, (char *)arg,   NULL};
+  return ts_run(argv, 30000, out, NULL);
+}
+
+Test(browser_http, unload_reload_load_in_a_running_host) {
+  daemon_t d;
+  start(&d, NULL);
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  tc_resp hs;
+  int ws = tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  int keep = tc_connect(d.port, 0); /* an idle keep-alive connection */
+  cr_assert(keep >= 0);
+  char *out = NULL;
+  cr_assert_eq(admin(&d, "reload", "browser", &out), 0, "%s", out ? out : "");
+  cr_expect_null(strstr(out, "zombie"), "%s", out);
+  free(out);
+  int code = 0;
+  for (int k = 0; k < 20; k++) {
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, 3000) != 0)
+      break;
+    if (op == 8)
+      code = tc_ws_close_code(p, n);
+    free(p);
+    if (op == 8)
+      break;
+  }
+  cr_expect_eq(code, 1001, "sockets are closed going-away");
+  close(ws);
+  close(keep);
+  /* The reloaded plugin listens on a fresh ephemeral port: read it again. */
+  char *sp = cat(d.runtime, "/serve.json");
+  json_t *j = json_load_file(sp, 0, NULL);
+  cr_assert(j);
+  d.port = (int)json_integer_value(json_object_get(j, "port"));
+  json_decref(j);
+  json_decref(call(&d, "host.describe", "{}"));
+  cr_assert_eq(admin(&d, "unload", "browser", &out), 0);
+  free(out);
+  cr_expect_neq(access(sp, F_OK), 0, "serve.json removed at unload");
+  cr_expect_eq(tc_connect(d.port, 0), -1, "nothing listens after the unload");
+  /* SIGHUP applies the configuration again and mounts what is missing: the browser, loaded afresh. */
+  cr_assert_eq(kill(d.pid, SIGHUP), 0);
+  cr_assert(ts_wait_path(sp, 10000), "the browser is mounted again");
+  usleep(100000);
+  j = json_load_file(sp, 0, NULL);
+  cr_assert(j);
+  d.port = (int)json_integer_value(json_object_get(j, "port"));
+  json_decref(j);
+  json_decref(call(&d, "host.describe", "{}"));
+  free(sp);
+  /* The daemon is still healthy and stops cleanly. */
+  int status = ts_stop(d.pid, SIGTERM, 10000);
+  d.pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+  char *log = log_text(&d);
+  cr_expect_null(strstr(log, "did not close cleanly"), "%s", log);
+  cr_expect_null(strstr(log, "zombie"));
+  free(log);
+  stop(&d);
+}
+
+/* REMOTE-EVENT-FORWARD: the remote plugin's forwarded events reach the host stream as host/remote-event;
+ * session.created also comes as itself. */
+Test(browser_http, host_stream_carries_lifecycle_and_remote_events) {
+  daemon_t d;
+  char so[4096];
+  snprintf(so, sizeof so, "%s/plugins/remote/remote.so", getenv("AH_TEST_BUILD_ROOT"));
+  if (access(so, F_OK) != 0)
+    cr_skip_test("the remote plugin is not built");
+  start_with(&d, NULL, true);
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  tc_resp hs;
+  int ws = tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  usleep(100000); /* the (empty) pending list first */
+  char *sid = create_session(&d);
+  bool created = false, remote = false;
+  for (int k = 0; k < 50 && !(created && remote); k++) {
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, 3000) != 0)
+      break;
+    json_t *f = json_loads(p, 0, NULL);
+    free(p);
+    const char *m = json_string_value(json_object_get(f, "method"));
+    const json_t *pl = json_object_get(f, "payload");
+    if (m && strcmp(m, "session.created") == 0)
+      created = strcmp(json_string_value(json_object_get(json_object_get(pl, "session"), "id")), sid) == 0;
+    if (m && strcmp(m, "host/remote-event") == 0 &&
+        strcmp(json_string_value(json_object_get(pl, "name")), "session.created") == 0)
+      remote = true;
+    json_decref(f);
+  }
+  cr_expect(created, "session.created on the host stream");
+  cr_expect(remote, "host/remote-event {name: session.created}");
+  close(ws);
+  free(sid);
+  stop(&d);
+}
+
+/* T5 H27: headers trickled one byte at a time are cut at the absolute header deadline (2 s here). */
+Test(browser_http, t5_h27_trickled_headers_closed_at_the_header_deadline) {
+  daemon_t d;
+  start(&d, "header_timeout_s = 2\n");
+  int fd = tc_connect(d.port, 0);
+  cr_assert(fd >= 0);
+  const char *req =
+      "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+  uint64_t t0 = ts_now_ms();
+  bool closed = false;
+  for (size_t i = 0; req[i] && !closed; i++) {
+    if (!tc_send(fd, req + i, 1))
+      closed = true;
+    else
+      closed = tc_wait_eof(fd, 300);
+  }
+  uint64_t took = ts_now_ms() - t0;
+  cr_expect(closed, "the connection was not closed");
+  cr_expect_geq(took, 1500, "closed after %llu ms", (unsigned long long)took);
+  cr_expect_lt(took, 20000, "closed after %llu ms (deadline 2 s; bound 10x)", (unsigned long long)took);
+  close(fd);
+  stop(&d);
+}
+
+/* T4 H16–H18 with a real non-loopback peer: this test process moves into a network namespace of its own
+ * (root only; skipped otherwise), gives its loopback device a second address 10.99.0.1, runs the daemon on it
+ * and connects from it, so getpeername() sees 10.99.0.1 — a LAN peer. */
+Test(browser_http, t4_h18_lan_peer_in_a_network_namespace) {
+  if (geteuid() != 0 || unshare(CLONE_NEWNET) != 0)
+    cr_skip_test("needs root and network namespaces");
+  char *argv1[] = {"ip", "link", "set", "lo", "up", NULL};
+  char *argv2[] = {"ip", "addr", "add", "10.99.0.1/32", "dev", "lo", NULL};
+  char *ip = NULL;
+  const char *paths[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
+  for (size_t i = 0; i < 4 && !ip; i++)
+    if (access(paths[i], X_OK) == 0)
+      ip = (char *)paths[i];
+  if (!ip)
+    cr_skip_test("no ip(8)");
+  argv1[0] = argv2[0] = ip;
+  cr_assert_eq(ts_run(argv1, 5000, NULL, NULL), 0);
+  cr_assert_eq(ts_run(argv2, 5000, NULL, NULL), 0);
+  daemon_t d;
+  start_full(&d, NULL, false, "10.99.0.1:0");
+  const char *env =
+      "{\"kind\":\"client-request\",\"rpcId\":\"l\",\"method\":\"%s\",\"payload\":{\"path\":\"/x.so\"}}";
+  static const struct {
+    const char *method;
+    const char *host;
+    bool token;
+    int want;
+  } cases[] = {
+      {"plugin.load", "127.0.0.1", false, 401},    /* H18: spoofed Host, no token */
+      {"plugin.load", "127.0.0.1", true, 403},     /* H18: token, but the peer is not loopback */
+      {"plugin.load", "10.99.0.1", true, 403},     /* the listener's own address as Host */
+      {"session.delete", "localhost", true, 403},  /* another privileged method */
+      {"host.describe", "10.99.0.1", true, 200},   /* public methods work from the LAN with the token */
+      {"host.describe", "10.99.0.1", false, 401},  /* and not without it */
+      {"host.describe", "evil.example", true, 403} /* T1 still first */
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int fd = tc_connect_ip("10.99.0.1", d.port);
+    cr_assert(fd >= 0);
+    char body[256], head[1024];
+    snprintf(body, sizeof body, env, cases[i].method);
+    snprintf(head, sizeof head,
+             "POST /api/%s HTTP/1.1\r\nHost: %s:%d\r\n%s%s%sContent-Type: application/json\r\n"
+             "Content-Length: %zu\r\n\r\n%s",
+             cases[i].method, cases[i].host, d.port, cases[i].token ? "Authorization: Bearer " : "",
+             cases[i].token ? d.token : "", cases[i].token ? "\r\n" : "", strlen(body), body);
+    cr_assert(tc_send_str(fd, head));
+    tc_resp r;
+    int st = tc_read_response(fd, &r, 5000);
+    cr_expect_eq(st, cases[i].want, "%s Host %s token %d → %d %s", cases[i].method, cases[i].host,
+                 cases[i].token, st, r.body ? r.body : "");
+    tc_resp_free(&r);
+    close(fd);
+  }
+  stop(&d);
+}
+
+/* G7: a bounded number of WebSockets; the next upgrade is refused (503) before 101. */
+Test(browser_http, websocket_count_is_bounded) {
+  daemon_t d;
+  start(&d, "max_websockets = 2\n");
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  tc_resp hs;
+  int a = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0);
+  tc_resp_free(&hs);
+  int b = tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
+  tc_resp_free(&hs);
+  cr_assert(a >= 0 && b >= 0);
+  usleep(100000);
+  cr_expect_eq(tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0), -1);
+  cr_expect_eq(hs.status, 503);
+  tc_resp_free(&hs);
+  close(a);
+  usleep(300000);
+  int c = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0);
+  tc_resp_free(&hs);
+  cr_expect(c >= 0, "a closed socket frees its place");
+  if (c >= 0)
+    close(c);
+  close(b);
+  stop(&d);
+}
+
+/* `agenthost token rotate` (DECISIONS.md, SECURITY.md §2.2): a new token, every live WebSocket closed 1008,
+ * the old token refused from then on; without a daemon the file is replaced. */
+Test(browser_http, token_rotate_closes_generations_and_retires_the_old_token) {
+  daemon_t d;
+  start(&d, NULL);
+  char extra[256];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  tc_resp hs;
+  int ws = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  char *argv[] = {(char *)agenthost(), "--config", d.config, "--state-dir", d.state,
+                  "--runtime-dir",     d.runtime,  "token",  "rotate",      NULL};
+  char *out = NULL;
+  cr_assert_eq(ts_run(argv, 10000, &out, NULL), 0);
+  char old[64];
+  snprintf(old, sizeof old, "%s", d.token);
+  char *k = strstr(out, "#k=");
+  cr_assert(k, "%s", out);
+  snprintf(d.token, sizeof d.token, "%.43s", k + 3);
+  cr_expect_str_neq(d.token, old);
+  free(out);
+  int code = 0;
+  for (int i = 0; i < 20; i++) {
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, 3000) != 0)
+      break;
+    if (op == 8)
+      code = tc_ws_close_code(p, n);
+    free(p);
+    if (op == 8)
+      break;
+  }
+  cr_expect_eq(code, 1008);
+  close(ws);
+  json_decref(call(&d, "host.describe", "{}")); /* the new token works */
+  char fresh[64];
+  snprintf(fresh, sizeof fresh, "%s", d.token);
+  snprintf(d.token, sizeof d.token, "%s", old);
+  tc_resp r;
+  cr_expect_eq(post(&d, "host.describe", "{}", &r), 401, "the old token is refused");
+  tc_resp_free(&r);
+  int status = ts_stop(d.pid, SIGTERM, 10000);
+  d.pid = 0;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  cr_assert_eq(ts_run(argv, 10000, &out, NULL), 0, "offline");
+  cr_expect(strstr(out, "no daemon"), "%s", out);
+  free(out);
+  char *tp = cat(d.state, "/token");
+  char *now = ts_read_file(tp, NULL);
+  cr_expect_neq(strncmp(now, fresh, 43), 0, "the file was replaced");
+  struct stat sb;
+  cr_expect(stat(tp, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  free(now);
+  free(tp);
+  stop(&d);
+}
