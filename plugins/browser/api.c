@@ -129,6 +129,38 @@ static void internal_error(bp_req *r, const char *what) {
           error_body(r->rpc_id, "internal", "internal error", json_pack("{s:s}", "correlationId", corr)));
 }
 
+/* A server-response with a value: the envelope around the value's serialization, which is reused when the
+ * value is the very same one as last time (see bp_state.last_value). */
+static void respond_value(bp_req *r, const json_t *value) {
+  bp_state *st = r->st;
+  if (value != st->last_value || !st->last_value_text) {
+    char *text = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!text) {
+      respond(r, 200,
+              json_pack("{s:s, s:s, s:O}", "kind", "server-response", "rpcId", r->rpc_id, "value", value));
+      return;
+    }
+    json_decref(st->last_value);
+    free(st->last_value_text);
+    st->last_value = json_incref((json_t *)value);
+    st->last_value_text = text;
+  }
+  json_t *id = json_string(r->rpc_id);
+  char *id_text = id ? json_dumps(id, JSON_ENCODE_ANY) : NULL;
+  json_decref(id);
+  char *text = NULL;
+  if (!id_text || asprintf(&text, "{\"kind\":\"server-response\",\"rpcId\":%s,\"value\":%s}", id_text,
+                           st->last_value_text) < 0)
+    text = NULL;
+  free(id_text);
+  if (r->wsi && r->http &&
+      bp_build_response(r->wsi, &r->http->out, text ? 200 : 500, "application/json", NULL, text ? text : "{}",
+                        text ? strlen(text) : 2, true, false) == 0)
+    bp_send_later(r->http, r->wsi);
+  free(text);
+  bp_req_release(r);
+}
+
 static void on_reply(const ah_outcome *o, void *arg) {
   bp_req *r = arg;
   r->dispatched = false;
@@ -141,9 +173,7 @@ static void on_reply(const ah_outcome *o, void *arg) {
     if (r->kind == BP_REQ_RESPOND)
       respond(r, 200, json_deep_copy(o->result)); /* the receipt {accepted, reason?} */
     else
-      respond(
-          r, 200,
-          json_pack("{s:s, s:s, s:O}", "kind", "server-response", "rpcId", r->rpc_id, "value", o->result));
+      respond_value(r, o->result);
     return;
   }
   switch (o->status) {

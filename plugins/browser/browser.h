@@ -170,12 +170,18 @@ struct bp_state {
   char *serve_json; /* the file we wrote */
   /* the method table (host.describe): name → true when privileged */
   json_t *methods;
+  /* The serialization of the last successful value sent (a reference is kept, so the pointer cannot be
+   * reused by another value): a result that is the very same value (host.describe, shared by the core
+   * until something is mounted or withdrawn) is not serialized again. */
+  json_t *last_value;
+  char *last_value_text;
   int describe_calls;
   int outstanding; /* core calls in flight for requests and sockets */
   /* connections */
   ah_sub *sub;
   bp_ws *ws;
   size_t nws;
+  ah_timer *trim_timer; /* the heap trim after the last WebSocket closed (ws.c) */
   bp_req *reqs;
   uint64_t next_conn;
   uint64_t next_frame;

@@ -795,6 +795,8 @@ static void state_free(bp_state *st) {
   free(st->serve_json);
   free(st->token_path);
   json_decref(st->methods);
+  json_decref(st->last_value);
+  free(st->last_value_text);
   explicit_bzero(st->token, sizeof st->token);
   free(st);
 }
@@ -949,6 +951,9 @@ static void bp_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
   bp_state *st = state;
   st->withdrawing = true;
   st->done = done;
+  if (st->trim_timer)
+    st->api->timer_stop(st->trim_timer);
+  st->trim_timer = NULL;
   if (st->sub)
     st->api->unsubscribe(st->sub);
   st->sub = NULL;

@@ -22,6 +22,10 @@
 
 #include "browser.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #define REPLAY_PAGE 500
 
 static void frames_free(bp_frame *f) {
@@ -65,6 +69,24 @@ static char *frame_text(bp_state *st, const char *method, const json_t *payload,
   return text;
 }
 
+/* When the last WebSocket of a burst has closed, hand the freed heap back to the system: glibc keeps freed
+ * memory of a fan-out (frame queues of a hundred clients) mapped otherwise, and a daemon's RSS would stay at
+ * its peak. Once a second after the count reached zero, on the loop thread. */
+static void trim_fired(ah_timer *t, void *arg) {
+  (void)t;
+  bp_state *st = arg;
+  st->trim_timer = NULL;
+#ifdef __GLIBC__
+  if (st->nws == 0 && !st->withdrawing)
+    malloc_trim(0);
+#endif
+}
+
+static void schedule_trim(bp_state *st) {
+  if (!st->trim_timer && !st->withdrawing)
+    st->api->timer_start(st->m, 1000, 0, trim_fired, st, &st->trim_timer);
+}
+
 static void ws_unlink(bp_ws *w) {
   bp_state *st = w->st;
   if (!w->linked)
@@ -78,6 +100,8 @@ static void ws_unlink(bp_ws *w) {
   w->prev = w->next = NULL;
   w->linked = false;
   st->nws--;
+  if (st->nws == 0)
+    schedule_trim(st);
 }
 
 static void ws_free(bp_ws *w) {
