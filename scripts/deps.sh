@@ -30,6 +30,7 @@ PACKAGES=(
   clang-format           # `make format` / `make format-check`
   libwebsockets-dev      # browser plugin: HTTP + WebSocket carrier
   libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
+  wrk                    # make bench: HTTP load on the browser surface
   chromium               # browser end-to-end tests (playwright-core drives it)
 )
 
