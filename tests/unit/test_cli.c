@@ -749,3 +749,95 @@ Test(cli, sessions_work_after_a_config_reload, .timeout = 60, .fini = cleanup) {
   free(id);
   sess_env_free(&e);
 }
+
+/* ---- SECURITY.md T7 (C01): the daemon's environment is out of a same-uid sibling's reach -----------------
+ */
+
+#include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
+
+/* As root (CI), the daemon and the reader both run as `nobody`, so the reader is a same-uid sibling: the
+ * daemon made itself non-dumpable (PR_SET_DUMPABLE 0), so its /proc/PID/environ belongs to root and the
+ * sibling gets EACCES — the canary it holds cannot be read. Not root: skipped (said so). */
+Test(cli, a_same_uid_sibling_cannot_read_the_daemons_environment, .timeout = 60, .fini = cleanup) {
+  if (geteuid() != 0) {
+    cr_skip_test("needs root to run the daemon and the reader as another user (nobody)");
+  }
+  struct passwd *pw = getpwnam("nobody");
+  cr_assert_not_null(pw, "no user nobody");
+  uid_t uid = pw->pw_uid;
+  gid_t gid = pw->pw_gid;
+  const char *dir = test_dir();
+  cr_assert_eq(chmod(dir, 0755), 0);
+  char *state = path_in("state");
+  char *runtime = path_in("run");
+  char *config = ts_write_file(dir, "agenthost.ini",
+                               "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n");
+  cr_assert_not_null(config);
+  cr_assert_eq(mkdir(state, 0700), 0);
+  cr_assert_eq(chown(state, uid, gid), 0);
+  cr_assert_eq(mkdir(runtime, 0700), 0);
+  cr_assert_eq(chown(runtime, uid, gid), 0);
+  cr_assert_eq(chmod(config, 0644), 0);
+  char *log = path_in("daemon.log");
+  pid_t daemon = fork();
+  cr_assert_geq(daemon, 0);
+  if (daemon == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 2);
+      dup2(fd, 1);
+    }
+    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+      _exit(126);
+    setenv("OPENAI_API_KEY", "sk-CANARY", 1);
+    execl(agenthost(), agenthost(), "--config", config, "--state-dir", state, "--runtime-dir", runtime,
+          "serve", (char *)NULL);
+    _exit(127);
+  }
+  char sock[4200];
+  snprintf(sock, sizeof sock, "%s/admin.sock", runtime);
+  bool up = ts_wait_path(sock, 10000);
+  char *text = ts_read_file(log, NULL);
+  cr_assert(up, "the daemon did not start as nobody:\n%s", text ? text : "");
+  free(text);
+  char environ_path[64];
+  snprintf(environ_path, sizeof environ_path, "/proc/%d/environ", (int)daemon);
+  struct stat st;
+  cr_assert_eq(stat(environ_path, &st), 0);
+  cr_assert_eq(st.st_uid, 0, "/proc/PID/environ of a non-dumpable process belongs to root (uid %d)",
+               (int)st.st_uid);
+  pid_t reader = fork();
+  cr_assert_geq(reader, 0);
+  if (reader == 0) {
+    if (setgroups(0, NULL) != 0 || setgid(gid) != 0 || setuid(uid) != 0)
+      _exit(126);
+    int fd = open(environ_path, O_RDONLY);
+    if (fd >= 0) {
+      char buf[65536];
+      ssize_t n = read(fd, buf, sizeof buf - 1);
+      _exit(n > 0 && memmem(buf, (size_t)n, "CANARY", 6) ? 3 : 2);
+    }
+    _exit(errno == EACCES ? 0 : 4);
+  }
+  int rst = 0;
+  cr_assert_eq(waitpid(reader, &rst, 0), reader);
+  cr_assert(WIFEXITED(rst), "the reader did not exit");
+  cr_assert_eq(WEXITSTATUS(rst), 0,
+               "a same-uid sibling %s /proc/PID/environ (exit %d: 2 = readable, 3 = the canary leaked, 4 = "
+               "another error, 126 = could not drop to nobody)",
+               WEXITSTATUS(rst) == 3 ? "read the canary from" : "was not refused", WEXITSTATUS(rst));
+  /* The owner (root here) can, so the refusal above is the daemon's doing, not a missing file. */
+  int fd = open(environ_path, O_RDONLY);
+  cr_assert_geq(fd, 0);
+  close(fd);
+  cr_assert_eq(kill(daemon, SIGTERM), 0);
+  int dst = 0;
+  cr_assert_eq(waitpid(daemon, &dst, 0), daemon);
+  cr_assert(WIFEXITED(dst) && WEXITSTATUS(dst) == 0, "the daemon did not exit 0 (status %#x)", dst);
+  free(log);
+  free(config);
+  free(state);
+  free(runtime);
+}
