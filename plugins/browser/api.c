@@ -180,9 +180,6 @@ static void on_reply(const ah_outcome *o, void *arg) {
   case AH_ENOMETHOD:
     respond(r, 404, error_body(r->rpc_id, "not-found", "no such method", NULL));
     return;
-  case AH_EPERM:
-    respond(r, 403, error_body(r->rpc_id, "forbidden", o->message, NULL));
-    return;
   case AH_EINTERNAL:
   case AH_ENOMEM:
   case AH_ESTATE:

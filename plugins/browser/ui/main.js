@@ -1,6 +1,8 @@
 // The agenthost web UI: wires the API, the connection loop, the store and the views together.
 import { Api, ApiError, storeToken, takeToken } from "./api.js";
 import { Connection } from "./connection.js";
+import { RemoteLink } from "./remote-transport.js";
+import { SessionSettings } from "./session-settings.js";
 import { Store } from "./store.js";
 import { ConversationView, renderConnection, renderRequests, renderSessionList, sessionLabel } from "./views.js";
 
@@ -25,6 +27,23 @@ const logger = {
   error: (...a) => (logger.add("error", a), console.error(...a)),
 };
 window.agenthostLog = () => logRing.slice();
+
+// Remote (remote.js through remote-transport.js): one mount per ready connection generation; the
+// session settings (rename, tags, tool policy, pending summary) call its `sessions` services.
+const remote = new RemoteLink({
+  api,
+  logger,
+  onChange: () => renderAll(),
+  onMount: (mount) => settings.onMount(mount),
+});
+const settings = new SessionSettings({ store, link: remote, getSelected: () => selected, logger });
+// For diagnosis from the console (and the end-to-end tests): the link's state and mounted namespaces.
+window.agenthostRemote = () => ({
+  state: remote.state,
+  generation: remote.transport.generation,
+  problem: remote.problem,
+  namespaces: remote.mount ? [...remote.mount.namespaces] : [],
+});
 
 function notice(text, { error = false } = {}) {
   const n = $("notice");
@@ -122,8 +141,12 @@ function requestOf(frame) {
   return r;
 }
 
+let remoteRefreshTimer = null;
+
 function onFrame(frame) {
   const p = frame.payload;
+  // host/remote-event frames go to the Remote client's subscriptions.
+  if (remote.transport.deliver(frame)) return;
   switch (frame.method) {
     case "session.event": {
       if (!store.sessions.has(p.sessionId)) fetchSession(p.sessionId);
@@ -155,24 +178,34 @@ function onFrame(frame) {
       logger.warn("agenthost: stream error", JSON.stringify(p));
       notice(`The host reported a stream error: ${p?.message ?? p?.error?.message ?? "unknown"}`, { error: true });
       break;
+    case "plugin.mounted":
+    case "plugin.withdrawn":
+      // The descriptor set may have changed: describe again (remounted only if it did).
+      clearTimeout(remoteRefreshTimer);
+      remoteRefreshTimer = setTimeout(() => remote.refresh(), 100);
+      break;
     default:
-      // Unknown methods pass through unhandled (plugin.mounted, host/remote-event, …).
+      // Unknown methods pass through unhandled.
       break;
   }
 }
 
-async function onReady() {
+async function onReady(info) {
   $("token-banner").hidden = true;
+  const mounted = remote.ready(info.generation);
   try {
     await Promise.all([loadSessions(), loadRequests()]);
   } catch (err) {
     logger.warn(`agenthost: refresh after connecting failed: ${describeError(err)}`);
   }
   if (selected) ensureHistory(selected);
+  await mounted;
+  settings.refreshKnown(); // with the sessions and requests of this generation loaded
 }
 
 function onState(s) {
   connState = s;
+  remote.connectionState(s);
   renderConnection($("conn"), s);
   if (s.state === "unauthorized") showTokenBanner("The host refused the access token. Open the launch URL again (“agenthost url” prints it).");
 }
@@ -193,7 +226,8 @@ function sessionName(id) {
 // CHANGE (from the store) says what changed; without it everything is drawn again.
 function renderAll(change = null) {
   const touches = (kind) => !change || change.kinds.has(kind);
-  if (touches("sessions") || touches("requests")) renderSessionList($("session-list"), store, selected, select);
+  if (touches("sessions") || touches("requests") || touches("pending"))
+    renderSessionList($("session-list"), store, selected, select);
   const s = selected ? store.sessions.get(selected) : null;
   $("empty").hidden = Boolean(selected);
   $("session-view").hidden = !selected;
@@ -210,6 +244,7 @@ function renderAll(change = null) {
     $("send").disabled = Boolean(s?.closed);
     $("prompt").disabled = Boolean(s?.closed);
   }
+  settings.render();
   if (touches("requests") || touches("sessions"))
     renderRequests($("requests"), store, { selectedId: selected, sessionName, onAnswer: answer, onOpen: select });
 }

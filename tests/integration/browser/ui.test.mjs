@@ -12,7 +12,10 @@
 //      (sessionStorage); without a token the UI says so and a pasted launch URL connects;
 //   5. frames the UI cannot parse (injected through a WebSocket route) are dropped without ending the
 //      generation; a question answered in one tab and late in another shows the late tab's receipt;
-//   6. cancel ends a running turn.
+//   6. cancel ends a running turn;
+//   7. the session settings go through Remote (remote.js mounted per generation): rename (a second tab
+//      sees it after a reload), tags, the run_command policy (allow → no approval card), the pending badge
+//      from sessions.pending, a too-long title's bad-request shown inline; also at 400 px.
 // Then the connection loop alone, in Node with a fake WebSocket (readiness, the 3 s guard, whole-generation
 // rebuild, backoff and its reset, the frame pump). Screenshots go to BUILD_ROOT/test-artifacts/browser/*.png.
 import { test, before, after } from "node:test";
@@ -67,8 +70,10 @@ async function shot(page, name) {
   await page.screenshot({ path: join(ctx.shots, `${name}.png`), fullPage: false });
 }
 
-async function openPage(url, viewport = { width: 1280, height: 800 }) {
+// SETUP(page), when given, runs before the page loads (to watch its first requests).
+async function openPage(url, viewport = { width: 1280, height: 800 }, setup = null) {
   const page = await ctx.context.newPage();
+  setup?.(page);
   await page.setViewportSize(viewport);
   page.setDefaultTimeout(UI_TIMEOUT);
   page.on("console", (m) => {
@@ -478,6 +483,197 @@ test("cancel ends a running turn from the UI", { ...TEST, skip }, async () => {
   assert.equal(last.text, "/sleep 60000\nslow");
 });
 
+test("session settings go through Remote: rename, tags, run_command policy, the pending badge; errors inline (issue 7, REMOTE-CLIENT-*)", { ...TEST, skip }, async () => {
+  started();
+  // What the tab posts: the settings must use remote.invoke, never the plain session.* methods.
+  const posted = [];
+  const invoked = [];
+  const watch = (r) => {
+    if (r.method() !== "POST" || !r.url().includes("/api/")) return;
+    const method = decodeURIComponent(new URL(r.url()).pathname.slice("/api/".length));
+    posted.push(method);
+    if (method === "remote.invoke") {
+      try {
+        const p = JSON.parse(r.postData()).payload;
+        invoked.push(`${p.namespace}.${p.method}`);
+      } catch {
+        invoked.push("?");
+      }
+    }
+  };
+  const a = await openPage(ctx.host.launchUrl, undefined, (p) => p.on("request", watch));
+  await waitReady(a);
+  await a.waitForFunction(() => window.agenthostRemote().state === "mounted");
+  const link = await a.evaluate(() => window.agenthostRemote());
+  assert.ok(link.namespaces.includes("sessions"), `the sessions services are mounted: ${JSON.stringify(link)}`);
+  assert.equal(String(link.generation), await a.$eval("#conn", (e) => e.dataset.generation), "mounted for the ready generation");
+  // Tab A went through the host's kill -9 and restart: it mounted again for its new generation.
+  if (ctx.pageA && !ctx.pageA.isClosed()) {
+    const la = await ctx.pageA.evaluate(() => window.agenthostRemote());
+    assert.equal(la.state, "mounted");
+    assert.ok(la.generation > 1, `a later generation (${la.generation})`);
+    assert.equal(String(la.generation), await ctx.pageA.$eval("#conn", (e) => e.dataset.generation));
+  }
+
+  // A session of its own, in a directory of its own.
+  const cwd = await tempDir("ah-browser-remote-cwd-");
+  ctx.dirs.push(cwd);
+  await a.fill("#new-cwd", cwd);
+  await a.fill("#new-title", "remote settings");
+  await a.click("#create");
+  await a.waitForFunction(() => document.getElementById("session-title").textContent === "remote settings");
+  const sid = await a.$eval(".session-item[aria-current='true']", (e) => e.dataset.sessionId);
+  const hostSession = async () => (await ctx.host.call("session.get", { sessionId: sid })).session;
+  const title = () => a.$eval("#session-title", (e) => e.textContent);
+  const focused = () => a.evaluate(() => document.activeElement?.id ?? null);
+
+  // ---- rename: reached from the keyboard, labelled; Escape cancels, Enter saves.
+  assert.equal(await a.$eval("label[for='rename-input']", (e) => e.textContent), "Session title");
+  await a.focus("#rename");
+  await a.keyboard.press("Enter");
+  await a.waitForSelector("#rename-form", { state: "visible" });
+  assert.equal(await focused(), "rename-input", "the title field has the focus");
+  assert.equal(await a.inputValue("#rename-input"), "remote settings", "prefilled with the current title");
+  await a.keyboard.type(" — not saved");
+  await a.keyboard.press("Escape");
+  await a.waitForSelector("#rename-form", { state: "hidden" });
+  assert.equal(await focused(), "rename", "Escape gives the focus back to Rename");
+  assert.equal(await title(), "remote settings");
+  assert.equal((await hostSession()).title, "remote settings", "Escape saved nothing");
+
+  await a.keyboard.press("Enter");
+  await a.fill("#rename-input", "Renamed through Remote");
+  await a.keyboard.press("Enter");
+  await a.waitForSelector("#rename-form", { state: "hidden" });
+  assert.equal(await title(), "Renamed through Remote");
+  assert.equal((await hostSession()).title, "Renamed through Remote", "session.get shows the new title");
+  assert.equal(
+    await a.$eval(`.session-item[data-session-id='${sid}'] .session-title`, (e) => e.textContent),
+    "Renamed through Remote",
+  );
+
+  // A title over 200 bytes: the host's bad-request is shown inline, the form stays open.
+  await a.click("#rename");
+  await a.fill("#rename-input", "x".repeat(201));
+  await a.press("#rename-input", "Enter");
+  await a.waitForSelector("#rename-error:not([hidden])");
+  const renameError = await a.$eval("#rename-error", (e) => e.textContent);
+  assert.match(renameError, /^bad-request: \S/, `the error is shown with its category: ${renameError}`);
+  assert.ok(await a.isVisible("#rename-form"), "the form stays open for a correction");
+  assert.equal(await focused(), "rename-input");
+  await shot(a, "10-remote-rename-error-1280x800");
+  assert.equal((await hostSession()).title, "Renamed through Remote", "the too-long title was not stored");
+  await a.press("#rename-input", "Escape");
+  await a.waitForSelector("#rename-form", { state: "hidden" });
+  assert.equal(await a.$eval("#rename-error", (e) => e.hidden), true, "cancelling clears the error");
+
+  // A second tab shows the new title after a reload.
+  const b = ctx.pageB ?? (await openPage(ctx.host.launchUrl));
+  await b.reload();
+  await waitReady(b);
+  await b.waitForFunction(
+    (id) => document.querySelector(`.session-item[data-session-id='${id}'] .session-title`)?.textContent === "Renamed through Remote",
+    sid,
+  );
+
+  // ---- tags: comma-separated, trimmed, empty and repeated ones dropped; stored with the session.
+  assert.equal(await a.$eval("label[for='tags-input']", (e) => e.textContent), "Tags");
+  await a.fill("#tags-input", " alpha, beta ,, gamma, alpha");
+  await a.press("#tags-input", "Enter");
+  await a.waitForFunction(() => document.getElementById("settings-status").textContent === "Tags saved.");
+  assert.deepEqual((await hostSession()).tags, ["alpha", "beta", "gamma"]);
+  assert.equal(await a.inputValue("#tags-input"), "alpha, beta, gamma");
+  assert.deepEqual(
+    await a.$$eval(`.session-item[data-session-id='${sid}'] .badge-tag`, (els) => els.map((e) => e.textContent)),
+    ["alpha", "beta", "gamma"],
+  );
+  // A tag over 64 bytes: refused by the host, shown inline; Escape puts the stored tags back.
+  await a.fill("#tags-input", "y".repeat(65));
+  await a.press("#tags-input", "Enter");
+  await a.waitForSelector("#settings-error:not([hidden])");
+  assert.match(await a.$eval("#settings-error", (e) => e.textContent), /^Tags not saved — bad-request: \S/);
+  assert.deepEqual((await hostSession()).tags, ["alpha", "beta", "gamma"]);
+  await a.press("#tags-input", "Escape");
+  assert.equal(await a.inputValue("#tags-input"), "alpha, beta, gamma");
+  assert.equal(await a.$eval("#settings-error", (e) => e.hidden), true);
+
+  // ---- the pending badge (sessions.pending, refreshed on request.pending / request.resolved).
+  assert.equal(await a.$eval("label[for='policy-run_command']", (e) => e.textContent), "Policy for run_command");
+  assert.equal(await a.inputValue("#policy-run_command"), "ask", "run_command asks by default");
+  await a.waitForSelector("#session-pending[data-pending='0']");
+  await a.fill("#prompt", `/tool run_command ${JSON.stringify({ command: "echo ask >> p.txt" })}`);
+  await a.press("#prompt", "Enter");
+  const card = `.request-card[data-kind='approval'][data-session-id='${sid}']`;
+  await a.waitForSelector(card);
+  await a.waitForSelector("#session-pending[data-pending='1']");
+  assert.equal(await a.$eval("#session-pending", (e) => e.textContent), "1 pending");
+  assert.equal(await a.$eval("#session-pending", (e) => e.title), "1 approval, 0 questions");
+  await a.waitForSelector(`.session-item[data-session-id='${sid}'] .badge-pending[data-pending='1'][data-source='remote']`);
+  await b.waitForSelector(`.session-item[data-session-id='${sid}'] .badge-pending[data-pending='1']`);
+  await shot(a, "11-remote-pending-1280x800");
+  await a.click(`${card} button[data-option='allow_once']`);
+  await a.waitForSelector("#session-pending[data-pending='0']");
+  assert.equal(await a.$eval("#session-pending", (e) => e.textContent), "0 pending");
+  await a.waitForSelector(`.session-item[data-session-id='${sid}'] .badge-pending`, { state: "detached" });
+  const replies = () =>
+    a.$$eval('#conversation .msg[data-kind="message/committed"] .msg-body', (els) =>
+      els.map((e) => e.textContent).filter((t) => t.startsWith("tool run_command:")),
+    );
+  await waitFor(async () => (await replies()).length === 1, UI_TIMEOUT, "the approved command's reply");
+  assert.equal(await readText(join(cwd, "p.txt")), "ask\n");
+
+  // ---- run_command policy `allow`: the next call runs with no approval card.
+  await a.selectOption("#policy-run_command", "allow");
+  await a.waitForFunction(() => document.getElementById("settings-status").textContent === "run_command: allow");
+  assert.equal((await hostSession()).policy?.run_command, "allow", "the policy is stored with the session");
+  assert.equal(await focused(), "policy-run_command", "the focus stays on the control");
+  await a.evaluate(() => {
+    window.__cardsSeen = 0;
+    new MutationObserver((records) => {
+      for (const r of records) for (const n of r.addedNodes) if (n.classList?.contains("request-card")) window.__cardsSeen++;
+    }).observe(document.getElementById("requests"), { childList: true });
+  });
+  await a.fill("#prompt", `/tool run_command ${JSON.stringify({ command: "echo ok >> p.txt" })}`);
+  await a.press("#prompt", "Enter");
+  await waitFor(async () => (await replies()).length === 2, UI_TIMEOUT, "the allowed command's reply");
+  assert.equal(await readText(join(cwd, "p.txt")), "ask\nok\n");
+  assert.equal(await a.evaluate(() => window.__cardsSeen), 0, "no approval card appeared");
+  const approvals = (await ctx.host.history(sid)).filter((e) => e.kind === "tool/approval");
+  assert.equal(approvals.length, 1, "only the first call asked");
+  assert.equal(await a.$eval("#session-pending", (e) => e.dataset.pending), "0");
+  await shot(a, "12-remote-settings-1280x800");
+
+  // Everything went through Remote.
+  assert.ok(posted.includes("remote.describe"), "the tab described the remote services");
+  for (const m of ["sessions.rename", "sessions.set_tags", "sessions.tool_policy", "sessions.pending"])
+    assert.ok(invoked.includes(m), `${m} was invoked (${[...new Set(invoked)].join(", ")})`);
+  const plain = posted.filter((m) => /^session\.(update|set-policy|set-tags|rename)$/.test(m));
+  assert.deepEqual(plain, [], "no plain session.* method changed the settings");
+
+  // A narrow window: the controls fit without horizontal overflow.
+  const n = await openPage(`${ctx.host.launchUrl}&s=${sid}`, { width: 400, height: 800 });
+  await waitReady(n);
+  await n.waitForFunction(() => document.getElementById("session-title").textContent === "Renamed through Remote");
+  await n.waitForFunction(() => window.agenthostRemote().state === "mounted");
+  for (const sel of ["#rename", "#tags-input", "#tags-save", "#policy-run_command", "#prompt"])
+    assert.ok(await n.isVisible(sel), `${sel} is visible at 400 px`);
+  assert.equal(await n.inputValue("#policy-run_command"), "allow");
+  assert.equal(await n.inputValue("#tags-input"), "alpha, beta, gamma");
+  await n.click("#rename");
+  const overflow = await n.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 0, `no horizontal overflow at 400 px (${overflow} px)`);
+  const box = await n.$eval("#rename-input", (e) => e.getBoundingClientRect().right);
+  assert.ok(box <= 400, `the title field fits (${box})`);
+  await shot(n, "13-remote-settings-400x800");
+  await n.close();
+  await a.close();
+  assert.deepEqual(
+    ctx.consoleErrors.filter((e) => !/WebSocket|ERR_CONNECTION_REFUSED|Failed to load resource/.test(e)),
+    [],
+    "no script errors in the pages",
+  );
+});
+
 // ---- the connection loop itself, in Node with a fake WebSocket and a fake API (no browser, no host):
 // the timing rules of API-CONNECTION-LOOP that an end-to-end run cannot pin down.
 
@@ -628,4 +824,115 @@ test("connection loop: bad frames are dropped and a sink exception is logged; th
   assert.ok(errors.some((e) => String(e).includes("onFrame handler failed")));
   assert.equal(parseFrame(ok("session.event", { sessionId: "s", event: { cursor: 7, seq: 1, kind: "k" } })).cursor, 7);
   c.stop();
+});
+
+// ---- the UI's Remote link (remote-transport.js), in Node with a fake API: one mount per ready generation,
+// withdrawn when the generation ends (REMOTE-CLIENT-MOUNT), NoConnectionError while none is ready
+// (REMOTE-CLIENT-INVOKE), host/remote-event frames routed to the client.
+
+const loadRemoteLink = () => import(pathToFileURL(join(SOURCE, "plugins", "browser", "ui", "remote-transport.js")).href);
+
+const SESSIONS_SET = {
+  descriptors: [
+    {
+      namespace: "sessions",
+      method: "rename",
+      plugin: "remote",
+      params: [
+        { name: "session", type: "session", optional: false },
+        { name: "title", type: "string", optional: false },
+      ],
+      result: "void",
+      resultOptional: false,
+      cancellable: false,
+      lookup: "session",
+      privileged: false,
+    },
+  ],
+};
+
+// An Api whose remote.invoke hangs until its signal aborts (then rejects like Api.call does).
+function fakeRemoteApi(set = SESSIONS_SET) {
+  return {
+    calls: [],
+    set,
+    call(method, payload, { signal } = {}) {
+      this.calls.push(method);
+      if (method === "remote.describe") return Promise.resolve(structuredClone(this.set));
+      return new Promise((_, reject) => {
+        signal?.addEventListener("abort", () => reject(Object.assign(new Error("the call was aborted"), { code: "cancelled" })), { once: true });
+      });
+    },
+  };
+}
+
+test("remote link: a mount per ready generation; the generation's end withdraws it and aborts its calls; no generation → NoConnectionError", { timeout: 10000 }, async () => {
+  const { RemoteLink, isNoConnection } = await loadRemoteLink();
+  const api = fakeRemoteApi();
+  const mounts = [];
+  const link = new RemoteLink({ api, logger: quiet, onMount: (m) => mounts.push(m) });
+  assert.equal(link.state, "offline");
+  assert.throws(() => link.transport.post("remote.describe", {}), (e) => isNoConnection(e), "no generation: nothing is sent");
+  assert.equal(api.calls.length, 0);
+
+  await link.ready(1);
+  assert.equal(link.state, "mounted");
+  assert.equal(mounts.length, 1);
+  const rename = link.service("sessions", "rename");
+  assert.equal(typeof rename, "function");
+  const inflight = rename("s-1", "a title");
+  await tick();
+  assert.equal(mounts[0].pending, 1);
+
+  // A describe in the same generation with the same set keeps the mount (and the call in flight).
+  await link.refresh();
+  assert.equal(mounts.length, 1);
+  assert.equal(mounts[0].active, true);
+  link.connectionState({ state: "degraded", generation: 1 });
+  link.connectionState({ state: "ready", generation: 1 });
+  assert.equal(mounts[0].active, true, "degraded → ready is the same generation");
+
+  // The generation ends: the mount is withdrawn, its call resolves cancelled at once, the services go.
+  link.connectionState({ state: "waiting", generation: 1 });
+  assert.equal(mounts[0].active, false);
+  assert.deepEqual(await withTimeout(inflight, 1000, "the in-flight call to settle"), {
+    ok: false,
+    error: { category: "cancelled", message: "sessions.rename: the mount was withdrawn" },
+  });
+  assert.equal(link.service("sessions", "rename"), null);
+  assert.equal(link.services.sessions, undefined);
+  assert.equal(link.state, "offline");
+  assert.deepEqual(await rename("s-1", "late"), { ok: false, error: { category: "unavailable", message: "sessions.rename: the mount was withdrawn" } });
+
+  // The next generation mounts again; a function of the old mount stays withdrawn.
+  await link.ready(2);
+  assert.equal(mounts.length, 2);
+  assert.equal(link.transport.generation, 2);
+  const old = link.service("sessions", "rename");
+  await link.ready(3); // a newer generation without an end seen in between: the old mount goes first
+  assert.equal(mounts.length, 3);
+  assert.equal(mounts[1].active, false);
+  assert.equal((await old("s-1", "x")).error.category, "unavailable");
+  // A call while no generation is ready (the transport has none) throws the NoConnectionError.
+  const fresh = link.service("sessions", "rename");
+  link.transport.generation = null;
+  await assert.rejects(fresh("s-1", "x"), (e) => isNoConnection(e), "no connection → the call throws");
+  assert.equal((await fresh("s-1")).error.category, "bad-request", "arguments are checked before the connection");
+  link.transport.generation = 3;
+
+  // A changed set (a plugin mounted) is remounted in the same generation.
+  api.set = structuredClone(SESSIONS_SET);
+  api.set.descriptors.push({ ...SESSIONS_SET.descriptors[0], method: "pending", params: [SESSIONS_SET.descriptors[0].params[0]], result: "json" });
+  await link.refresh();
+  assert.equal(mounts.length, 4);
+  assert.equal(typeof link.service("sessions", "pending"), "function");
+
+  // host/remote-event frames reach the mount's subscriptions; other frames are not taken.
+  const got = [];
+  mounts[3].onRemoteEvent("request.pending", (args, name) => got.push([name, args.request.sessionId]));
+  assert.equal(link.transport.deliver({ method: "host/remote-event", payload: { name: "request.pending", args: { request: { sessionId: "s-9" } } } }), true);
+  assert.equal(link.transport.deliver({ method: "session.created", payload: {} }), false);
+  assert.deepEqual(got, [["request.pending", "s-9"]]);
+  link.end("done");
+  assert.equal(link.transport.deliver({ method: "host/remote-event", payload: { name: "request.pending", args: {} } }), false, "subscriptions end with the mount");
 });
