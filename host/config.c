@@ -501,7 +501,8 @@ static void begin_section(loader *L, const char *section) {
            is_plugin ? "plugin" : "provider", NAME_MAX_LEN);
       return;
     }
-    L->name = name;
+    /* Into our copy: inih's buffer for the section name is not ours to keep. */
+    L->name = copy + (name - section);
     L->kind = is_plugin ? SECTION_PLUGIN : SECTION_PROVIDER;
     if (is_plugin)
       plugin_entry(L, name);
