@@ -45,6 +45,7 @@ static void call_free_if_done(ah_call *c) {
   json_decref(c->params);
   free(c->surface);
   free(c->method);
+  free(c->fail_message);
   free(c);
 }
 
@@ -229,6 +230,16 @@ out:
 }
 
 /* ---- the API's call accessors -------------------------------------------------------------------- */
+
+void ah__call_set_message(ah_call *c, const char *message) {
+  if (!c || !message)
+    return;
+  char *copy = strdup(message);
+  if (!copy)
+    return;
+  free(c->fail_message);
+  c->fail_message = copy;
+}
 
 ah_cancel *ah__call_cancel_token(ah_call *c) {
   return c && c->cancellable ? c->token : NULL;

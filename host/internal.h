@@ -218,7 +218,8 @@ struct ah_call {
   ah_cancel *token;
   ah_cancel_watch *parent_watch;
   bool cancellable;
-  bool audited; /* a privileged method or descriptor: the outcome goes to the audit log */
+  bool audited;       /* a privileged method or descriptor: the outcome goes to the audit log */
+  char *fail_message; /* a remote function's own word on its error (call_set_message) */
   ah_reply_fn cb;
   void *arg;
   bool answered; /* the caller got (or is about to get) its outcome */
@@ -242,6 +243,7 @@ void ah__complete(ah_host *h, ah_reply_fn cb, void *arg, int status, json_t *res
 int ah__call_reply(ah_call *c, json_t *result);
 ah_cancel *ah__call_cancel_token(ah_call *c);
 const ah_caller *ah__call_caller(ah_call *c);
+void ah__call_set_message(ah_call *c, const char *message);
 int ah__call_error(ah_call *c, int status, const char *message, json_t *data);
 /* Create the call of `e` (a method or a remote descriptor, named `name`) for `caller` and count it on
  * e->mount. `params` is stolen. Returns AH_ENOMEM, or 0 with *out = the call — or *out = NULL when

@@ -217,8 +217,8 @@ static void finish(invocation *v) {
     if (tripped || v->rc == AH_ECANCELED) {
       ah__call_error(c, AH_ECANCELED, "cancelled", NULL);
     } else if (v->rc < 0 && known_category(v->rc)) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "%s: %s", v->name, ah_strerror(v->rc));
+      char msg[600];
+      snprintf(msg, sizeof msg, "%s: %s", v->name, c->fail_message ? c->fail_message : ah_strerror(v->rc));
       ah__call_error(c, v->rc, msg, NULL);
     } else {
       AH_LOG_W("remote", "%s returned %d (%s)", v->name, v->rc,

@@ -611,6 +611,7 @@ ah_host_api ah__api_table = {
     .session_id = ah__session_id,
     .session_info = ah__session_info,
     .session_update = ah__session_update,
+    .call_set_message = ah__call_set_message,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -394,8 +394,12 @@ struct ah_host_api {
   const char *(*session_id)(const ah_session *s);
   json_t *(*session_info)(ah_session *s);
   int (*session_update)(ah_session *s, const json_t *fields);
+  /* A remote function about to return an error may say why (copied; the last one wins): the caller gets
+   * this message instead of the generic one, e.g. "args.title: at most 200 bytes". Any thread, while the
+   * function runs. */
+  void (*call_set_message)(ah_call *call, const char *message);
 
-  void *reserved[7];
+  void *reserved[6];
 };
 
 /* The one exported entry of a plugin. */

@@ -140,7 +140,19 @@ static void on_event(const char *name, const json_t *data, void *arg) {
 
 /* ---- built-in services (namespace "sessions") --------------------------------------------------------- */
 
+/* A refusal that names the field (api->call_set_message), returned as bad-request. */
+static int refuse(ah_call *call, const char *message) {
+  AH_CALL_API(call)->call_set_message(call, message);
+  return AH_EINVAL;
+}
+
+#define TITLE_MAX 200
+#define TAGS_MAX 32
+#define TAG_MAX 64
+
 static int s_rename(ah_call *call, ah_session *s, const char *title) {
+  if (strlen(title) > TITLE_MAX)
+    return refuse(call, "args.title: at most 200 bytes");
   json_t *f = json_pack("{s:s}", "title", title);
   int rc = f ? AH_CALL_API(call)->session_update(s, f) : AH_ENOMEM;
   json_decref(f);
@@ -148,6 +160,14 @@ static int s_rename(ah_call *call, ah_session *s, const char *title) {
 }
 
 static int s_set_tags(ah_call *call, ah_session *s, json_t *tags, json_t **out) {
+  if (!json_is_array(tags) || json_array_size(tags) > TAGS_MAX)
+    return refuse(call, "args.tags: an array of at most 32 strings");
+  size_t i = 0;
+  json_t *t = NULL;
+  json_array_foreach(tags, i, t) {
+    if (!json_is_string(t) || json_string_length(t) == 0 || json_string_length(t) > TAG_MAX)
+      return refuse(call, "args.tags: each tag is a non-empty string of at most 64 bytes");
+  }
   json_t *f = json_pack("{s:O}", "tags", tags);
   int rc = f ? AH_CALL_API(call)->session_update(s, f) : AH_ENOMEM;
   json_decref(f);
@@ -158,9 +178,13 @@ static int s_set_tags(ah_call *call, ah_session *s, json_t *tags, json_t **out) 
 
 static int s_tool_policy(ah_call *call, ah_session *s, const char *tool, const char *policy, json_t **out) {
   const ah_host_api *api = AH_CALL_API(call);
+  if (strcmp(policy, "allow") != 0 && strcmp(policy, "ask") != 0 && strcmp(policy, "deny") != 0)
+    return refuse(call, "args.policy: allow, ask or deny");
   json_t *f = json_pack("{s:{s:s}}", "policy", tool, policy);
   int rc = f ? api->session_update(s, f) : AH_ENOMEM;
   json_decref(f);
+  if (rc == AH_EINVAL)
+    return refuse(call, "args.tool: not a known tool");
   if (rc)
     return rc;
   json_t *info = api->session_info(s);
@@ -232,7 +256,7 @@ static const ah_remote_def services[] = {
 
 static int remote_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
   (void)config;
-  if (!AH_HAS_FIELD(api, ah_host_api, session_update))
+  if (!AH_HAS_FIELD(api, ah_host_api, call_set_message))
     return AH_EABI;
   remote *r = calloc(1, sizeof *r);
   if (!r)
