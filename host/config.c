@@ -454,15 +454,12 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
     json_t *p = provider_entry(L, name, where);
     if (!p)
       return;
-    if (strcmp(key, "type") == 0) {
-      bool ok = false;
-      for (size_t i = 0; i < sizeof provider_types / sizeof provider_types[0]; i++)
-        ok |= strcmp(value, provider_types[i]) == 0;
-      if (!ok) {
-        fail(L, "%s: unknown provider type%s (expected echo, acp or openai)", where,
-             quote_value(q, sizeof q, key, value));
-        return;
-      }
+    if (strcmp(key, "type") == 0 && !name_valid(value)) {
+      /* echo, or the name of the plugin that provides the type (acp, openai, or a third party's). */
+      fail(L,
+           "%s: bad provider type%s (expected echo or a plugin name: [a-z][a-z0-9-]*, at most %d characters)",
+           where, quote_value(q, sizeof q, key, value), NAME_MAX_LEN);
+      return;
     }
     obj_set_new(L, p, key, json_string(value));
   }

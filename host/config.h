@@ -34,14 +34,15 @@
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
  * (the store's durability: off | normal | full, default normal);
  * [plugin.NAME] with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
- * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo|acp|openai and its keys.
- * Unknown [host] keys and unknown sections are warned about (logged), not fatal. A bad value (a bool that
- * is not true/false/yes/no/on/off/1/0, an unknown log level, a relative path where an absolute one is
- * needed, an unknown mode, a bad section or plugin name) is an error naming file:line and the key; for the
- * environment the variable name, for the command line the flag. A provider other than echo, acp or
- * openai needs a type; default_provider must name a configured provider. Values of keys whose name
- * contains token, key, secret or password never appear in a message or a log line.
- * Command-line flags: --state-dir, --runtime-dir, --plugin-dir, --log-level set [host]; --listen and
+ * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo or the name of the plugin
+ * that provides the type (acp, openai, …) and its keys. Unknown [host] keys and unknown sections are warned
+ * about (logged), not fatal. A bad value (a bool that is not true/false/yes/no/on/off/1/0, an unknown log
+ * level, a relative path where an absolute one is needed, an unknown mode, a bad section or plugin name) is
+ * an error naming file:line and the key; for the environment the variable name, for the command line the
+ * flag. A provider other than echo, acp or openai needs a type; default_provider must name a configured
+ * provider. Values of keys whose name contains token, key, secret or password never appear in a message or a
+ * log line. Command-line flags: --state-dir, --runtime-dir, --plugin-dir, --log-level set [host]; --listen
+ * and
  * --token-file set [plugin.browser] listen and token_file (kept as given).
  */
 #ifndef AGENTHOST_HOST_CONFIG_H

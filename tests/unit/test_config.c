@@ -633,7 +633,7 @@ Test(config, env_bad_values) {
        "AGENTHOST_PLUGIN_BROWSER_LISTEN: value contains a control"},
       {"AGENTHOST_PLUGIN_BROWSER_LISTEN=\xff",
        "AGENTHOST_PLUGIN_BROWSER_LISTEN: value contains invalid UTF-8"},
-      {"AGENTHOST_PROVIDER_X_TYPE=magic", "AGENTHOST_PROVIDER_X_TYPE: unknown provider type \"magic\""},
+      {"AGENTHOST_PROVIDER_X_TYPE=Magic!", "AGENTHOST_PROVIDER_X_TYPE: bad provider type \"Magic!\""},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     char **env = mkenv(home_env, cases[i].entry, NULL);
@@ -727,8 +727,7 @@ Test(config, unknown_mode) {
 }
 
 Test(config, bad_provider) {
-  file_error_case("[provider.p]\ntype = magic\n",
-                  "2: [provider.p] type: ", "unknown provider type \"magic\"");
+  file_error_case("[provider.p]\ntype = Magic!\n", "2: [provider.p] type: ", "bad provider type \"Magic!\"");
   file_error_case("\n[provider.p]\ncommand = x\n", "2: [provider.p]: ", "provider \"p\" needs type");
   file_error_case("[host]\ndefault_provider = nobody\n",
                   "2: [host] default_provider: ", "no provider named \"nobody\"");
@@ -959,6 +958,17 @@ Test(config, plugins_for_mode) {
   json_decref(sdk);
   json_decref(acp);
   json_decref(web);
+  ah__config_free(&cfg);
+}
+
+Test(config, a_provider_type_names_the_plugin_that_provides_it) {
+  /* Any plugin may provide a type: a valid name is accepted, and its plugin is wanted in every mode. */
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[provider.fast]\ntype = bench-stream\n", NULL, &err), 0, "%s", err);
+  json_t *acp = ah__config_plugins_for_mode(&cfg, "acp");
+  expect_json(acp, "[\"bench-stream\"]");
+  json_decref(acp);
   ah__config_free(&cfg);
 }
 

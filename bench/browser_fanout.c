@@ -1,0 +1,893 @@
+/* The WebSocket fan-out benchmark of the browser surface (issue 6): N WebSocket clients on the mux of one
+ * session while the session streams deltas at a fixed rate, plus one client that never reads.
+ *
+ * The event source is the fixture provider `bench-stream` (tests/plugins/bench-stream.c): a turn
+ * "stream RATE SECONDS" emits RATE deltas per second, each carrying t=<CLOCK_MONOTONIC ns> taken at the emit
+ * into the host's bus. Every client parses every frame and records now(CLOCK_MONOTONIC) - t when the frame
+ * has been read (client and daemon share the machine's monotonic clock), so the figure is emit → frame
+ * read by the client: bus delivery, envelope, fan-out queue, libwebsockets, the kernel and this client's
+ * own loop (one thread, one epoll set, on the same machine as the daemon).
+ *
+ * For each rate it prints: delta frames expected and received per client (min/max), p50/p99/max emit→frame
+ * latency over all clients, frames/s delivered in total, whether the slow client was closed 1013 (it gets
+ * a small receive buffer and is read only after the run) and whether any other client was closed, and the
+ * daemon's VmRSS before, at the peak, at the end and after a settle time; then the RSS once every client
+ * is closed, against the baseline taken before the clients connected. A verdict per target follows.
+ *
+ * usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]   start a daemon
+ *        bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]
+ *            use a running `agenthost serve` (LAUNCH_URL as it prints it, with #k=TOKEN) whose provider
+ *            NAME (default "bench") has the type of the bench-stream fixture; RSS needs --pid
+ * options: --clients N (100)  --rates R1,R2,… (1000,2500,5000,10000)  --seconds S (5)  --settle S (3)
+ *          --queue-bytes B (the daemon's ws_queue_bytes: set when this program starts the daemon, assumed
+ *          with --url; default: the plugin's default, 8 MiB)  --target-ms MS (5)
+ * The slow client can be closed only when a run sends it more than the queue plus what the kernel holds
+ * for it (read from /proc/net/tcp); below that its check is printed as n/a.
+ * Exits 0 when it ran (whatever the verdicts), 1 when it could not run, 77 when the daemon cannot start.
+ */
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ws_client.h"
+
+/* ---- clock, histogram ----------------------------------------------------------------------------------
+ */
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define HIST_STEP_NS 10000u   /* 10 µs buckets */
+#define HIST_BUCKETS 6000000u /* up to 60 s; later samples go in the last bucket (max is kept apart) */
+
+typedef struct hist {
+  uint32_t *b;
+  uint64_t n;
+  uint64_t max_ns;
+} hist;
+
+static void hist_add(hist *h, int64_t ns) {
+  if (ns < 0)
+    ns = 0;
+  uint64_t i = (uint64_t)ns / HIST_STEP_NS;
+  h->b[i < HIST_BUCKETS ? i : HIST_BUCKETS - 1]++;
+  h->n++;
+  if ((uint64_t)ns > h->max_ns)
+    h->max_ns = (uint64_t)ns;
+}
+
+/* The q-quantile in ms (upper edge of its bucket). */
+static double hist_q(const hist *h, double q) {
+  if (!h->n)
+    return 0;
+  uint64_t want = (uint64_t)((double)h->n * q);
+  if (want >= h->n)
+    want = h->n - 1;
+  uint64_t seen = 0;
+  for (uint64_t i = 0; i < HIST_BUCKETS; i++) {
+    seen += h->b[i];
+    if (seen > want) {
+      double edge = (double)((i + 1) * HIST_STEP_NS) / 1e6;
+      double max = (double)h->max_ns / 1e6;
+      return edge < max ? edge : max;
+    }
+  }
+  return (double)h->max_ns / 1e6;
+}
+
+/* ---- the daemon -----------------------------------------------------------------------------------------
+ */
+
+typedef struct daemon_ctl {
+  pid_t pid;     /* > 0 when this program started it */
+  pid_t rss_pid; /* whose VmRSS to read (0: none) */
+  int out_fd;    /* its stdout */
+  char dir[256]; /* temporary directory (state, runtime, config) */
+  int port;
+  char token[128];
+  const char *provider;
+} daemon_ctl;
+
+static long rss_kib(pid_t pid) {
+  if (pid <= 0)
+    return -1;
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  long kib = -1;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+      break;
+  fclose(f);
+  return kib;
+}
+
+/* utime + stime of a process in seconds, or -1. */
+static double cpu_s(pid_t pid) {
+  if (pid <= 0)
+    return -1;
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* the command may contain spaces */
+  unsigned long long ut = 0, st = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+    return -1;
+  return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static double self_cpu_s(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* Parse "http://HOST:PORT/...#k=TOKEN". */
+static bool parse_url(const char *url, int *port, char *token, size_t cap) {
+  const char *p = strstr(url, "://");
+  const char *k = strstr(url, "#k=");
+  if (!p || !k)
+    return false;
+  p += 3;
+  const char *colon = NULL;
+  for (const char *c = p; *c && *c != '/'; c++)
+    if (*c == ':')
+      colon = c;
+  if (!colon)
+    return false;
+  *port = atoi(colon + 1);
+  size_t n = strcspn(k + 3, " \r\n\t");
+  if (n == 0 || n >= cap || *port <= 0)
+    return false;
+  memcpy(token, k + 3, n);
+  token[n] = '\0';
+  return true;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  remove(path);
+  return 0;
+}
+
+static void stop_daemon(daemon_ctl *d) {
+  if (d->pid > 0) {
+    kill(d->pid, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 200; i++) {
+      if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+        d->pid = 0;
+        break;
+      }
+      usleep(50000);
+    }
+    if (d->pid > 0) {
+      kill(d->pid, SIGKILL);
+      waitpid(d->pid, &status, 0);
+      d->pid = 0;
+    }
+  }
+  if (d->out_fd >= 0)
+    close(d->out_fd);
+  d->out_fd = -1;
+  if (d->dir[0])
+    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+  d->dir[0] = '\0';
+}
+
+static bool write_config(const daemon_ctl *d, const char *fixture, const char *browser, const char *queue) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/agenthost.ini", d->dir);
+  FILE *f = fopen(path, "w");
+  if (!f)
+    return false;
+  /* plugin_dir is an empty directory: only the two modules named here are mounted. */
+  fprintf(f,
+          "[host]\nstate_dir = %s/state\nruntime_dir = %s/run\nplugin_dir = %s/plugins\nlog_level = warn\n\n"
+          "[plugin.browser]\npath = %s\nlisten = 127.0.0.1:0\n%s%s%s\n"
+          "[plugin.bench-stream]\npath = %s\nenabled = yes\nmodes = serve\n\n"
+          "[provider.bench]\ntype = bench-stream\n",
+          d->dir, d->dir, d->dir, browser, queue ? "ws_queue_bytes = " : "", queue ? queue : "",
+          queue ? "\n" : "", fixture);
+  return fclose(f) == 0;
+}
+
+/* Spawn `agenthost --config DIR/agenthost.ini serve` and read the launch URL from its stdout. Returns 0,
+ * 1 on failure, 2 when the configuration was refused (the daemon exited with status 2). */
+static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
+  char cfg[512], err[512];
+  snprintf(cfg, sizeof cfg, "%s/agenthost.ini", d->dir);
+  snprintf(err, sizeof err, "%s/host.err", d->dir);
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0)
+    return 1;
+  pid_t pid = fork();
+  if (pid < 0)
+    return 1;
+  if (pid == 0) {
+    int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(pipefd[1], 1);
+    if (e >= 0)
+      dup2(e, 2);
+    execl(agenthost, "agenthost", "--config", cfg, "serve", (char *)NULL);
+    _exit(127);
+  }
+  close(pipefd[1]);
+  d->pid = pid;
+  d->rss_pid = pid;
+  d->out_fd = pipefd[0];
+  char buf[4096];
+  size_t len = 0;
+  uint64_t deadline = mono_ns() + 15000000000u;
+  while (mono_ns() < deadline && len + 1 < sizeof buf) {
+    struct pollfd p = {.fd = d->out_fd, .events = POLLIN};
+    int r = poll(&p, 1, 100);
+    if (r > 0) {
+      ssize_t n = read(d->out_fd, buf + len, sizeof buf - 1 - len);
+      if (n <= 0) { /* its stdout closed: it exited (or is about to) */
+        int status = 0;
+        if (waitpid(pid, &status, 0) == pid)
+          d->pid = 0;
+        return d->pid == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 2 ? 2 : 1;
+      }
+      len += (size_t)n;
+      buf[len] = '\0';
+      if (strchr(buf, '\n') && strstr(buf, "#k=") && parse_url(buf, &d->port, d->token, sizeof d->token))
+        return 0;
+    }
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      d->pid = 0;
+      return WIFEXITED(status) && WEXITSTATUS(status) == 2 ? 2 : 1;
+    }
+  }
+  return 1;
+}
+
+static void print_file(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return;
+  char line[1024];
+  while (fgets(line, sizeof line, f))
+    fprintf(stderr, "  | %s", line);
+  fclose(f);
+}
+
+/* Start a daemon with the browser plugin on an ephemeral port and the bench-stream fixture behind the
+ * configured provider "bench" (type bench-stream). */
+static int start_daemon(daemon_ctl *d, const char *agenthost, const char *fixture, const char *browser,
+                        const char *queue) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(d->dir, sizeof d->dir, "%s/ah-fanout-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(d->dir)) {
+    d->dir[0] = '\0';
+    return 1;
+  }
+  char sub[300];
+  snprintf(sub, sizeof sub, "%s/plugins", d->dir);
+  mkdir(sub, 0700);
+  snprintf(sub, sizeof sub, "%s/state", d->dir);
+  mkdir(sub, 0700);
+  d->provider = "bench";
+  if (!write_config(d, fixture, browser, queue))
+    return 1;
+  if (spawn_daemon(d, agenthost) == 0)
+    return 0;
+  char err[512];
+  snprintf(err, sizeof err, "%s/host.err", d->dir);
+  fprintf(stderr, "browser fanout: agenthost serve did not start:\n");
+  print_file(err);
+  return 1;
+}
+
+/* ---- HTTP -----------------------------------------------------------------------------------------------
+ */
+
+/* POST /api/METHOD with a client-request envelope; returns the value (new reference) or NULL (printed). */
+static json_t *api_call(const daemon_ctl *d, const char *method, json_t *payload) {
+  static unsigned rpc;
+  json_t *env = json_pack("{s:s, s:s, s:s, s:o}", "kind", "client-request", "rpcId", "", "method", method,
+                          "payload", payload);
+  char id[32];
+  snprintf(id, sizeof id, "fanout-%u", ++rpc);
+  json_object_set_new(env, "rpcId", json_string(id));
+  char *body = json_dumps(env, JSON_COMPACT);
+  json_decref(env);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+           method, d->port, d->token, strlen(body));
+  int fd = tc_connect(d->port, 0);
+  tc_resp r = {0};
+  int status =
+      fd >= 0 && tc_send_str(fd, head) && tc_send_str(fd, body) ? tc_read_response(fd, &r, 30000) : -1;
+  free(body);
+  if (fd >= 0)
+    close(fd);
+  json_t *res = status == 200 ? json_loadb(r.body, r.body_len, 0, NULL) : NULL;
+  json_t *value = json_incref(json_object_get(res, "value"));
+  if (!value)
+    fprintf(stderr, "browser fanout: %s: HTTP %d %s\n", method, status, r.body ? r.body : "");
+  json_decref(res);
+  tc_resp_free(&r);
+  return value;
+}
+
+/* ---- WebSocket clients ----------------------------------------------------------------------------------
+ */
+
+typedef struct client {
+  int fd;
+  bool slow;
+  bool in_epoll;
+  char *buf;
+  size_t len, cap;
+  uint64_t deltas;    /* delta frames of the current run */
+  uint64_t bytes;     /* bytes read in the current run */
+  bool turn_ended;    /* saw the turn/ended event of the current run */
+  int close_code;     /* 0: open; else the close frame's code, or -1 for EOF/reset without one */
+  uint64_t closed_ns; /* when it was seen closed */
+} client;
+
+typedef struct run {
+  hist h;
+  const char *session;
+  uint64_t first_ns, last_ns; /* first and last delta read, any client */
+} run;
+
+static int open_mux(const daemon_ctl *d, int rcvbuf) {
+  char extra[512];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d->token);
+  tc_resp hs = {0};
+  int fd = tc_ws_open(d->port, "/api/ws/mux", extra, &hs, rcvbuf);
+  if (fd < 0 && hs.head)
+    fprintf(stderr, "browser fanout: the mux upgrade was refused: %.*s\n", (int)strcspn(hs.head, "\r\n"),
+            hs.head);
+  tc_resp_free(&hs);
+  if (fd >= 0)
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  return fd;
+}
+
+/* The send queue of the daemon's side of the TCP connection whose client end is `fd` (IPv4 loopback). */
+static uint64_t server_send_q(int port, int fd) {
+  struct sockaddr_in a;
+  socklen_t alen = sizeof a;
+  if (getsockname(fd, (struct sockaddr *)&a, &alen) != 0)
+    return 0;
+  unsigned cport = ntohs(a.sin_port);
+  FILE *f = fopen("/proc/net/tcp", "r");
+  if (!f)
+    return 0;
+  char line[512];
+  uint64_t q = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned lport = 0, rport = 0;
+    unsigned long tx = 0;
+    if (sscanf(line, " %*d: %*8x:%x %*8x:%x %*x %lx", &lport, &rport, &tx) == 3 && (int)lport == port &&
+        rport == cport)
+      q = tx;
+  }
+  fclose(f);
+  return q;
+}
+
+static void client_closed(int ep, client *c, int code) {
+  if (c->close_code)
+    return;
+  c->close_code = code;
+  c->closed_ns = mono_ns();
+  if (c->in_epoll)
+    epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+  c->in_epoll = false;
+  close(c->fd);
+  c->fd = -1;
+}
+
+static void on_text(client *c, run *r, const char *p, size_t n, uint64_t now) {
+  static const char delta[] = "\"method\":\"session.delta\"";
+  static const char text[] = "\"text\":\"t=";
+  if (memmem(p, n, delta, sizeof delta - 1)) {
+    const char *t = memmem(p, n, text, sizeof text - 1);
+    if (!t)
+      return;
+    t += sizeof text - 1;
+    uint64_t ns = 0;
+    while (t < p + n && *t >= '0' && *t <= '9')
+      ns = ns * 10 + (uint64_t)(*t++ - '0');
+    c->deltas++;
+    if (!c->slow) {
+      hist_add(&r->h, (int64_t)(now - ns));
+      if (!r->first_ns)
+        r->first_ns = now;
+      r->last_ns = now;
+    }
+    return;
+  }
+  if (memmem(p, n, "\"kind\":\"turn/ended\"", 19) && memmem(p, n, r->session, strlen(r->session)))
+    c->turn_ended = true;
+}
+
+/* Parse the complete frames in c->buf (server frames are not masked). */
+static void parse_frames(int ep, client *c, run *r, uint64_t now) {
+  size_t off = 0;
+  while (c->len - off >= 2) {
+    const unsigned char *h = (const unsigned char *)c->buf + off;
+    int opcode = h[0] & 0x0f;
+    uint64_t n = h[1] & 0x7f;
+    size_t hl = 2;
+    if (n == 126) {
+      if (c->len - off < 4)
+        break;
+      n = ((uint64_t)h[2] << 8) | h[3];
+      hl = 4;
+    } else if (n == 127) {
+      if (c->len - off < 10)
+        break;
+      n = 0;
+      for (int i = 0; i < 8; i++)
+        n = (n << 8) | h[2 + i];
+      hl = 10;
+    }
+    if (h[1] & 0x80)
+      hl += 4; /* a masked server frame is a protocol error; skip the key all the same */
+    if (c->len - off < hl + n) {
+      if (hl + n > c->cap) { /* a frame larger than the buffer: grow it */
+        size_t cap = c->cap;
+        while (cap < hl + n)
+          cap *= 2;
+        char *nb = realloc(c->buf, cap);
+        if (!nb)
+          abort();
+        c->buf = nb;
+        c->cap = cap;
+      }
+      break;
+    }
+    const char *payload = c->buf + off + hl;
+    if (opcode == 1 || opcode == 0) {
+      on_text(c, r, payload, n, now);
+    } else if (opcode == 8) {
+      c->len = 0;
+      client_closed(ep, c, tc_ws_close_code(payload, n));
+      return;
+    } else if (opcode == 9) {
+      tc_ws_send(c->fd, 0xA, payload, n); /* pong (a control frame, allowed on a downlink socket) */
+    }
+    off += hl + n;
+  }
+  if (off) {
+    memmove(c->buf, c->buf + off, c->len - off);
+    c->len -= off;
+  }
+}
+
+/* One read of what the socket has (up to the free buffer), then parse it. */
+static void client_read(int ep, client *c, run *r) {
+  if (c->fd < 0)
+    return;
+  ssize_t n = recv(c->fd, c->buf + c->len, c->cap - c->len, 0);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR))
+    return;
+  if (n <= 0) {
+    client_closed(ep, c, -1);
+    return;
+  }
+  uint64_t now = mono_ns();
+  c->len += (size_t)n;
+  c->bytes += (uint64_t)n;
+  parse_frames(ep, c, r, now);
+}
+
+static bool client_init(client *c, int fd, bool slow) {
+  memset(c, 0, sizeof *c);
+  c->fd = fd;
+  c->slow = slow;
+  c->cap = 1u << 18;
+  c->buf = malloc(c->cap);
+  return c->buf != NULL;
+}
+
+static bool watch(int ep, client *c) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+  c->in_epoll = epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev) == 0;
+  return c->in_epoll;
+}
+
+/* ---- the run --------------------------------------------------------------------------------------------
+ */
+
+typedef struct result {
+  double rate;
+  uint64_t expected, min_frames, max_frames;
+  double p50, p99, p999, max;
+  double fps;
+  int slow_code; /* 0 open, -1 EOF without a close frame, else the code */
+  double slow_mib_read;
+  double kernel_mib; /* held by the kernel for the slow client when the run ended */
+  double sent_mib;   /* what a fast client got, i.e. what the daemon tried to send the slow one */
+  bool slow_applies; /* the bytes sent to it exceeded its queue */
+  int others_closed;
+  bool complete; /* every fast client saw the turn end */
+  long rss_before, rss_peak, rss_end, rss_settled;
+  double cpu_daemon, cpu_client; /* % of one CPU from the prompt to the last client's turn end */
+  double wall;                   /* that time, s */
+} result;
+
+static void sample_rss(const daemon_ctl *d, long *peak) {
+  long r = rss_kib(d->rss_pid);
+  if (r > *peak)
+    *peak = r;
+}
+
+static void pump(int ep, run *r, int timeout_ms) {
+  struct epoll_event evs[256];
+  int n = epoll_wait(ep, evs, 256, timeout_ms);
+  for (int i = 0; i < n; i++)
+    client_read(ep, evs[i].data.ptr, r);
+}
+
+static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, double rate, double secs,
+                     double settle, size_t queue_bytes, result *out) {
+  memset(out, 0, sizeof *out);
+  out->rate = rate;
+  out->expected = (uint64_t)(rate * secs + 0.5);
+  memset(r->h.b, 0, HIST_BUCKETS * sizeof *r->h.b);
+  r->h.n = r->h.max_ns = 0;
+  r->first_ns = r->last_ns = 0;
+  for (int i = 0; i < nc; i++) {
+    cs[i].deltas = cs[i].bytes = 0;
+    cs[i].turn_ended = false;
+  }
+  /* The slow client: a 4 KiB receive buffer, not read until the run is over. */
+  client slow;
+  int sfd = open_mux(d, 4096);
+  if (sfd < 0 || !client_init(&slow, sfd, true)) {
+    fprintf(stderr, "browser fanout: cannot open the slow client\n");
+    return false;
+  }
+  out->rss_before = rss_kib(d->rss_pid);
+  double cpu_d0 = cpu_s(d->rss_pid), cpu_c0 = self_cpu_s();
+  out->rss_peak = out->rss_before;
+
+  char prompt[64];
+  snprintf(prompt, sizeof prompt, "stream %g %g", rate, secs);
+  json_t *v = api_call(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", r->session, "text", prompt));
+  if (!v) {
+    close(sfd);
+    free(slow.buf);
+    return false;
+  }
+  json_decref(v);
+  uint64_t start = mono_ns();
+  uint64_t deadline = start + (uint64_t)((secs + 60) * 1e9);
+  uint64_t next_rss = start;
+  for (;;) {
+    pump(ep, r, 5);
+    uint64_t now = mono_ns();
+    if (now >= next_rss) {
+      sample_rss(d, &out->rss_peak);
+      next_rss = now + 50000000u;
+    }
+    bool all = true;
+    for (int i = 0; i < nc; i++)
+      all = all && (cs[i].turn_ended || cs[i].close_code);
+    if (all || now > deadline)
+      break;
+  }
+  out->wall = (double)(mono_ns() - start) / 1e9;
+  out->cpu_daemon = cpu_d0 >= 0 ? 100 * (cpu_s(d->rss_pid) - cpu_d0) / out->wall : -1;
+  out->cpu_client = 100 * (self_cpu_s() - cpu_c0) / out->wall;
+  out->complete = true;
+  for (int i = 0; i < nc; i++)
+    out->complete = out->complete && cs[i].turn_ended;
+  sample_rss(d, &out->rss_peak);
+
+  /* Now read the slow client: what the kernel held, then the close frame once the daemon sees it drain
+   * (it drops the connection 10 s after a close it could not send). */
+  uint64_t sent = 0; /* bytes a fast client got: what the daemon tried to send the slow one */
+  for (int i = 0; i < nc; i++)
+    if (cs[i].bytes > sent)
+      sent = cs[i].bytes;
+  /* Bytes in the kernel between the daemon and the slow client: the daemon's send queue (from
+   * /proc/net/tcp) and the slow client's receive queue. The daemon's queue overflows only past them. */
+  int inq = 0;
+  ioctl(slow.fd, FIONREAD, &inq);
+  uint64_t kernel = server_send_q(d->port, slow.fd) + (uint64_t)(inq > 0 ? inq : 0);
+  out->kernel_mib = (double)kernel / (1 << 20);
+  out->slow_applies = sent > queue_bytes + kernel + 65536;
+  out->sent_mib = (double)sent / (1 << 20);
+  watch(ep, &slow);
+  /* Until its close frame (or EOF), or until it stays quiet for a second: then it is still open. */
+  uint64_t slow_deadline = mono_ns() + 15000000000u;
+  while (!slow.close_code && mono_ns() < slow_deadline) {
+    struct pollfd p = {.fd = slow.fd, .events = POLLIN};
+    if (poll(&p, 1, 1000) == 0)
+      break;
+    client_read(ep, &slow, r);
+  }
+  out->slow_code = slow.close_code;
+  out->slow_mib_read = (double)slow.bytes / (1 << 20);
+  if (slow.fd >= 0) {
+    if (slow.in_epoll)
+      epoll_ctl(ep, EPOLL_CTL_DEL, slow.fd, NULL);
+    close(slow.fd);
+  }
+  free(slow.buf);
+
+  out->min_frames = UINT64_MAX;
+  for (int i = 0; i < nc; i++) {
+    if (cs[i].deltas < out->min_frames)
+      out->min_frames = cs[i].deltas;
+    if (cs[i].deltas > out->max_frames)
+      out->max_frames = cs[i].deltas;
+    if (cs[i].close_code)
+      out->others_closed++;
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < nc; i++)
+    total += cs[i].deltas;
+  double span = r->last_ns > r->first_ns ? (double)(r->last_ns - r->first_ns) / 1e9 : 0;
+  out->fps = span > 0 ? (double)total / span : 0;
+  out->p50 = hist_q(&r->h, 0.50);
+  out->p99 = hist_q(&r->h, 0.99);
+  out->p999 = hist_q(&r->h, 0.999);
+  out->max = (double)r->h.max_ns / 1e6;
+  out->rss_end = rss_kib(d->rss_pid);
+  uint64_t settle_end = mono_ns() + (uint64_t)(settle * 1e9);
+  while (mono_ns() < settle_end)
+    pump(ep, r, 50);
+  out->rss_settled = rss_kib(d->rss_pid);
+  return true;
+}
+
+/* ---- main -----------------------------------------------------------------------------------------------
+ */
+
+static void usage(void) {
+  fprintf(stderr, "usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]\n"
+                  "       bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]\n"
+                  "options: --clients N  --rates R1,R2,...  --seconds S  --settle S  --queue-bytes B  "
+                  "--target-ms MS\n");
+}
+
+static const char *verdict(bool met) {
+  return met ? "met" : "NOT met";
+}
+
+int main(int argc, char **argv) {
+  signal(SIGPIPE, SIG_IGN);
+  const char *pos[3] = {0};
+  int npos = 0;
+  const char *url = NULL, *rates_s = "1000,2500,5000,10000", *queue = NULL, *provider = "bench";
+  int nc = 100;
+  pid_t given_pid = 0;
+  double secs = 5, settle = 3, target_ms = 5;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strncmp(a, "--", 2) == 0 && !val) {
+      usage();
+      return 1;
+    }
+    if (strcmp(a, "--url") == 0)
+      url = argv[++i];
+    else if (strcmp(a, "--pid") == 0)
+      given_pid = (pid_t)atoi(argv[++i]);
+    else if (strcmp(a, "--provider") == 0)
+      provider = argv[++i];
+    else if (strcmp(a, "--clients") == 0)
+      nc = atoi(argv[++i]);
+    else if (strcmp(a, "--rates") == 0)
+      rates_s = argv[++i];
+    else if (strcmp(a, "--seconds") == 0)
+      secs = atof(argv[++i]);
+    else if (strcmp(a, "--settle") == 0)
+      settle = atof(argv[++i]);
+    else if (strcmp(a, "--queue-bytes") == 0)
+      queue = argv[++i];
+    else if (strcmp(a, "--target-ms") == 0)
+      target_ms = atof(argv[++i]);
+    else if (a[0] == '-' || npos == 3) {
+      usage();
+      return 1;
+    } else
+      pos[npos++] = a;
+  }
+  if (nc < 1 || nc > 1000 || secs <= 0 || (!url && npos != 3)) {
+    usage();
+    return 1;
+  }
+  double rates[32];
+  int nrates = 0;
+  for (const char *p = rates_s; *p && nrates < 32;) {
+    rates[nrates] = strtod(p, (char **)&p);
+    if (rates[nrates] >= 1)
+      nrates++;
+    while (*p == ',' || *p == ' ')
+      p++;
+    if (*p && (*p < '0' || *p > '9'))
+      break;
+  }
+  if (!nrates) {
+    usage();
+    return 1;
+  }
+
+  daemon_ctl d = {.out_fd = -1, .provider = provider};
+  if (url) {
+    if (!parse_url(url, &d.port, d.token, sizeof d.token)) {
+      fprintf(stderr, "browser fanout: --url must be the launch URL (http://HOST:PORT/#k=TOKEN)\n");
+      return 1;
+    }
+    d.rss_pid = given_pid;
+  } else {
+    int rc = start_daemon(&d, pos[0], pos[1], pos[2], queue);
+    if (rc) {
+      stop_daemon(&d);
+      return 77;
+    }
+  }
+  /* The queue the slow client must fill: the one configured here, else the plugin's default. */
+  size_t queue_bytes = queue ? (size_t)strtoull(queue, NULL, 10) : (size_t)8 << 20;
+  int exit_code = 1;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  client *cs = calloc((size_t)nc, sizeof *cs);
+  run r = {.h.b = calloc(HIST_BUCKETS, sizeof(uint32_t))};
+  result *res = calloc((size_t)nrates, sizeof *res);
+  json_t *created = NULL;
+  int opened = 0;
+  if (ep < 0 || !cs || !r.h.b || !res)
+    goto out;
+
+  char cwd[300];
+  snprintf(cwd, sizeof cwd, "%s", d.dir[0] ? d.dir : "/tmp");
+  created = api_call(&d, "session.create", json_pack("{s:s, s:s}", "cwd", cwd, "provider", d.provider));
+  r.session = json_string_value(json_object_get(created, "sessionId"));
+  if (!r.session)
+    goto out;
+  usleep(200000);
+  long rss_idle = rss_kib(d.rss_pid); /* the baseline: the session exists, no client is connected */
+  for (; opened < nc; opened++) {
+    int fd = open_mux(&d, 0);
+    if (fd < 0 || !client_init(&cs[opened], fd, false) || !watch(ep, &cs[opened])) {
+      fprintf(stderr, "browser fanout: cannot open WebSocket client %d\n", opened + 1);
+      if (fd >= 0)
+        close(fd);
+      goto out;
+    }
+  }
+  /* Let the upgrades settle (the session.event frames of the creation, if any), then take the baseline. */
+  uint64_t until = mono_ns() + 500000000u;
+  while (mono_ns() < until)
+    pump(ep, &r, 50);
+  long rss_base = rss_kib(d.rss_pid);
+
+  printf("browser fanout: %d mux clients + 1 slow client (4 KiB receive buffer, read after the run) on one "
+         "session; %g s per rate; provider %s%s; ws queue %zu bytes%s\n",
+         nc, secs, d.provider, "", queue_bytes, queue ? "" : " (the plugin's default)");
+  printf("  emit→frame = CLOCK_MONOTONIC at the fixture's sink->delta to this client's read of the frame "
+         "(same machine, one client thread)\n");
+  printf("  RSS idle (session created, no client) %ld KiB, with %d clients connected %ld KiB\n", rss_idle, nc,
+         rss_base);
+  printf("  %8s %9s %13s %8s %8s %8s %8s %11s %-13s %6s %11s %s\n", "rate/s", "expected", "min/max rcvd",
+         "p50 ms", "p99 ms", "p99.9", "max ms", "frames/s", "slow client", "others", "CPU% d/cl",
+         "RSS KiB before/peak/end/settled");
+  for (int i = 0; i < nrates; i++) {
+    result *o = &res[i];
+    if (!run_rate(&d, ep, cs, nc, &r, rates[i], secs, settle, queue_bytes, o))
+      goto out;
+    char slow[64];
+    if (o->slow_code == 1013)
+      snprintf(slow, sizeof slow, "closed 1013");
+    else if (o->slow_code == 0)
+      snprintf(slow, sizeof slow, "open%s", o->slow_applies ? " (!)" : " (n/a)");
+    else
+      snprintf(slow, sizeof slow, "closed %d", o->slow_code);
+    printf("  %8.0f %9llu %6llu/%-6llu %8.2f %8.2f %8.2f %8.2f %11.0f %-13s %6d %5.0f/%-5.0f "
+           "%ld/%ld/%ld/%ld%s\n",
+           o->rate, (unsigned long long)o->expected, (unsigned long long)o->min_frames,
+           (unsigned long long)o->max_frames, o->p50, o->p99, o->p999, o->max, o->fps, slow, o->others_closed,
+           o->cpu_daemon, o->cpu_client, o->rss_before, o->rss_peak, o->rss_end, o->rss_settled,
+           o->complete ? "" : "  (turn end not seen by all)");
+    fflush(stdout);
+  }
+  /* Close every client, then the settle time, then the RSS against the baseline without clients. */
+  for (int i = 0; i < opened; i++)
+    if (cs[i].fd >= 0) {
+      close(cs[i].fd);
+      cs[i].fd = -1;
+    }
+  opened = 0;
+  /* RSS every 0.5 s of the settle time, then the last one is the figure. */
+  char curve[512] = "";
+  size_t cl = 0;
+  long rss_after = rss_kib(d.rss_pid);
+  for (double t = 0.5; t <= settle + 1e-9 && cl < sizeof curve - 32; t += 0.5) {
+    usleep(500000);
+    rss_after = rss_kib(d.rss_pid);
+    cl += (size_t)snprintf(curve + cl, sizeof curve - cl, "%s%.1fs:%ld", cl ? " " : "", t, rss_after);
+  }
+
+  printf("browser fanout: RSS idle %ld KiB → clients connected %ld KiB → after the runs, clients closed and "
+         "%g s settle: %ld KiB (%+.1f %% of idle, %+.1f %% of connected)\n",
+         rss_idle, rss_base, settle, rss_after,
+         rss_idle > 0 ? 100.0 * (double)(rss_after - rss_idle) / (double)rss_idle : 0.0,
+         rss_base > 0 ? 100.0 * (double)(rss_after - rss_base) / (double)rss_base : 0.0);
+  printf("  RSS KiB after closing the clients: %s\n", curve);
+  printf("verdicts (this machine, %ld online CPUs):\n", sysconf(_SC_NPROCESSORS_ONLN));
+  for (int i = 0; i < nrates; i++) {
+    result *o = &res[i];
+    bool all = o->min_frames == o->expected && o->complete;
+    bool lat = all && o->p99 <= target_ms;
+    printf("  %6.0f/s: p99 emit→frame ≤ %g ms: %s (p99 %.2f ms%s); every client got every delta: %s "
+           "(min %llu of %llu)",
+           o->rate, target_ms, verdict(lat), o->p99, all ? "" : ", frames missing", verdict(all),
+           (unsigned long long)o->min_frames, (unsigned long long)o->expected);
+    if (o->slow_applies)
+      printf("; slow client closed 1013, others unaffected: %s",
+             verdict(o->slow_code == 1013 && !o->others_closed && all));
+    else
+      printf("; slow client: n/a (%.1f MiB sent ≤ queue %.1f MiB + %.1f MiB in the kernel), others "
+             "unaffected: %s",
+             o->sent_mib, (double)queue_bytes / (1 << 20), o->kernel_mib, verdict(!o->others_closed && all));
+    long base = o->rss_before;
+    printf("; RSS back to within 10 %% of its start: %s (%ld → %ld KiB)\n",
+           verdict(base > 0 && o->rss_settled > 0 && o->rss_settled <= base + base / 10), base,
+           o->rss_settled);
+  }
+  printf("  RSS back to the idle baseline (within 10 %%) once the clients are gone: %s (%ld → %ld KiB)\n",
+         verdict(rss_idle > 0 && rss_after > 0 && rss_after <= rss_idle + rss_idle / 10), rss_idle,
+         rss_after);
+  exit_code = 0;
+
+out:
+  for (int i = 0; i < opened; i++)
+    if (cs[i].fd >= 0)
+      close(cs[i].fd);
+  for (int i = 0; cs && i < nc; i++)
+    free(cs[i].buf);
+  free(cs);
+  free(r.h.b);
+  free(res);
+  json_decref(created);
+  if (ep >= 0)
+    close(ep);
+  if (!url)
+    stop_daemon(&d);
+  return exit_code;
+}
