@@ -67,21 +67,6 @@ typedef struct invocation {
   ah_session *session; /* held while the function runs */
 } invocation;
 
-static ffi_type *ffi_of(ah_type t, bool optional) {
-  if (optional)
-    return &ffi_type_pointer;
-  switch (t) {
-  case AH_TYPE_BOOL:
-    return &ffi_type_uint8;
-  case AH_TYPE_INT64:
-    return &ffi_type_sint64;
-  case AH_TYPE_DOUBLE:
-    return &ffi_type_double;
-  default:
-    return &ffi_type_pointer;
-  }
-}
-
 static void inv_free(invocation *v) {
   for (size_t i = 0; i < v->nparams; i++)
     free(v->param_names[i]);
@@ -422,14 +407,11 @@ int ah__remote_invoke(ah_host *h, const ah_caller *caller, const char *ns, const
       }
       v->params[i].name = v->param_names[i];
     }
-    v->arg_types[i + 1] = ffi_of(r->params[i].type, r->params[i].optional);
   }
   v->cif = (ffi_cif *)&r->cif;
   if (copy) {
-    v->arg_types[0] = &ffi_type_pointer;
-    v->nargs = (unsigned)r->nparams + 1;
-    if (r->result != AH_TYPE_VOID)
-      v->arg_types[v->nargs++] = &ffi_type_pointer;
+    memcpy(v->arg_types, r->arg_types, r->nargs * sizeof *v->arg_types);
+    v->nargs = r->nargs;
     if (ffi_prep_cif(&v->own_cif, FFI_DEFAULT_ABI, v->nargs, &ffi_type_sint, v->arg_types) != FFI_OK) {
       inv_free(v);
       ah__complete(h, cb, arg, AH_EINTERNAL, NULL, "internal error", NULL);
