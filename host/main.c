@@ -86,6 +86,19 @@ static char *read_small(const char *path, size_t max) {
   return buf;
 }
 
+/* The configuration for a command: file, environment and command line; on error the message is printed and
+ * the command exits 2. */
+static int load_config(ah_config *cfg, const ah_cli_overrides *cli) {
+  memset(cfg, 0, sizeof *cfg);
+  char *err = NULL;
+  if (ah__config_load(cfg, cli, NULL, &err) != 0) {
+    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
+    free(err);
+    return -1;
+  }
+  return 0;
+}
+
 /* NULL with *why set (static text) when there is none. `want_pid` > 0: only a file written by that pid. */
 static char *launch_url(const ah_config *cfg, long want_pid, const char **why) {
   char path[4200];
@@ -129,13 +142,8 @@ static char *launch_url(const ah_config *cfg, long want_pid, const char **why) {
 
 static int cmd_url(const ah_cli_overrides *cli) {
   ah_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  char *err = NULL;
-  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
-    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
-    free(err);
+  if (load_config(&cfg, cli) != 0)
     return 2;
-  }
   const char *why = NULL;
   char *u = launch_url(&cfg, 0, &why);
   ah__config_free(&cfg);
@@ -206,13 +214,8 @@ static int cmd_token(const ah_cli_overrides *cli, int argc, char **argv) {
     return 2;
   }
   ah_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  char *err = NULL;
-  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
-    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
-    free(err);
+  if (load_config(&cfg, cli) != 0)
     return 2;
-  }
   json_t *result = NULL, *error = NULL;
   int rc = ah__admin_call(cfg.runtime_dir, "browser.rotate-token", NULL, 30000, &result, &error);
   int code = 0;
@@ -461,13 +464,8 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
     return 2;
   }
   ah_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  char *err = NULL;
-  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
-    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
-    free(err);
+  if (load_config(&cfg, cli) != 0)
     return 2;
-  }
   const char *sub = argv[0];
   const char *method = NULL;
   json_t *params = NULL;
@@ -542,13 +540,8 @@ static int cmd_remote(const ah_cli_overrides *cli, int argc, char **argv) {
     return 2;
   }
   ah_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  char *err = NULL;
-  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
-    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
-    free(err);
+  if (load_config(&cfg, cli) != 0)
     return 2;
-  }
   json_t *result = NULL;
   json_t *error = NULL;
   int rc = ah__admin_call(cfg.runtime_dir, "remote.describe", NULL, 30000, &result, &error);
@@ -961,13 +954,8 @@ static int cmd_sessions(const ah_cli_overrides *cli, int argc, char **argv) {
     return 2;
   }
   ah_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  char *err = NULL;
-  if (ah__config_load(&cfg, cli, NULL, &err) != 0) {
-    fprintf(stderr, "agenthost: %s\n", err ? err : "out of memory");
-    free(err);
+  if (load_config(&cfg, cli) != 0)
     return 2;
-  }
   ah__log_set_level(cfg.log_level);
   char what[32];
   snprintf(what, sizeof what, "sessions %s", sub);
