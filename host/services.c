@@ -1,5 +1,6 @@
 /* The host API table handed to plugins: registration, calls, tokens, bus, and the work the host tracks
  * for a mount (timers, posted tasks, pool work) so that withdraw can count and stop it. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -493,6 +494,46 @@ static int api_stdio(ah_mount *m, uv_stream_t **in, uv_stream_t **out) {
   return 0;
 }
 
+/* The stdio surfaces' line cap: [plugin.NAME] max_line, a positive number of bytes (a JSON integer or a
+ * decimal string), absent = the peer's default. */
+static int parse_max_line(const json_t *v, size_t *out) {
+  if (!v) {
+    *out = AH_RPC_DEFAULT_MAX_LINE;
+    return 0;
+  }
+  if (json_is_integer(v) && json_integer_value(v) > 0) {
+    *out = (size_t)json_integer_value(v);
+    return 0;
+  }
+  const char *t = json_string_value(v);
+  if (!t || *t < '0' || *t > '9')
+    return AH_ECONFIG;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long n = strtoull(t, &end, 10);
+  if (errno || *end || n == 0)
+    return AH_ECONFIG;
+  *out = (size_t)n;
+  return 0;
+}
+
+static int api_stdio_rpc(ah_mount *m, const json_t *config, const ah_rpc_opts *opts, ah_rpc_peer **out) {
+  if (!m || !opts || !out || opts->struct_size < offsetof(ah_rpc_opts, reserved))
+    return AH_EINVAL;
+  ah_rpc_opts o = *opts;
+  if (parse_max_line(json_object_get(config, "max_line"), &o.max_line) != 0) {
+    AH_LOG_E("plugins", "plugin %s: max_line: a positive number of bytes is required", m->name);
+    return AH_ECONFIG;
+  }
+  uv_stream_t *in = NULL, *outs = NULL;
+  int rc = api_stdio(m, &in, &outs);
+  if (rc) {
+    AH_LOG_E("plugins", "plugin %s: no stdio to serve on: %s", m->name, ah_strerror(rc));
+    return rc;
+  }
+  return ah_rpc_open(in, outs, &o, out);
+}
+
 void ah__stdio_release(ah_mount *m) {
   ah_host *h = m->host;
   if (h->stdio_owner != m || !h->stdio_in)
@@ -612,6 +653,7 @@ ah_host_api ah__api_table = {
     .session_info = ah__session_info,
     .session_update = ah__session_update,
     .call_set_message = ah__call_set_message,
+    .stdio_rpc = api_stdio_rpc,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

@@ -398,8 +398,13 @@ struct ah_host_api {
    * this message instead of the generic one, e.g. "args.title: at most 200 bytes". Any thread, while the
    * function runs. */
   void (*call_set_message)(ah_call *call, const char *message);
+  /* A JSON-RPC peer on the process's stdio for a stdio surface: stdio() and rpc->open() in one, with the
+   * line cap taken from the plugin's config key `max_line` (a positive number of bytes; absent = the peer's
+   * default; opts->max_line is ignored). Failures are logged: AH_ECONFIG (a bad max_line), or the codes of
+   * stdio() and rpc->open(). Close the peer before withdraw completes, as for any peer. */
+  int (*stdio_rpc)(ah_mount *m, const json_t *config, const ah_rpc_opts *opts, ah_rpc_peer **out);
 
-  void *reserved[6];
+  void *reserved[5];
 };
 
 /* The one exported entry of a plugin. */

@@ -1380,39 +1380,13 @@ static int parse_bool(const json_t *v, bool *out) {
   return AH_EINVAL;
 }
 
-static int parse_max_line(const json_t *v, size_t *out) {
-  if (!v) {
-    *out = AH_RPC_DEFAULT_MAX_LINE;
-    return 0;
-  }
-  if (json_is_integer(v) && json_integer_value(v) > 0) {
-    *out = (size_t)json_integer_value(v);
-    return 0;
-  }
-  const char *t = json_string_value(v);
-  if (!t || *t < '0' || *t > '9')
-    return AH_EINVAL;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long n = strtoull(t, &end, 10);
-  if (errno || *end || n == 0)
-    return AH_EINVAL;
-  *out = (size_t)n;
-  return 0;
-}
-
 int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, acp_agent **out) {
   *out = NULL;
-  if (!AH_HAS_FIELD(api, ah_host_api, host_stop) || !api->stdio || !api->host_stop)
+  if (!AH_HAS_FIELD(api, ah_host_api, stdio_rpc) || !api->stdio_rpc || !api->host_stop)
     return AH_EABI;
   bool stream_deltas = false;
-  size_t max_line = 0;
   if (parse_bool(json_object_get(config, "stream_deltas"), &stream_deltas) != 0) {
     api->log(m, AH_PLOG_ERROR, "stream_deltas: true or false is required");
-    return AH_ECONFIG;
-  }
-  if (parse_max_line(json_object_get(config, "max_line"), &max_line) != 0) {
-    api->log(m, AH_PLOG_ERROR, "max_line: a positive number of bytes is required");
     return AH_ECONFIG;
   }
   acp_agent *a = calloc(1, sizeof *a);
@@ -1427,21 +1401,14 @@ int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, a
   int rc = api->token_new(m, NULL, &a->token);
   if (rc == 0)
     rc = api->subscribe(m, "*", on_event, a, &a->sub);
-  uv_stream_t *in = NULL, *outs = NULL;
-  if (rc == 0) {
-    rc = api->stdio(m, &in, &outs);
-    if (rc)
-      api->log(m, AH_PLOG_ERROR, "no stdio to serve on: %s", ah_strerror(rc));
-  }
   if (rc == 0) {
     ah_rpc_opts opts = {.struct_size = sizeof opts,
-                        .max_line = max_line,
                         .on_request = on_request,
                         .on_notification = on_notification,
                         .on_eof = on_eof,
                         .on_log = on_log,
                         .data = a};
-    rc = api->rpc->open(in, outs, &opts, &a->peer);
+    rc = api->stdio_rpc(m, config, &opts, &a->peer);
   }
   if (rc) {
     unsubscribe_all(a);

@@ -618,35 +618,9 @@ static void maybe_finish(sdk *s) {
   done(m);
 }
 
-static int parse_max_line(const json_t *v, size_t *out) {
-  if (!v) {
-    *out = AH_RPC_DEFAULT_MAX_LINE;
-    return 0;
-  }
-  if (json_is_integer(v) && json_integer_value(v) > 0) {
-    *out = (size_t)json_integer_value(v);
-    return 0;
-  }
-  const char *t = json_string_value(v);
-  if (!t || *t < '0' || *t > '9')
-    return AH_EINVAL;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long n = strtoull(t, &end, 10);
-  if (errno || *end || n == 0)
-    return AH_EINVAL;
-  *out = (size_t)n;
-  return 0;
-}
-
 static int sdk_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
-  if (!AH_HAS_FIELD(api, ah_host_api, host_stop) || !api->stdio || !api->host_stop)
+  if (!AH_HAS_FIELD(api, ah_host_api, stdio_rpc) || !api->stdio_rpc || !api->host_stop)
     return AH_EABI;
-  size_t max_line = 0;
-  if (parse_max_line(json_object_get(config, "max_line"), &max_line) != 0) {
-    api->log(m, AH_PLOG_ERROR, "max_line: a positive number of bytes is required");
-    return AH_ECONFIG;
-  }
   sdk *s = calloc(1, sizeof *s);
   if (!s)
     return AH_ENOMEM;
@@ -659,21 +633,14 @@ static int sdk_mount(ah_mount *m, const ah_host_api *api, const json_t *config, 
   int rc = api->token_new(m, NULL, &s->token);
   if (rc == 0)
     rc = api->subscribe(m, "*", on_event, s, &s->sub);
-  uv_stream_t *in = NULL, *out = NULL;
-  if (rc == 0) {
-    rc = api->stdio(m, &in, &out);
-    if (rc)
-      api->log(m, AH_PLOG_ERROR, "no stdio to serve on: %s", ah_strerror(rc));
-  }
   if (rc == 0) {
     ah_rpc_opts opts = {.struct_size = sizeof opts,
-                        .max_line = max_line,
                         .on_request = on_request,
                         .on_notification = on_notification,
                         .on_eof = on_eof,
                         .on_log = on_log,
                         .data = s};
-    rc = api->rpc->open(in, out, &opts, &s->peer);
+    rc = api->stdio_rpc(m, config, &opts, &s->peer);
   }
   if (rc) {
     unsubscribe_all(s);
