@@ -61,7 +61,7 @@ void bp_req_detach(bp_req *r) {
   bp_req_release(r);
 }
 
-static bp_req *req_new(bp_state *st, bp_http *h, struct lws *wsi, bp_req_kind kind) {
+bp_req *bp_req_new(bp_state *st, bp_http *h, struct lws *wsi, bp_req_kind kind) {
   bp_req *r = calloc(1, sizeof *r);
   if (!r)
     return NULL;
@@ -262,7 +262,7 @@ int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d
                   d->content_length > 0);
     return d->content_length > 0 ? -1 : (lws_http_transaction_completed(wsi) ? -1 : 0);
   }
-  bp_req *r = req_new(st, h, wsi, d->route == BF_ROUTE_RESPOND ? BP_REQ_RESPOND : BP_REQ_API);
+  bp_req *r = bp_req_new(st, h, wsi, d->route == BF_ROUTE_RESPOND ? BP_REQ_RESPOND : BP_REQ_API);
   if (!r)
     return -1;
   snprintf(r->method, sizeof r->method, "%s", d->route == BF_ROUTE_RESPOND ? "request.respond" : d->method);

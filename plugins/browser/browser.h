@@ -216,6 +216,8 @@ int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d
 int bp_api_body(bp_state *st, bp_http *h, struct lws *wsi, const void *in, size_t len);
 int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi);
 void bp_req_detach(bp_req *r);
+/* A request of connection `h`, linked in the state's list and set as the connection's current one. */
+bp_req *bp_req_new(bp_state *st, bp_http *h, struct lws *wsi, bp_req_kind kind);
 void bp_req_release(bp_req *r);
 /* An envelope-level answer: server-response JSON for `rpc_id` (may be NULL). */
 int bp_answer_error(bp_http *h, struct lws *wsi, int status, const char *rpc_id, const char *category,

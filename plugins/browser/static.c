@@ -222,22 +222,12 @@ static void on_export(const ah_outcome *o, void *arg) {
 }
 
 int bp_export_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d) {
-  bp_req *r = calloc(1, sizeof *r);
+  bp_req *r = bp_req_new(st, h, wsi, BP_REQ_EXPORT);
   if (!r)
     return -1;
-  r->st = st;
-  r->wsi = wsi;
-  r->http = h;
-  r->kind = BP_REQ_EXPORT;
-  r->conn_id = h->conn_id;
   r->loopback = d->loopback;
   snprintf(r->method, sizeof r->method, "session.export");
   snprintf(r->session_id, sizeof r->session_id, "%s", d->session_id);
-  r->next = st->reqs;
-  if (st->reqs)
-    st->reqs->prev = r;
-  st->reqs = r;
-  h->req = r;
   ah_caller c;
   int rc = st->api->token_new(st->m, NULL, &r->token);
   if (rc == 0)

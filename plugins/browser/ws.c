@@ -122,47 +122,6 @@ void bp_ws_destroy(bp_ws *w) {
   ws_free(w);
 }
 
-/* Drop a call's hold on the socket; true when the socket is still usable. */
-static bool call_done(bp_ws *w) {
-  w->calls--;
-  w->st->outstanding--;
-  if (w->destroyed) {
-    if (w->calls == 0)
-      ws_free(w);
-    return false;
-  }
-  return w->wsi && !w->closing;
-}
-
-/* Close from outside libwebsockets' callbacks (a bus event, a call's reply, a posted task): the close frame
- * with `code` goes out, then the socket is killed synchronously (STACK-NOTES "Closing"). `w` may be freed on
- * return. */
-static void ws_close(bp_ws *w, int code, const char *why) {
-  if (!w->wsi || w->closing)
-    return;
-  w->closing = true;
-  frames_free(w->head);
-  w->head = w->tail = NULL;
-  w->queued = 0;
-  frames_free(w->live_head);
-  w->live_head = w->live_tail = NULL;
-  w->live_queued = 0;
-  struct lws *wsi = w->wsi;
-  lws_close_reason(wsi, (enum lws_close_status)code, (unsigned char *)why, strlen(why));
-  lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
-}
-
-static void drop_queues(bp_ws *w) {
-  frames_free(w->head);
-  w->head = w->tail = NULL;
-  w->queued = 0;
-  frames_free(w->live_head);
-  w->live_head = w->live_tail = NULL;
-  w->live_queued = 0;
-}
-
-static void close_posted(void *arg);
-
 /* Drop a hold; true when `w` is still allocated (and not destroyed). */
 static bool release_hold(bp_ws *w) {
   w->calls--;
@@ -174,6 +133,35 @@ static bool release_hold(bp_ws *w) {
   }
   return true;
 }
+
+/* Drop a call's hold on the socket; true when the socket is still usable. */
+static bool call_done(bp_ws *w) {
+  return release_hold(w) && w->wsi && !w->closing;
+}
+
+static void drop_queues(bp_ws *w) {
+  frames_free(w->head);
+  w->head = w->tail = NULL;
+  w->queued = 0;
+  frames_free(w->live_head);
+  w->live_head = w->live_tail = NULL;
+  w->live_queued = 0;
+}
+
+/* Close from outside libwebsockets' callbacks (a bus event, a call's reply, a posted task): the close frame
+ * with `code` goes out, then the socket is killed synchronously (STACK-NOTES "Closing"). `w` may be freed on
+ * return. */
+static void ws_close(bp_ws *w, int code, const char *why) {
+  if (!w->wsi || w->closing)
+    return;
+  w->closing = true;
+  drop_queues(w);
+  struct lws *wsi = w->wsi;
+  lws_close_reason(wsi, (enum lws_close_status)code, (unsigned char *)why, strlen(why));
+  lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+}
+
+static void close_posted(void *arg);
 
 static void close_deadline(ah_timer *t, void *arg) {
   (void)t;
