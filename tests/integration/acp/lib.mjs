@@ -12,19 +12,11 @@ import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import assert from "node:assert/strict";
 import * as acp from "@agentclientprotocol/sdk";
+import { agenthostPath, sleep } from "../common.mjs";
 
 export { acp };
 
-/** The binary under test: AH_TEST_AGENTHOST (set by meson), else the usual build tree. */
-export function agenthostPath() {
-  const p = process.env.AH_TEST_AGENTHOST;
-  if (p) return p;
-  const build = process.env.AH_TEST_BUILD_ROOT;
-  if (build) return join(build, "host", "agenthost");
-  throw new Error("AH_TEST_AGENTHOST is not set (path of the built agenthost binary)");
-}
-
-export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+export { agenthostPath, sleep };
 
 /** Races `promise` against a timer; the timeout error names `what`. */
 export async function withTimeout(promise, ms, what, detail = () => "") {

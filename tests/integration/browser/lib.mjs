@@ -8,8 +8,9 @@ import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
+import { agenthostPath, sleep } from "../common.mjs";
 
-export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+export { agenthostPath, sleep };
 
 /** Rejects with `what` when PROMISE has not settled after MS milliseconds. */
 export function withTimeout(promise, ms, what) {
@@ -36,15 +37,6 @@ export async function waitFor(fn, ms, what, every = 50) {
     if (Date.now() > end) throw new Error(`timed out after ${ms} ms waiting for ${what} (last: ${last?.message ?? last})`);
     await sleep(every);
   }
-}
-
-/** The binary under test: AH_TEST_AGENTHOST (set by meson). */
-export function agenthostPath() {
-  const p = process.env.AH_TEST_AGENTHOST;
-  if (p) return p;
-  const build = process.env.AH_TEST_BUILD_ROOT;
-  if (build) return join(build, "host", "agenthost");
-  throw new Error("AH_TEST_AGENTHOST is not set (path of the built agenthost binary)");
 }
 
 /** Where screenshots go: BUILD_ROOT/test-artifacts/browser (created). */
@@ -77,12 +69,28 @@ export async function tempDir(prefix) {
   return mkdtemp(join(tmpdir(), prefix));
 }
 
-const LAUNCH_RE = /(https?:\/\/[^\s#]+\/#k=[A-Za-z0-9_\-]+)/;
+export const LAUNCH_RE = /(https?:\/\/[^\s#]+\/#k=[A-Za-z0-9_\-]+)/;
 
 /**
  * One `agenthost serve` process. start() resolves once the launch URL was printed on stdout; stdout and
  * stderr are kept (stderr's tail goes into failure messages).
  */
+/** POST /api/METHOD with the bearer, as a non-browser client; resolves with the server-response value,
+ * throws on an HTTP status other than 200 or an error envelope. */
+export async function postApi(origin, token, method, payload = {}) {
+  const rpcId = randomUUID();
+  const res = await fetch(`${origin}/api/${method}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json", Authorization: `Bearer ${token}` },
+    body: JSON.stringify({ kind: "client-request", rpcId, method, payload }),
+  });
+  const text = await res.text();
+  if (res.status !== 200) throw new Error(`${method}: HTTP ${res.status}: ${text}`);
+  const body = JSON.parse(text);
+  if (body.error) throw new Error(`${method}: ${body.error.code}: ${body.error.message}`);
+  return body.value;
+}
+
 export class Host {
   constructor({ stateDir, runtimeDir, port, logLevel = "info" }) {
     this.stateDir = stateDir;
@@ -211,17 +219,7 @@ export class Host {
 
   /** POST /api/METHOD with the bearer, as a non-browser client; resolves with the server-response value. */
   async call(method, payload = {}) {
-    const rpcId = randomUUID();
-    const res = await fetch(`${this.origin}/api/${method}`, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
-      body: JSON.stringify({ kind: "client-request", rpcId, method, payload }),
-    });
-    const text = await res.text();
-    if (res.status !== 200) throw new Error(`${method}: HTTP ${res.status}: ${text}`);
-    const body = JSON.parse(text);
-    if (body.error) throw new Error(`${method}: ${body.error.code}: ${body.error.message}`);
-    return body.value;
+    return postApi(this.origin, this.token, method, payload);
   }
 
   /** Every stored event of a session, through session.history pages. */

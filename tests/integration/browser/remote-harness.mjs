@@ -9,11 +9,9 @@ import { readFile } from "node:fs/promises";
 import { networkInterfaces } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { randomUUID } from "node:crypto";
-import { agenthostPath, freePort, tempDir, removeDir, withTimeout } from "./lib.mjs";
+import { agenthostPath, freePort, tempDir, removeDir, withTimeout, postApi, LAUNCH_RE } from "./lib.mjs";
 
 const HERE = dirname(fileURLToPath(import.meta.url));
-const LAUNCH_RE = /(https?:\/\/[^\s#]+\/#k=[A-Za-z0-9_\-]+)/;
 
 // A non-loopback IPv4 address of this machine, or null.
 export function lanAddress() {
@@ -108,17 +106,7 @@ export class RemoteHost {
 
   // POST /api/METHOD from Node (loopback, with the bearer); resolves with the value, throws on an error.
   async call(method, payload = {}) {
-    const rpcId = randomUUID();
-    const res = await fetch(`${this.origin}/api/${method}`, {
-      method: "POST",
-      headers: { "Content-Type": "application/json", Authorization: `Bearer ${this.token}` },
-      body: JSON.stringify({ kind: "client-request", rpcId, method, payload }),
-    });
-    const text = await res.text();
-    if (res.status !== 200) throw new Error(`${method}: HTTP ${res.status}: ${text}`);
-    const body = JSON.parse(text);
-    if (body.error) throw new Error(`${method}: ${body.error.code}: ${body.error.message}`);
-    return body.value;
+    return postApi(this.origin, this.token, method, payload);
   }
 
   async stop(graceMs = 5000) {
