@@ -1,7 +1,8 @@
 /* The remote gateway's core (host/remote.c; PROTOCOLS.md REMOTE-GATEWAY-TYPES, REMOTE-HOST-DISPATCH,
- * REMOTE-HOST-ERRORS, REMOTE-AGENT-RESOLVE): every conversion both ways, the exact field set, every error
- * category, tokens only for cancellable descriptors, withdraw during a call, session and agent lookups.
- * The descriptors are the real fixture plugin tests/plugins/remote-types.c, called through libffi. */
+ * REMOTE-HOST-ERRORS, REMOTE-AGENT-RESOLVE, REMOTE-EVENT-ALLOWLIST / FORWARD): every conversion both ways,
+ * the exact field set, every error category, tokens only for cancellable descriptors, withdraw during a call,
+ * session and agent lookups. The descriptors are the real fixture plugin tests/plugins/remote-types.c, called
+ * through libffi. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -519,6 +520,7 @@ static bool saw_closed(void *arg) {
   return names_has(((seen *)arg)->names, "session.closed");
 }
 
+/* REMOTE-EVENT-ALLOWLIST / FORWARD: the list declared at mount is the whole list. */
 Test(remote, only_allowlisted_events_are_forwarded) {
   rworld w;
   up(&w);
