@@ -39,116 +39,22 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define WAIT_NS (20ull * 1000000000ull) /* any single wait for a child */
 #define WARMUP 20
 
-extern char **environ;
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 typedef struct child {
-  const char *label;
-  pid_t pid;
-  int to_fd;
-  int from_fd;
-  char log_path[600];
+  bench_proc proc; /* label, pid, pipes, stderr log */
   char *rbuf;
   size_t rlen, rcap;
 } child;
 
-static volatile pid_t live_pid;
-static volatile sig_atomic_t stop_signal;
-
-static void on_stop_signal(int sig) {
-  stop_signal = sig;
-  pid_t p = live_pid;
-  if (p > 0)
-    kill(p, SIGKILL);
-}
-
-static void fail(const child *c, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "bench_acp: %s: ", c ? c->label : "setup");
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  if (c && c->log_path[0]) {
-    FILE *f = fopen(c->log_path, "r");
-    char line[1024];
-    char tail[8][1024];
-    int n = 0;
-    while (f && fgets(line, sizeof line, f))
-      snprintf(tail[n++ % 8], sizeof tail[0], "%s", line);
-    if (f)
-      fclose(f);
-    for (int i = n > 8 ? n - 8 : 0; i < n; i++)
-      fprintf(stderr, "  child stderr: %s", tail[i % 8]);
-  }
-}
-
 static void child_reap(child *c) {
-  if (c->to_fd >= 0)
-    close(c->to_fd);
-  if (c->from_fd >= 0)
-    close(c->from_fd);
-  c->to_fd = c->from_fd = -1;
-  if (c->pid > 0) {
-    kill(c->pid, SIGKILL);
-    while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR)
-      ;
-  }
-  c->pid = 0;
-  live_pid = 0;
+  bench_reap(&c->proc, true);
   free(c->rbuf);
   c->rbuf = NULL;
   c->rlen = c->rcap = 0;
-}
-
-static int child_spawn(child *c, char *const argv[]) {
-  int in_p[2] = {-1, -1}, out_p[2] = {-1, -1};
-  c->to_fd = c->from_fd = -1;
-  if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0) {
-    fail(c, "pipe: %s", strerror(errno));
-    return -1;
-  }
-  int log_fd = open(c->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  sigset_t dflt;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in_p[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out_p[1], 1);
-  if (log_fd >= 0)
-    posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
-  posix_spawnattr_init(&attr);
-  sigemptyset(&dflt);
-  sigaddset(&dflt, SIGPIPE);
-  posix_spawnattr_setsigdefault(&attr, &dflt);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-  int rc = posix_spawn(&c->pid, argv[0], &fa, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  close(in_p[0]);
-  close(out_p[1]);
-  if (log_fd >= 0)
-    close(log_fd);
-  c->to_fd = in_p[1];
-  c->from_fd = out_p[0];
-  if (rc != 0) {
-    c->pid = 0;
-    fail(c, "posix_spawn %s: %s", argv[0], strerror(rc));
-    child_reap(c);
-    return -1;
-  }
-  live_pid = c->pid;
-  if (stop_signal)
-    kill(c->pid, SIGKILL);
-  return 0;
 }
 
 static int send_line(child *c, const char *fmt, ...) {
@@ -158,16 +64,16 @@ static int send_line(child *c, const char *fmt, ...) {
   int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
   va_end(ap);
   if (n < 0 || (size_t)n >= sizeof buf - 1) {
-    fail(c, "message too long");
+    bench_fail(&c->proc, "message too long");
     return -1;
   }
   buf[n++] = '\n';
   for (int off = 0; off < n;) {
-    ssize_t w = write(c->to_fd, buf + off, (size_t)(n - off));
+    ssize_t w = write(c->proc.to_fd, buf + off, (size_t)(n - off));
     if (w < 0 && errno == EINTR)
       continue;
     if (w < 0) {
-      fail(c, "write to the child: %s", strerror(errno));
+      bench_fail(&c->proc, "write to the child: %s", strerror(errno));
       return -1;
     }
     off += (int)w;
@@ -186,21 +92,21 @@ static json_t *next_msg(child *c, uint64_t deadline) {
       memmove(c->rbuf, nl + 1, c->rlen - len - 1);
       c->rlen -= len + 1;
       if (!msg || !json_is_object(msg)) {
-        fail(c, "a line that is not a JSON object on stdout");
+        bench_fail(&c->proc, "a line that is not a JSON object on stdout");
         json_decref(msg);
         return NULL;
       }
       return msg;
     }
-    uint64_t now = now_ns();
+    uint64_t now = bench_now_ns();
     if (now >= deadline) {
-      fail(c, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
+      bench_fail(&c->proc, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
       return NULL;
     }
-    struct pollfd p = {.fd = c->from_fd, .events = POLLIN};
+    struct pollfd p = {.fd = c->proc.from_fd, .events = POLLIN};
     int n = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
     if (n < 0 && errno != EINTR) {
-      fail(c, "poll: %s", strerror(errno));
+      bench_fail(&c->proc, "poll: %s", strerror(errno));
       return NULL;
     }
     if (n <= 0)
@@ -209,18 +115,18 @@ static json_t *next_msg(child *c, uint64_t deadline) {
       c->rcap = c->rcap * 2 + 65536;
       char *b = realloc(c->rbuf, c->rcap);
       if (!b) {
-        fail(c, "out of memory");
+        bench_fail(&c->proc, "out of memory");
         return NULL;
       }
       c->rbuf = b;
     }
-    ssize_t got = read(c->from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    ssize_t got = read(c->proc.from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
     if (got == 0) {
-      fail(c, "the child closed its stdout");
+      bench_fail(&c->proc, "the child closed its stdout");
       return NULL;
     }
     if (got < 0 && errno != EINTR && errno != EAGAIN) {
-      fail(c, "read: %s", strerror(errno));
+      bench_fail(&c->proc, "read: %s", strerror(errno));
       return NULL;
     }
     if (got > 0)
@@ -231,7 +137,7 @@ static json_t *next_msg(child *c, uint64_t deadline) {
 /* Wait for the answer to request `id` (returned; the caller frees it). Notifications are passed to `on_note`
  * (may be NULL); requests from the child are answered -32601. */
 static json_t *await_answer(child *c, int64_t id, void (*on_note)(const json_t *msg, void *arg), void *arg) {
-  uint64_t deadline = now_ns() + WAIT_NS;
+  uint64_t deadline = bench_now_ns() + WAIT_NS;
   for (;;) {
     json_t *msg = next_msg(c, deadline);
     if (!msg)
@@ -250,7 +156,7 @@ static json_t *await_answer(child *c, int64_t id, void (*on_note)(const json_t *
     } else if (json_is_integer(mid) && json_integer_value(mid) == id) {
       if (!json_object_get(msg, "result")) {
         char *text = json_dumps(msg, JSON_COMPACT);
-        fail(c, "request %lld failed: %.300s", (long long)id, text ? text : "?");
+        bench_fail(&c->proc, "request %lld failed: %.300s", (long long)id, text ? text : "?");
         free(text);
         json_decref(msg);
         return NULL;
@@ -259,19 +165,6 @@ static json_t *await_answer(child *c, int64_t id, void (*on_note)(const json_t *
     }
     json_decref(msg);
   }
-}
-
-static long vm_hwm_kib(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-  FILE *f = fopen(path, "r");
-  long kib = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0)
-      kib = strtol(line + 6, NULL, 10);
-  if (f)
-    fclose(f);
-  return kib;
 }
 
 static char top_dir[256];
@@ -288,7 +181,7 @@ static int initialize(child *c) {
   json_int_t v = json_integer_value(json_object_get(json_object_get(a, "result"), "protocolVersion"));
   json_decref(a);
   if (v != 1) {
-    fail(c, "initialize answered protocolVersion %lld", (long long)v);
+    bench_fail(&c->proc, "initialize answered protocolVersion %lld", (long long)v);
     return -1;
   }
   return 0;
@@ -305,7 +198,7 @@ static char *session_new(child *c) {
   const char *sid = a ? json_string_value(json_object_get(json_object_get(a, "result"), "sessionId")) : NULL;
   char *out = sid ? strdup(sid) : NULL;
   if (a && !out)
-    fail(c, "session/new answered without a sessionId");
+    bench_fail(&c->proc, "session/new answered without a sessionId");
   json_decref(a);
   return out;
 }
@@ -321,13 +214,13 @@ static void on_chunk(const json_t *msg, void *arg) {
   const char *kind = json_string_value(json_object_get(json_object_get(p, "update"), "sessionUpdate"));
   const char *sid = json_string_value(json_object_get(p, "sessionId"));
   if (!w->first && kind && sid && strcmp(kind, "agent_message_chunk") == 0 && strcmp(sid, w->session) == 0)
-    w->first = now_ns();
+    w->first = bench_now_ns();
 }
 
 /* One prompt: *first_ns and *done_ns from the write. */
 static int prompt(child *c, const char *sid, int64_t id, uint64_t *first_ns, uint64_t *done_ns) {
   chunk_wait w = {.session = sid, .first = 0};
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   if (send_line(
           c,
           "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"session/prompt\",\"params\":{\"sessionId\":\"%s\","
@@ -337,13 +230,13 @@ static int prompt(child *c, const char *sid, int64_t id, uint64_t *first_ns, uin
   json_t *a = await_answer(c, id, on_chunk, &w);
   if (!a)
     return -1;
-  uint64_t t1 = now_ns();
+  uint64_t t1 = bench_now_ns();
   const char *stop = json_string_value(json_object_get(json_object_get(a, "result"), "stopReason"));
   bool ok = stop && strcmp(stop, "end_turn") == 0;
   json_decref(a);
   if (!ok || !w.first) {
-    fail(c, "prompt %lld: %s", (long long)id,
-         ok ? "no agent_message_chunk before the answer" : "not end_turn");
+    bench_fail(&c->proc, "prompt %lld: %s", (long long)id,
+               ok ? "no agent_message_chunk before the answer" : "not end_turn");
     return -1;
   }
   *first_ns = w.first - t0;
@@ -353,39 +246,40 @@ static int prompt(child *c, const char *sid, int64_t id, uint64_t *first_ns, uin
 
 /* stdin EOF, then the exit (status 0) with its rusage. */
 static int finish(child *c, long *maxrss_kib) {
-  close(c->to_fd);
-  c->to_fd = -1;
-  uint64_t deadline = now_ns() + WAIT_NS;
+  close(c->proc.to_fd);
+  c->proc.to_fd = -1;
+  uint64_t deadline = bench_now_ns() + WAIT_NS;
   int status = 0;
   struct rusage ru;
   memset(&ru, 0, sizeof ru);
   for (;;) {
-    pid_t got = wait4(c->pid, &status, WNOHANG, &ru);
-    if (got == c->pid)
+    pid_t got = wait4(c->proc.pid, &status, WNOHANG, &ru);
+    if (got == c->proc.pid)
       break;
     if (got < 0 && errno != EINTR) {
-      fail(c, "wait4: %s", strerror(errno));
+      bench_fail(&c->proc, "wait4: %s", strerror(errno));
       child_reap(c);
       return -1;
     }
-    if (now_ns() > deadline) {
-      fail(c, "did not exit within %llu s of stdin EOF", (unsigned long long)(WAIT_NS / 1000000000ull));
+    if (bench_now_ns() > deadline) {
+      bench_fail(&c->proc, "did not exit within %llu s of stdin EOF",
+                 (unsigned long long)(WAIT_NS / 1000000000ull));
       child_reap(c);
       return -1;
     }
     /* drain stdout so that the child never blocks on it */
-    struct pollfd p = {.fd = c->from_fd, .events = POLLIN};
+    struct pollfd p = {.fd = c->proc.from_fd, .events = POLLIN};
     if (poll(&p, 1, 2) > 0) {
       char sink[4096];
-      if (read(c->from_fd, sink, sizeof sink) < 0 && errno != EINTR && errno != EAGAIN)
+      if (read(c->proc.from_fd, sink, sizeof sink) < 0 && errno != EINTR && errno != EAGAIN)
         break;
     }
   }
-  c->pid = 0;
+  c->proc.pid = 0;
   child_reap(c);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    fail(c, "exited with %s %d", WIFEXITED(status) ? "status" : "signal",
-         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    bench_fail(&c->proc, "exited with %s %d", WIFEXITED(status) ? "status" : "signal",
+               WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
     return -1;
   }
   *maxrss_kib = ru.ru_maxrss;
@@ -404,16 +298,16 @@ typedef struct target {
 } target;
 
 static int spawn_run(target *t, int run) {
-  child c = {.label = t->label, .to_fd = -1, .from_fd = -1};
-  snprintf(c.log_path, sizeof c.log_path, "%s/%s.stderr", top_dir, t->tag);
-  uint64_t t0 = now_ns();
-  if (child_spawn(&c, t->argv) != 0)
+  child c = {.proc = {.label = t->label, .to_fd = -1, .from_fd = -1}};
+  snprintf(c.proc.log_path, sizeof c.proc.log_path, "%s/%s.stderr", top_dir, t->tag);
+  uint64_t t0 = bench_now_ns();
+  if (bench_spawn(&c.proc, t->argv) != 0)
     return -1;
   if (initialize(&c) != 0) {
     child_reap(&c);
     return -1;
   }
-  t->init_ns[run] = now_ns() - t0;
+  t->init_ns[run] = bench_now_ns() - t0;
   char *sid = session_new(&c);
   uint64_t a = 0, b = 0;
   if (!sid || prompt(&c, sid, 3, &a, &b) != 0) {
@@ -422,14 +316,14 @@ static int spawn_run(target *t, int run) {
     return -1;
   }
   free(sid);
-  t->hwm_kib[run] = vm_hwm_kib(c.pid);
+  t->hwm_kib[run] = bench_status_kib(c.proc.pid, "VmHWM:");
   return finish(&c, &t->maxrss_kib[run]);
 }
 
 static int latency_run(target *t, int n) {
-  child c = {.label = t->label, .to_fd = -1, .from_fd = -1};
-  snprintf(c.log_path, sizeof c.log_path, "%s/%s-latency.stderr", top_dir, t->tag);
-  if (child_spawn(&c, t->argv) != 0)
+  child c = {.proc = {.label = t->label, .to_fd = -1, .from_fd = -1}};
+  snprintf(c.proc.log_path, sizeof c.proc.log_path, "%s/%s-latency.stderr", top_dir, t->tag);
+  if (bench_spawn(&c.proc, t->argv) != 0)
     return -1;
   char *sid = initialize(&c) == 0 ? session_new(&c) : NULL;
   int rc = sid ? 0 : -1;
@@ -447,34 +341,8 @@ static int latency_run(target *t, int n) {
   return finish(&c, &rss);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_long(const void *a, const void *b) {
-  long x = *(const long *)a, y = *(const long *)b;
-  return x < y ? -1 : x > y;
-}
-
-/* Nearest rank on sorted samples. */
-static size_t rank(size_t n, unsigned p) {
-  size_t i = (n * p + 99) / 100;
-  return i ? i - 1 : 0;
-}
-
-static const char *verdict(bool met) {
-  return met ? "met" : "MISSED";
-}
-
 int main(int argc, char **argv) {
+  bench_prog = "bench_acp";
   if (argc < 4) {
     fprintf(stderr, "usage: %s AGENTHOST NODE CHILD_AGENT_MJS [RUNS [PROMPTS]]\n", argv[0]);
     return 2;
@@ -485,11 +353,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_acp: RUNS must be >= 1 and PROMPTS >= 10\n");
     return 2;
   }
-  signal(SIGPIPE, SIG_IGN);
-  struct sigaction sa = {.sa_handler = on_stop_signal};
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  bench_catch_stop_signals();
 
   /* The Node side needs node and the SDK installed beside the agent (tests/integration/node_modules). */
   const char *node = argv[2];
@@ -509,11 +373,8 @@ int main(int argc, char **argv) {
   else if (access(sdk_dir, R_OK) != 0)
     skip_why = "the SDK is not installed (tests/integration/node_modules is absent: run scripts/deps.sh)";
 
-  snprintf(top_dir, sizeof top_dir, "%s/bench-acp-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-  if (!mkdtemp(top_dir)) {
-    perror("bench_acp: mkdtemp");
+  if (bench_mkdtemp(top_dir, sizeof top_dir, getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", "bench-acp") != 0)
     return 1;
-  }
   char empty_config[300], state_dir[300], run_dir[320];
   snprintf(empty_config, sizeof empty_config, "%s/empty.ini", top_dir);
   snprintf(state_dir, sizeof state_dir, "%s/state", top_dir);
@@ -553,27 +414,22 @@ int main(int argc, char **argv) {
   for (int i = 0; i < kinds && !errors; i++)
     errors += latency_run(all[i], prompts) != 0;
 
-  nftw(top_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-  if (errors || stop_signal) {
-    if (stop_signal)
-      fprintf(stderr, "bench_acp: interrupted by signal %d\n", (int)stop_signal);
-    else
-      fprintf(stderr, "bench_acp: stopped on the error above\n");
+  bench_rm_tree(top_dir);
+  if (bench_stopped(errors))
     return 1;
-  }
 
   double med[2] = {0}, p90[2] = {0};
   long hwm_med[2] = {0}, rss_med[2] = {0}, rss_p90[2] = {0}, rss_max[2] = {0};
   for (int i = 0; i < kinds; i++) {
     target *t = all[i];
-    qsort(t->init_ns, (size_t)runs, sizeof(uint64_t), cmp_u64);
-    qsort(t->hwm_kib, (size_t)runs, sizeof(long), cmp_long);
-    qsort(t->maxrss_kib, (size_t)runs, sizeof(long), cmp_long);
-    med[i] = (double)t->init_ns[rank((size_t)runs, 50)] / 1e6;
-    p90[i] = (double)t->init_ns[rank((size_t)runs, 90)] / 1e6;
-    hwm_med[i] = t->hwm_kib[rank((size_t)runs, 50)];
-    rss_med[i] = t->maxrss_kib[rank((size_t)runs, 50)];
-    rss_p90[i] = t->maxrss_kib[rank((size_t)runs, 90)];
+    qsort(t->init_ns, (size_t)runs, sizeof(uint64_t), bench_cmp_u64);
+    qsort(t->hwm_kib, (size_t)runs, sizeof(long), bench_cmp_long);
+    qsort(t->maxrss_kib, (size_t)runs, sizeof(long), bench_cmp_long);
+    med[i] = (double)t->init_ns[bench_rank((size_t)runs, 50)] / 1e6;
+    p90[i] = (double)t->init_ns[bench_rank((size_t)runs, 90)] / 1e6;
+    hwm_med[i] = t->hwm_kib[bench_rank((size_t)runs, 50)];
+    rss_med[i] = t->maxrss_kib[bench_rank((size_t)runs, 50)];
+    rss_p90[i] = t->maxrss_kib[bench_rank((size_t)runs, 90)];
     rss_max[i] = t->maxrss_kib[runs - 1];
   }
 
@@ -590,7 +446,7 @@ int main(int argc, char **argv) {
     printf("   %-32s %7.2f ms %7.2f ms\n", all[i]->label, med[i], p90[i]);
   if (!skip_why) {
     printf("   %-32s %9.1fx %9.1fx\n", "ratio Node / agenthost", med[1] / med[0], p90[1] / p90[0]);
-    printf("   target agenthost >= 10x faster (median): %s\n", verdict(med[1] / med[0] >= 10.0));
+    printf("   target agenthost >= 10x faster (median): %s\n", bench_verdict(med[1] / med[0] >= 10.0));
   }
   printf("\n   peak RSS (wait4 ru_maxrss over the whole life: initialize, session/new, one prompt, exit;\n"
          "   VmHWM read before stdin EOF in parentheses)\n");
@@ -600,7 +456,7 @@ int main(int argc, char **argv) {
            rss_max[i], hwm_med[i]);
   if (!skip_why)
     printf("   %-32s %9.1fx\n", "ratio Node / agenthost", (double)rss_med[1] / (double)rss_med[0]);
-  printf("   target agenthost peak RSS <= 8 MB (8192 KiB, max): %s\n", verdict(rss_max[0] <= 8192));
+  printf("   target agenthost peak RSS <= 8 MB (8192 KiB, max): %s\n", bench_verdict(rss_max[0] <= 8192));
 
   printf("\n2. prompt -> first agent_message_chunk (one process each, one session, %d warm-up prompts,\n"
          "   then %d prompts \"echo hi\" one at a time; agenthost runs its echo provider)\n",
@@ -608,12 +464,12 @@ int main(int argc, char **argv) {
   printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p99", "max", "stopReason p50");
   for (int i = 0; i < kinds; i++) {
     target *t = all[i];
-    qsort(t->first_ns, (size_t)prompts, sizeof(uint64_t), cmp_u64);
-    qsort(t->done_ns, (size_t)prompts, sizeof(uint64_t), cmp_u64);
+    qsort(t->first_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
+    qsort(t->done_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
     printf("   %-32s %7.1f us %7.1f us %7.1f us %11.1f us\n", t->label,
-           (double)t->first_ns[rank((size_t)prompts, 50)] / 1e3,
-           (double)t->first_ns[rank((size_t)prompts, 99)] / 1e3, (double)t->first_ns[prompts - 1] / 1e3,
-           (double)t->done_ns[rank((size_t)prompts, 50)] / 1e3);
+           (double)t->first_ns[bench_rank((size_t)prompts, 50)] / 1e3,
+           (double)t->first_ns[bench_rank((size_t)prompts, 99)] / 1e3, (double)t->first_ns[prompts - 1] / 1e3,
+           (double)t->done_ns[bench_rank((size_t)prompts, 50)] / 1e3);
   }
   for (int i = 0; i < 2; i++) {
     free(all[i]->init_ns);

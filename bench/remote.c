@@ -26,14 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "host.h"
 #include "log.h"
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 typedef struct run {
   ah_host *h;
@@ -73,11 +68,11 @@ static void next(run *r) {
 
 static double block(uv_loop_t *loop, ah_host *h, bool remote, long n) {
   run r = {.h = h, .method = remote ? "remote.invoke" : "ok.add", .remote = remote, .left = n};
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   next(&r);
   while (!r.done)
     uv_run(loop, UV_RUN_ONCE);
-  uint64_t dt = now_ns() - t0;
+  uint64_t dt = bench_now_ns() - t0;
   if (r.errors) {
     fprintf(stderr, "%ld %s calls failed\n", r.errors, r.method);
     exit(1);
@@ -93,6 +88,20 @@ static void stopped(int status, void *arg) {
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
+}
+
+/* The median block of each path (blocks of n round trips/s, sorted here), its spread and the ratio. */
+static void report(const char *what, double *plain, double *remote, int blocks, long n) {
+  qsort(plain, (size_t)blocks, sizeof plain[0], cmp_double);
+  qsort(remote, (size_t)blocks, sizeof remote[0], cmp_double);
+  double p = plain[blocks / 2], r = remote[blocks / 2];
+  printf("%s (%d alternating blocks of %ld sequential round trips, median):\n", what, blocks, n);
+  printf("  plain method ok.add                   %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
+         p, 1e6 / p, plain[0], plain[blocks - 1]);
+  printf("  remote.invoke types.echo_int (libffi) %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
+         r, 1e6 / r, remote[0], remote[blocks - 1]);
+  printf("  remote / plain throughput: %.3f  (libffi path %.1f %% slower; target <= 10 %%)\n", r / p,
+         (1.0 - r / p) * 100.0);
 }
 
 static void load(ah_host *h, const char *path) {
@@ -147,13 +156,13 @@ static double socket_block(conn *c, bool remote, long n) {
   const char *method = remote ? "remote.invoke" : "ok.add";
   const char *params =
       remote ? "{\"namespace\":\"types\",\"method\":\"echo_int\",\"args\":{\"i\":7}}" : "{\"a\":3,\"b\":4}";
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   for (long i = 0; i < n; i++)
     if (!rpc(c, method, params)) {
       fprintf(stderr, "%s failed over the admin socket\n", method);
       exit(1);
     }
-  return (double)n * 1e9 / (double)(now_ns() - t0);
+  return (double)n * 1e9 / (double)(bench_now_ns() - t0);
 }
 
 static void over_socket(const char *agenthost, const char *plugin_dir, long n, int blocks) {
@@ -216,18 +225,7 @@ static void over_socket(const char *agenthost, const char *plugin_dir, long n, i
     plain[b] = socket_block(&c, false, n);
     remote[b] = socket_block(&c, true, n);
   }
-  qsort(plain, (size_t)blocks, sizeof plain[0], cmp_double);
-  qsort(remote, (size_t)blocks, sizeof remote[0], cmp_double);
-  double p = plain[blocks / 2], r = remote[blocks / 2];
-  printf("over a carrier: one JSON-RPC connection on the daemon's admin socket (%d alternating blocks of %ld "
-         "sequential round trips, median):\n",
-         blocks, n);
-  printf("  plain method ok.add                   %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
-         p, 1e6 / p, plain[0], plain[blocks - 1]);
-  printf("  remote.invoke types.echo_int (libffi) %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
-         r, 1e6 / r, remote[0], remote[blocks - 1]);
-  printf("  remote / plain throughput: %.3f  (libffi path %.1f %% slower; target <= 10 %%)\n", r / p,
-         (1.0 - r / p) * 100.0);
+  report("over a carrier: one JSON-RPC connection on the daemon's admin socket", plain, remote, blocks, n);
   close(c.fd);
   kill(pid, SIGTERM);
   int st = 0;
@@ -269,18 +267,7 @@ int main(int argc, char **argv) {
     plain[b] = block(&loop, h, false, n);
     remote[b] = block(&loop, h, true, n);
   }
-  qsort(plain, (size_t)blocks, sizeof plain[0], cmp_double);
-  qsort(remote, (size_t)blocks, sizeof remote[0], cmp_double);
-  double p = plain[blocks / 2], r = remote[blocks / 2];
-  printf("remote gateway over the core dispatch (%d alternating blocks of %ld sequential round trips, "
-         "median):\n",
-         blocks, n);
-  printf("  plain method ok.add                   %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
-         p, 1e6 / p, plain[0], plain[blocks - 1]);
-  printf("  remote.invoke types.echo_int (libffi) %10.0f round trips/s  (%.2f us each; min %.0f, max %.0f)\n",
-         r, 1e6 / r, remote[0], remote[blocks - 1]);
-  printf("  remote / plain throughput: %.3f  (libffi path %.1f %% slower; target <= 10 %%)\n", r / p,
-         (1.0 - r / p) * 100.0);
+  report("remote gateway over the core dispatch", plain, remote, blocks, n);
   if (agenthost)
     over_socket(agenthost, argv[1], n / 4, blocks);
   bool done = false;

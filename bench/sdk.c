@@ -38,6 +38,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #define WINDOW 256
 #define WARMUP 5000
 #define RSS_REQUESTS 1000
@@ -45,23 +47,11 @@
 #define WAIT_NS (10ull * 1000000000ull) /* any single wait for the child */
 #define AH_NOT_FOUND (-32601)
 
-extern char **environ;
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- children ---------------------------------------------------------------------------------------- */
 
 typedef struct child {
-  const char *label;
-  bool agenthost; /* the no-op is answered -32601 (agenthost) or {} (floor) */
-  pid_t pid;
-  int to_fd;   /* the child's stdin */
-  int from_fd; /* the child's stdout */
-  char log_path[512];
+  bench_proc proc; /* label, pid, pipes (stdin, stdout), stderr log */
+  bool agenthost;  /* the no-op is answered -32601 (agenthost) or {} (floor) */
   char *rbuf;
   size_t rlen, rcap;
   char *wbuf;
@@ -77,53 +67,8 @@ typedef struct child {
   json_t *single_reply;
 } child;
 
-static volatile pid_t live_pid;           /* the child running now, killed by the signal handler */
-static volatile sig_atomic_t stop_signal; /* SIGINT or SIGTERM received: the run ends as an error */
-
-/* Kill the child at once; its stdout then ends, and the normal error path reaps it and cleans up. */
-static void on_stop_signal(int sig) {
-  stop_signal = sig;
-  pid_t p = live_pid;
-  if (p > 0)
-    kill(p, SIGKILL);
-}
-
-static void fail(const child *c, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "bench_sdk: %s: ", c ? c->label : "setup");
-  vfprintf(stderr, fmt, ap);
-  fputc('\n', stderr);
-  va_end(ap);
-  if (c && c->log_path[0]) {
-    /* the child's last stderr lines explain most failures */
-    FILE *f = fopen(c->log_path, "r");
-    char line[1024];
-    char tail[8][1024];
-    int n = 0;
-    while (f && fgets(line, sizeof line, f))
-      snprintf(tail[n++ % 8], sizeof tail[0], "%s", line);
-    if (f)
-      fclose(f);
-    for (int i = n > 8 ? n - 8 : 0; i < n; i++)
-      fprintf(stderr, "  child stderr: %s", tail[i % 8]);
-  }
-}
-
 static void child_reap(child *c, bool kill_it) {
-  if (c->to_fd >= 0)
-    close(c->to_fd);
-  if (c->from_fd >= 0)
-    close(c->from_fd);
-  c->to_fd = c->from_fd = -1;
-  if (c->pid > 0) {
-    if (kill_it)
-      kill(c->pid, SIGKILL);
-    while (waitpid(c->pid, NULL, 0) < 0 && errno == EINTR)
-      ;
-  }
-  c->pid = 0;
-  live_pid = 0;
+  bench_reap(&c->proc, kill_it);
   free(c->rbuf);
   free(c->wbuf);
   c->rbuf = c->wbuf = NULL;
@@ -133,46 +78,10 @@ static void child_reap(child *c, bool kill_it) {
 }
 
 static int child_spawn(child *c, char *const argv[]) {
-  int in_p[2] = {-1, -1}, out_p[2] = {-1, -1};
-  c->to_fd = c->from_fd = -1;
-  if (pipe2(in_p, O_CLOEXEC) != 0 || pipe2(out_p, O_CLOEXEC) != 0) {
-    fail(c, "pipe: %s", strerror(errno));
+  if (bench_spawn(&c->proc, argv) != 0)
     return -1;
-  }
-  int log_fd = open(c->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t attr;
-  sigset_t dflt;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in_p[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out_p[1], 1);
-  if (log_fd >= 0)
-    posix_spawn_file_actions_adddup2(&fa, log_fd, 2);
-  posix_spawnattr_init(&attr);
-  sigemptyset(&dflt);
-  sigaddset(&dflt, SIGPIPE); /* ignored here, default in the child */
-  posix_spawnattr_setsigdefault(&attr, &dflt);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
-  int rc = posix_spawn(&c->pid, argv[0], &fa, &attr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  close(in_p[0]);
-  close(out_p[1]);
-  if (log_fd >= 0)
-    close(log_fd);
-  c->to_fd = in_p[1];
-  c->from_fd = out_p[0];
-  if (rc != 0) {
-    c->pid = 0;
-    fail(c, "posix_spawn %s: %s", argv[0], strerror(rc));
-    child_reap(c, false);
-    return -1;
-  }
-  live_pid = c->pid;
-  if (stop_signal)
-    kill(c->pid, SIGKILL);
-  fcntl(c->to_fd, F_SETFL, fcntl(c->to_fd, F_GETFL) | O_NONBLOCK);
-  fcntl(c->from_fd, F_SETFL, fcntl(c->from_fd, F_GETFL) | O_NONBLOCK);
+  fcntl(c->proc.to_fd, F_SETFL, fcntl(c->proc.to_fd, F_GETFL) | O_NONBLOCK);
+  fcntl(c->proc.from_fd, F_SETFL, fcntl(c->proc.from_fd, F_GETFL) | O_NONBLOCK);
   return 0;
 }
 
@@ -197,11 +106,11 @@ static void queue(child *c, const char *fmt, ...) {
 
 static int flush(child *c) {
   while (c->woff < c->wlen) {
-    ssize_t n = write(c->to_fd, c->wbuf + c->woff, c->wlen - c->woff);
+    ssize_t n = write(c->proc.to_fd, c->wbuf + c->woff, c->wlen - c->woff);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR)
         return 0;
-      fail(c, "write to the child: %s", strerror(errno));
+      bench_fail(&c->proc, "write to the child: %s", strerror(errno));
       return -1;
     }
     c->woff += (size_t)n;
@@ -217,7 +126,7 @@ static int on_line(child *c, const char *text, size_t len) {
   json_t *id = msg ? json_object_get(msg, "id") : NULL;
   if (!msg || !json_is_integer(id) ||
       strcmp(json_string_value(json_object_get(msg, "jsonrpc")) ?: "", "2.0") != 0) {
-    fail(c, "bad line from the child: %.*s", (int)(len > 300 ? 300 : len), text);
+    bench_fail(&c->proc, "bad line from the child: %.*s", (int)(len > 300 ? 300 : len), text);
     json_decref(msg);
     return -1;
   }
@@ -228,7 +137,7 @@ static int on_line(child *c, const char *text, size_t len) {
   }
   int64_t k = i - c->first_id;
   if (k < 0 || (size_t)k >= c->sent || c->done[k]) {
-    fail(c, "answer with an unexpected id: %.*s", (int)(len > 300 ? 300 : len), text);
+    bench_fail(&c->proc, "answer with an unexpected id: %.*s", (int)(len > 300 ? 300 : len), text);
     json_decref(msg);
     return -1;
   }
@@ -237,12 +146,12 @@ static int on_line(child *c, const char *text, size_t len) {
                 : json_is_object(json_object_get(msg, "result"));
   json_decref(msg);
   if (!ok) {
-    fail(c, "unexpected answer to the no-op: %.*s", (int)(len > 300 ? 300 : len), text);
+    bench_fail(&c->proc, "unexpected answer to the no-op: %.*s", (int)(len > 300 ? 300 : len), text);
     return -1;
   }
   c->done[k] = 1;
   if (c->lat)
-    c->lat[k] = now_ns() - c->sent_at[k];
+    c->lat[k] = bench_now_ns() - c->sent_at[k];
   c->answered++;
   return 0;
 }
@@ -250,16 +159,16 @@ static int on_line(child *c, const char *text, size_t len) {
 /* Wait (until `deadline`) for the child to be readable or writable, then read and write what can be.
  * Returns 0, or -1 on an error, EOF or the deadline. */
 static int pump(child *c, uint64_t deadline) {
-  struct pollfd p[2] = {{.fd = c->from_fd, .events = POLLIN}, {.fd = c->to_fd, .events = POLLOUT}};
-  uint64_t now = now_ns();
+  struct pollfd p[2] = {{.fd = c->proc.from_fd, .events = POLLIN}, {.fd = c->proc.to_fd, .events = POLLOUT}};
+  uint64_t now = bench_now_ns();
   if (now >= deadline) {
-    fail(c, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
+    bench_fail(&c->proc, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
     return -1;
   }
   int ms = (int)((deadline - now) / 1000000u) + 1;
   int n = poll(p, c->woff < c->wlen ? 2 : 1, ms);
   if (n < 0 && errno != EINTR) {
-    fail(c, "poll: %s", strerror(errno));
+    bench_fail(&c->proc, "poll: %s", strerror(errno));
     return -1;
   }
   if (n > 0 && (p[1].revents & (POLLOUT | POLLERR)) && flush(c) != 0)
@@ -275,9 +184,9 @@ static int pump(child *c, uint64_t deadline) {
         exit(1);
       }
     }
-    ssize_t got = read(c->from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    ssize_t got = read(c->proc.from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
     if (got == 0) {
-      fail(c, "the child closed its stdout");
+      bench_fail(&c->proc, "the child closed its stdout");
       return -1;
     }
     if (got < 0) {
@@ -285,7 +194,7 @@ static int pump(child *c, uint64_t deadline) {
         continue;
       if (errno == EAGAIN)
         break;
-      fail(c, "read from the child: %s", strerror(errno));
+      bench_fail(&c->proc, "read from the child: %s", strerror(errno));
       return -1;
     }
     c->rlen += (size_t)got;
@@ -319,7 +228,7 @@ static int call(child *c, int64_t id, const char *method, const char *params_jso
     queue(c, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"%s\"}\n", (long long)id, method);
   if (flush(c) != 0)
     return -1;
-  uint64_t deadline = now_ns() + WAIT_NS;
+  uint64_t deadline = bench_now_ns() + WAIT_NS;
   while (!c->single_reply)
     if (pump(c, deadline) != 0)
       return -1;
@@ -339,7 +248,7 @@ static uint64_t noops(child *c, int64_t first_id, size_t n, size_t window, uint6
     fprintf(stderr, "bench_sdk: out of memory\n");
     exit(1);
   }
-  uint64_t t0 = now_ns(), deadline = t0 + WAIT_NS;
+  uint64_t t0 = bench_now_ns(), deadline = t0 + WAIT_NS;
   int rc = 0;
   while (rc == 0 && c->answered < n) {
     size_t batch0 = c->sent;
@@ -349,7 +258,7 @@ static uint64_t noops(child *c, int64_t first_id, size_t n, size_t window, uint6
       c->sent++;
     }
     if (c->sent > batch0) {
-      uint64_t t = now_ns();
+      uint64_t t = bench_now_ns();
       for (size_t i = batch0; i < c->sent; i++)
         c->sent_at[i] = t;
       rc = flush(c);
@@ -358,7 +267,7 @@ static uint64_t noops(child *c, int64_t first_id, size_t n, size_t window, uint6
     if (rc == 0)
       rc = pump(c, deadline);
   }
-  uint64_t elapsed = now_ns() - t0;
+  uint64_t elapsed = bench_now_ns() - t0;
   free(c->sent_at);
   free(c->done);
   c->sent_at = NULL;
@@ -366,19 +275,6 @@ static uint64_t noops(child *c, int64_t first_id, size_t n, size_t window, uint6
   c->lat = NULL;
   c->n = c->sent = c->answered = 0;
   return rc == 0 ? elapsed : 0;
-}
-
-static long vm_hwm_kib(pid_t pid) {
-  char path[64], line[256];
-  snprintf(path, sizeof path, "/proc/%ld/status", (long)pid);
-  FILE *f = fopen(path, "r");
-  long kib = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmHWM:", 6) == 0)
-      kib = strtol(line + 6, NULL, 10);
-  if (f)
-    fclose(f);
-  return kib;
 }
 
 /* `initialize`, checked. */
@@ -390,7 +286,7 @@ static int initialize(child *c, const char *cwd) {
   json_t *info = json_object_get(json_object_get(c->single_reply, "result"), "serverInfo");
   if (!json_is_string(json_object_get(info, "name"))) {
     char *text = json_dumps(c->single_reply, JSON_COMPACT);
-    fail(c, "initialize answered without serverInfo.name: %s", text ? text : "?");
+    bench_fail(&c->proc, "initialize answered without serverInfo.name: %s", text ? text : "?");
     free(text);
     return -1;
   }
@@ -401,34 +297,35 @@ static int initialize(child *c, const char *cwd) {
 static int finish(child *c) {
   int rc = call(c, 999999999, "shutdown", NULL);
   if (rc == 0 && !json_is_object(json_object_get(c->single_reply, "result"))) {
-    fail(c, "shutdown was not answered with a result");
+    bench_fail(&c->proc, "shutdown was not answered with a result");
     rc = -1;
   }
-  close(c->to_fd);
-  c->to_fd = -1;
-  uint64_t deadline = now_ns() + WAIT_NS;
+  close(c->proc.to_fd);
+  c->proc.to_fd = -1;
+  uint64_t deadline = bench_now_ns() + WAIT_NS;
   int status = 0;
   pid_t got = 0;
-  while (rc == 0 && (got = waitpid(c->pid, &status, WNOHANG)) == 0) {
-    if (now_ns() > deadline) {
-      fail(c, "did not exit within %llu s of shutdown", (unsigned long long)(WAIT_NS / 1000000000ull));
+  while (rc == 0 && (got = waitpid(c->proc.pid, &status, WNOHANG)) == 0) {
+    if (bench_now_ns() > deadline) {
+      bench_fail(&c->proc, "did not exit within %llu s of shutdown",
+                 (unsigned long long)(WAIT_NS / 1000000000ull));
       rc = -1;
       break;
     }
-    struct pollfd p = {.fd = c->from_fd, .events = POLLIN};
+    struct pollfd p = {.fd = c->proc.from_fd, .events = POLLIN};
     if (poll(&p, 1, 1) > 0) {
       char sink[4096];
-      if (read(c->from_fd, sink, sizeof sink) > 0) {
-        fail(c, "wrote after the answer to shutdown");
+      if (read(c->proc.from_fd, sink, sizeof sink) > 0) {
+        bench_fail(&c->proc, "wrote after the answer to shutdown");
         rc = -1;
       }
     }
   }
-  if (rc == 0 && got == c->pid) {
-    c->pid = 0;
+  if (rc == 0 && got == c->proc.pid) {
+    c->proc.pid = 0;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      fail(c, "exited with %s %d", WIFEXITED(status) ? "status" : "signal",
-           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+      bench_fail(&c->proc, "exited with %s %d", WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
       rc = -1;
     }
   }
@@ -453,43 +350,33 @@ static char top_dir[256];
 static char empty_config[300];
 
 static int spawn_run(target *t, int run) {
-  child c = {.label = t->label, .agenthost = t->agenthost, .to_fd = -1, .from_fd = -1};
-  snprintf(c.log_path, sizeof c.log_path, "%s/%s.stderr", top_dir, t->agenthost ? "agenthost" : "floor");
+  child c = {.proc = {.label = t->label, .to_fd = -1, .from_fd = -1}, .agenthost = t->agenthost};
+  snprintf(c.proc.log_path, sizeof c.proc.log_path, "%s/%s.stderr", top_dir,
+           t->agenthost ? "agenthost" : "floor");
   if (t->agenthost && (t->fresh_state || run == 0)) {
     snprintf(t->state_dir, sizeof t->state_dir, "%s/state-%s-%d", top_dir,
              t->fresh_state ? "fresh" : "reused", run);
     snprintf(t->run_dir, sizeof t->run_dir, "%s/run", t->state_dir);
   }
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   if (child_spawn(&c, t->argv) != 0)
     return -1;
   if (initialize(&c, top_dir) != 0) {
     child_reap(&c, true);
     return -1;
   }
-  t->init_ns[run] = now_ns() - t0;
+  t->init_ns[run] = bench_now_ns() - t0;
   if (noops(&c, 1, RSS_REQUESTS, WINDOW, NULL) == 0) {
     child_reap(&c, true);
     return -1;
   }
-  t->hwm_kib[run] = vm_hwm_kib(c.pid);
+  t->hwm_kib[run] = bench_status_kib(c.proc.pid, "VmHWM:");
   return finish(&c);
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_long(const void *a, const void *b) {
-  long x = *(const long *)a, y = *(const long *)b;
-  return x < y ? -1 : x > y;
 }
 
 /* Nearest rank on sorted samples. */
 static uint64_t pct(const uint64_t *v, size_t n, unsigned p) {
-  size_t i = (n * p + 99) / 100;
-  return v[i ? i - 1 : 0];
+  return v[bench_rank(n, p)];
 }
 
 typedef struct rt_result {
@@ -501,8 +388,9 @@ typedef struct rt_result {
 } rt_result;
 
 static int rt_run(target *t, size_t n, rt_result *r) {
-  child c = {.label = t->label, .agenthost = t->agenthost, .to_fd = -1, .from_fd = -1};
-  snprintf(c.log_path, sizeof c.log_path, "%s/%s.stderr", top_dir, t->agenthost ? "agenthost" : "floor");
+  child c = {.proc = {.label = t->label, .to_fd = -1, .from_fd = -1}, .agenthost = t->agenthost};
+  snprintf(c.proc.log_path, sizeof c.proc.log_path, "%s/%s.stderr", top_dir,
+           t->agenthost ? "agenthost" : "floor");
   if (t->agenthost) {
     snprintf(t->state_dir, sizeof t->state_dir, "%s/state-rt", top_dir);
     snprintf(t->run_dir, sizeof t->run_dir, "%s/run", t->state_dir);
@@ -519,7 +407,7 @@ static int rt_run(target *t, size_t n, rt_result *r) {
   if (rc == 0)
     rc = (elapsed = noops(&c, 1 + WARMUP, n, WINDOW, lat)) ? 0 : -1;
   if (rc == 0) {
-    qsort(lat, n, sizeof *lat, cmp_u64);
+    qsort(lat, n, sizeof *lat, bench_cmp_u64);
     r->per_s = (double)n / ((double)elapsed / 1e9);
     r->p50_us = (double)pct(lat, n, 50) / 1e3;
     r->p99_us = (double)pct(lat, n, 99) / 1e3;
@@ -527,11 +415,11 @@ static int rt_run(target *t, size_t n, rt_result *r) {
     rc = (serial = noops(&c, 1 + WARMUP + (int64_t)n, SERIAL_REQUESTS, 1, lat)) ? 0 : -1;
   }
   if (rc == 0) {
-    qsort(lat, SERIAL_REQUESTS, sizeof *lat, cmp_u64);
+    qsort(lat, SERIAL_REQUESTS, sizeof *lat, bench_cmp_u64);
     r->serial_per_s = (double)SERIAL_REQUESTS / ((double)serial / 1e9);
     r->serial_p50_us = (double)pct(lat, SERIAL_REQUESTS, 50) / 1e3;
     r->serial_p99_us = (double)pct(lat, SERIAL_REQUESTS, 99) / 1e3;
-    r->hwm_kib = vm_hwm_kib(c.pid);
+    r->hwm_kib = bench_status_kib(c.proc.pid, "VmHWM:");
   }
   free(lat);
   if (rc != 0) {
@@ -541,18 +429,8 @@ static int rt_run(target *t, size_t n, rt_result *r) {
   return finish(&c);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
-static const char *verdict(bool met) {
-  return met ? "met" : "MISSED";
-}
-
 int main(int argc, char **argv) {
+  bench_prog = "bench_sdk";
   if (argc < 3) {
     fprintf(stderr, "usage: %s AGENTHOST BARE_RESPONDER [SPAWN_RUNS [REQUESTS]]\n", argv[0]);
     return 2;
@@ -563,17 +441,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_sdk: SPAWN_RUNS must be >= 1 and REQUESTS >= 100\n");
     return 2;
   }
-  signal(SIGPIPE, SIG_IGN);
-  struct sigaction sa = {.sa_handler = on_stop_signal}; /* no SA_RESTART: poll() returns EINTR */
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
+  bench_catch_stop_signals();
 
-  snprintf(top_dir, sizeof top_dir, "%s/bench-sdk-XXXXXX", getenv("TMPDIR") ?: "/tmp");
-  if (!mkdtemp(top_dir)) {
-    perror("bench_sdk: mkdtemp");
+  if (bench_mkdtemp(top_dir, sizeof top_dir, getenv("TMPDIR") ?: "/tmp", "bench-sdk") != 0)
     return 1;
-  }
   snprintf(empty_config, sizeof empty_config, "%s/empty.ini", top_dir);
   FILE *f = fopen(empty_config, "w");
   if (f)
@@ -616,20 +487,15 @@ int main(int argc, char **argv) {
   if (!errors)
     errors += rt_run(&floor_, requests, &rt_floor) != 0;
 
-  nftw(top_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-  if (errors || stop_signal) {
-    if (stop_signal)
-      fprintf(stderr, "bench_sdk: interrupted by signal %d\n", (int)stop_signal);
-    else
-      fprintf(stderr, "bench_sdk: stopped on the error above\n");
+  bench_rm_tree(top_dir);
+  if (bench_stopped(errors))
     return 1;
-  }
 
   double med[3], max[3];
   long hwm_med[3], hwm_max[3];
   for (int i = 0; i < 3; i++) {
-    qsort(all[i]->init_ns, (size_t)runs, sizeof(uint64_t), cmp_u64);
-    qsort(all[i]->hwm_kib, (size_t)runs, sizeof(long), cmp_long);
+    qsort(all[i]->init_ns, (size_t)runs, sizeof(uint64_t), bench_cmp_u64);
+    qsort(all[i]->hwm_kib, (size_t)runs, sizeof(long), bench_cmp_long);
     med[i] = (double)all[i]->init_ns[(runs - 1) / 2] / 1e6;
     max[i] = (double)all[i]->init_ns[runs - 1] / 1e6;
     hwm_med[i] = all[i]->hwm_kib[(runs - 1) / 2];
@@ -647,8 +513,8 @@ int main(int argc, char **argv) {
   const char *short_label[2] = {"fresh state dir", "state dir reused"};
   for (int i = 0; i < 2; i++)
     printf("   targets, %-17s median <= 10 ms: %s; max <= 10 ms: %s; median <= 2x floor (%.2f ms): %s\n",
-           short_label[i], verdict(med[i] <= 10.0), verdict(max[i] <= 10.0), 2.0 * med[2],
-           verdict(med[i] <= 2.0 * med[2]));
+           short_label[i], bench_verdict(med[i] <= 10.0), bench_verdict(max[i] <= 10.0), 2.0 * med[2],
+           bench_verdict(med[i] <= 2.0 * med[2]));
   printf("\n   peak RSS of the child (VmHWM after initialize + %d no-op requests, read before shutdown)\n",
          RSS_REQUESTS);
   printf("   %-34s %10s %10s %16s\n", "", "median", "max", "median / floor");
@@ -656,7 +522,8 @@ int main(int argc, char **argv) {
     printf("   %-34s %6ld KiB %6ld KiB %15.2fx\n", all[i]->label, hwm_med[i], hwm_max[i],
            (double)hwm_med[i] / (double)hwm_med[2]);
   for (int i = 0; i < 2; i++)
-    printf("   target, %-18s max <= 8 MB (8192 KiB): %s\n", short_label[i], verdict(hwm_max[i] <= 8192));
+    printf("   target, %-18s max <= 8 MB (8192 KiB): %s\n", short_label[i],
+           bench_verdict(hwm_max[i] <= 8192));
 
   printf(
       "\n2. no-op round trips over the pipe (one process each, after initialize and %d warm-up requests)\n",
@@ -673,7 +540,7 @@ int main(int argc, char **argv) {
          rt_floor.p99_us, rt_floor.max_us);
   printf("   %-34s %11.2fx %9.2fx %9.2fx\n", "ratio agenthost / floor", rt_ah.per_s / rt_floor.per_s,
          rt_ah.p50_us / rt_floor.p50_us, rt_ah.p99_us / rt_floor.p99_us);
-  printf("   target >= 150k round trips/s: %s\n", verdict(rt_ah.per_s >= 150000.0));
+  printf("   target >= 150k round trips/s: %s\n", bench_verdict(rt_ah.per_s >= 150000.0));
   printf("   %d requests one at a time (window 1, unqueued latency):\n", SERIAL_REQUESTS);
   printf("   %-34s %12.0f %7.1f us %7.1f us\n", "agenthost sdk", rt_ah.serial_per_s, rt_ah.serial_p50_us,
          rt_ah.serial_p99_us);

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "agenthost/errors.h"
+#include "bench_util.h"
 #include "host.h"
 #include "internal.h"
 #include "sessions.h"
@@ -42,25 +43,8 @@ static int failures;
 
 /* ---- small helpers ----------------------------------------------------------------------------------- */
 
-static long rss_kib(void) {
-  FILE *f = fopen("/proc/self/status", "r");
-  char line[256];
-  long kib = -1;
-  while (f && fgets(line, sizeof line, f))
-    if (strncmp(line, "VmRSS:", 6) == 0)
-      kib = strtol(line + 6, NULL, 10);
-  if (f)
-    fclose(f);
-  return kib;
-}
-
 static size_t heap_bytes(void) {
   return mallinfo2().uordblks;
-}
-
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
 }
 
 typedef struct dist {
@@ -73,15 +57,14 @@ static dist summarize(uint64_t *v, size_t n) {
   dist d = {0};
   if (n == 0)
     return d;
-  qsort(v, n, sizeof *v, cmp_u64);
+  qsort(v, n, sizeof *v, bench_cmp_u64);
   double sum = 0;
   for (size_t i = 0; i < n; i++) {
     sum += (double)v[i];
     d.over_2ms += v[i] > 2000000;
   }
-  size_t i50 = (n * 50 + 99) / 100, i99 = (n * 99 + 99) / 100;
-  d.p50 = (double)v[i50 ? i50 - 1 : 0] / 1e6;
-  d.p99 = (double)v[i99 ? i99 - 1 : 0] / 1e6;
+  d.p50 = (double)v[bench_rank(n, 50)] / 1e6;
+  d.p99 = (double)v[bench_rank(n, 99)] / 1e6;
   d.max = (double)v[n - 1] / 1e6;
   d.mean = sum / (double)n / 1e6;
   return d;
@@ -385,19 +368,13 @@ static double burst_prompts(char (*ids)[37], size_t nids, size_t n, uint64_t *ev
 
 /* ---- main -------------------------------------------------------------------------------------------- */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st;
-  (void)flag;
-  (void)ftw;
-  return remove(path);
-}
-
 static void stopped(int status, void *arg) {
   (void)status;
   *(bool *)arg = true;
 }
 
 int main(int argc, char **argv) {
+  bench_prog = "bench_sessions";
   size_t nprompts = argc > 1 ? strtoul(argv[1], NULL, 10) : 5000;
   size_t nsessions = argc > 2 ? strtoul(argv[2], NULL, 10) : 2000;
   if (nprompts == 0 || nsessions == 0) {
@@ -407,11 +384,8 @@ int main(int argc, char **argv) {
   ah__log_set_level(AH_LOG_WARN);
   const char *tmp = getenv("TMPDIR");
   char dir[4096];
-  snprintf(dir, sizeof dir, "%s/agenthost-bench-sessions-XXXXXX", tmp && *tmp ? tmp : "/tmp");
-  if (!mkdtemp(dir)) {
-    perror("bench_sessions: mkdtemp");
+  if (bench_mkdtemp(dir, sizeof dir, tmp && *tmp ? tmp : "/tmp", "agenthost-bench-sessions") != 0)
     return 1;
-  }
   char state[4200], work[4200], base_db[4200];
   snprintf(state, sizeof state, "%s/state", dir);
   snprintf(work, sizeof work, "%s/work", dir);
@@ -475,7 +449,7 @@ int main(int argc, char **argv) {
   size_t live = 0;
   if (!failures && drain()) {
     heap0 = heap_bytes();
-    rss0 = rss_kib();
+    rss0 = bench_status_kib(0, "VmRSS:");
     for (size_t i = 0; i < nsessions && !failures; i++) {
       slots[i] = (create_slot){&cr, i};
       json_t *p = json_pack("{s:s, s:s}", "cwd", work, "title", "bench");
@@ -487,7 +461,7 @@ int main(int argc, char **argv) {
     }
     if (!failures && run_until(&cr.done, "the session.create receipts") && drain()) {
       heap1 = heap_bytes();
-      rss1 = rss_kib();
+      rss1 = bench_status_kib(0, "VmRSS:");
       live = ah__sessions_live(ah__host_sessions(host));
       /* Baseline: the same rows as jansson objects alone. */
       base0 = heap_bytes();
@@ -568,7 +542,7 @@ int main(int argc, char **argv) {
   free(cr.row_len);
   free(slots);
   free(copies);
-  if (nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+  if (bench_rm_tree(dir) != 0) {
     perror("bench_sessions: removing the temporary directory");
     failures++;
   }
