@@ -1,9 +1,11 @@
 #include "support.h"
 
+#include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -326,4 +328,193 @@ int ts_group_members(pid_t pgid) {
   }
   closedir(d);
   return n;
+}
+
+/* ---- stdio peers ------------------------------------------------------------------------------------ */
+
+const char *ts_agenthost(void) {
+  const char *v = getenv("AH_TEST_AGENTHOST");
+  cr_assert(v && *v, "AH_TEST_AGENTHOST is not set (run the tests through meson test)");
+  return v;
+}
+
+void ts_stdio_prepare(ts_stdio *h) {
+  memset(h, 0, sizeof *h);
+  h->pid = -1;
+  h->in = h->out = -1;
+  h->dir = ts_mkdtemp();
+  cr_assert(h->dir);
+  cr_assert(asprintf(&h->work, "%s/work", h->dir) > 0 && asprintf(&h->log, "%s/host.log", h->dir) > 0);
+  cr_assert_eq(mkdir(h->work, 0700), 0);
+  free(ts_write_file(h->dir, "empty.ini", ""));
+}
+
+void ts_stdio_exec(const ts_stdio *h, int in_fd, int out_fd, const char *mode, const char *env) {
+  int err = open(h->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
+  if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || err < 0 || dup2(err, 2) < 0)
+    _exit(127);
+  for (int fd = 3; fd < 1024; fd++)
+    close(fd);
+  char *run = NULL, *cfg = NULL;
+  if (asprintf(&run, "%s/run", h->dir) < 0 || asprintf(&cfg, "%s/empty.ini", h->dir) < 0)
+    _exit(127);
+  if (env)
+    putenv((char *)env);
+  const char *exe = getenv("AH_TEST_AGENTHOST");
+  char *argv[] = {(char *)exe, "--state-dir", h->dir, "--runtime-dir", run, "--config",
+                  cfg,         (char *)mode,  NULL};
+  execv(exe, argv);
+  _exit(127);
+}
+
+void ts_stdio_spawn(ts_stdio *h, const char *mode, const char *env) {
+  int in[2], out[2];
+  (void)ts_agenthost();
+  cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
+  cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
+  pid_t pid = fork();
+  cr_assert(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ts_stdio_exec(h, in[0], out[1], mode, env);
+  }
+  close(in[0]);
+  close(out[1]);
+  h->pid = pid;
+  h->in = in[1];
+  h->out = out[0];
+  h->eof = false;
+  h->len = 0;
+  signal(SIGPIPE, SIG_IGN);
+}
+
+void ts_stdio_start(ts_stdio *h, const char *mode, const char *env) {
+  ts_stdio_prepare(h);
+  ts_stdio_spawn(h, mode, env);
+}
+
+void ts_stdio_close_stdin(ts_stdio *h) {
+  if (h->in >= 0)
+    close(h->in);
+  h->in = -1;
+}
+
+void ts_stdio_end(ts_stdio *h) {
+  ts_stdio_close_stdin(h);
+  if (h->out >= 0)
+    close(h->out);
+  h->out = -1;
+  if (h->pid > 0) {
+    kill(h->pid, SIGKILL);
+    waitpid(h->pid, NULL, 0);
+    h->pid = -1;
+  }
+}
+
+void ts_stdio_free(ts_stdio *h) {
+  ts_stdio_end(h);
+  if (h->dir)
+    ts_rmtree(h->dir);
+  free(h->dir);
+  free(h->work);
+  free(h->log);
+  free(h->buf);
+  memset(h, 0, sizeof *h);
+}
+
+void ts_stdio_send_raw(ts_stdio *h, const char *bytes, size_t n) {
+  while (n) {
+    ssize_t w = write(h->in, bytes, n);
+    if (w < 0 && errno == EINTR)
+      continue;
+    cr_assert(w > 0, "write to the host: %s", strerror(errno));
+    bytes += w;
+    n -= (size_t)w;
+  }
+}
+
+void ts_stdio_send_line(ts_stdio *h, const char *line) {
+  ts_stdio_send_raw(h, line, strlen(line));
+  ts_stdio_send_raw(h, "\n", 1);
+}
+
+void ts_stdio_send_json(ts_stdio *h, const json_t *msg) {
+  char *text = json_dumps(msg, JSON_COMPACT);
+  ts_stdio_send_line(h, text);
+  free(text);
+}
+
+/* The next message, before h->check sees it. */
+static json_t *stdio_next(ts_stdio *h, uint64_t timeout_ms) {
+  uint64_t end = ts_now_ms() + timeout_ms;
+  for (;;) {
+    char *nl = h->buf ? memchr(h->buf, '\n', h->len) : NULL;
+    if (nl) {
+      size_t n = (size_t)(nl - h->buf);
+      json_error_t e;
+      json_t *msg = json_loadb(h->buf, n, h->json_flags, &e);
+      cr_assert(msg, "stdout carried a line that is not JSON: %.*s", (int)(n > 300 ? 300 : n), h->buf);
+      memmove(h->buf, nl + 1, h->len - n - 1);
+      h->len -= n + 1;
+      return msg;
+    }
+    uint64_t now = ts_now_ms();
+    if (now >= end || h->eof)
+      return NULL;
+    struct pollfd p = {.fd = h->out, .events = POLLIN};
+    int r = poll(&p, 1, (int)(end - now));
+    if (r <= 0)
+      continue;
+    if (h->cap - h->len < 65536) {
+      h->cap = h->cap ? h->cap * 2 : 131072;
+      h->buf = realloc(h->buf, h->cap);
+      cr_assert(h->buf);
+    }
+    ssize_t got = read(h->out, h->buf + h->len, h->cap - h->len);
+    if (got <= 0) {
+      h->eof = true;
+      return NULL;
+    }
+    h->len += (size_t)got;
+  }
+}
+
+json_t *ts_stdio_next_msg(ts_stdio *h, uint64_t timeout_ms) {
+  json_t *msg = stdio_next(h, timeout_ms);
+  if (h->check)
+    h->check(h, msg);
+  return msg;
+}
+
+bool ts_rpc_is_response(const json_t *m) {
+  return !json_object_get(m, "method") && (json_object_get(m, "result") || json_object_get(m, "error"));
+}
+
+const char *ts_rpc_method(const json_t *m) {
+  return json_string_value(json_object_get(m, "method"));
+}
+
+int ts_rpc_error_code(const json_t *r) {
+  return (int)json_integer_value(json_object_get(json_object_get(r, "error"), "code"));
+}
+
+json_t *ts_stdio_next_response(ts_stdio *h, uint64_t timeout_ms,
+                               void (*on_other)(ts_stdio *h, json_t *m, void *arg), void *arg) {
+  uint64_t end = ts_now_ms() + timeout_ms;
+  for (;;) {
+    uint64_t now = ts_now_ms();
+    json_t *m = ts_stdio_next_msg(h, end > now ? end - now : 0);
+    if (!m || ts_rpc_is_response(m))
+      return m;
+    if (on_other)
+      on_other(h, m, arg);
+    json_decref(m);
+  }
+}
+
+json_t *ts_stdio_answer(ts_stdio *h, int id, const char *method) {
+  json_t *r = ts_stdio_next_response(h, 10000, NULL, NULL);
+  cr_assert(r, "no answer to %s", method);
+  cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answer to another id");
+  return r;
 }

@@ -2,6 +2,7 @@
 #ifndef AGENTHOST_TEST_SUPPORT_H
 #define AGENTHOST_TEST_SUPPORT_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -72,5 +73,74 @@ int ts_group_members(pid_t pgid);
 /* For ts_run_until_pred (arg: a pid_t *): reap what of the group was reparented to us (a subreaper) and
  * tell whether the group is gone. */
 bool ts_group_gone(void *arg);
+
+/* ---- stdio peers: the real agenthost ($AH_TEST_AGENTHOST) spoken to over pipes in JSON Lines ---------- */
+
+/* A child `agenthost … <mode>` on two pipes, with private state under `dir`. */
+typedef struct ts_stdio {
+  pid_t pid;
+  int in;     /* the host's stdin (we write); -1 once closed */
+  int out;    /* the host's stdout (we read) */
+  char *dir;  /* --state-dir; also holds run/ (--runtime-dir) and empty.ini (--config) */
+  char *work; /* dir/work, made for sessions' cwd */
+  char *log;  /* dir/host.log: the host's stderr */
+  char *buf;  /* bytes read from `out` that are not yet a whole line */
+  size_t len, cap;
+  bool eof;          /* `out` has ended */
+  size_t json_flags; /* json_loadb flags for ts_stdio_next_msg */
+  /* Called on every return of ts_stdio_next_msg (may be NULL): the message, or NULL on timeout or EOF. */
+  void (*check)(const struct ts_stdio *h, const json_t *msg);
+} ts_stdio;
+
+/* $AH_TEST_AGENTHOST; the test fails when it is not set. */
+const char *ts_agenthost(void);
+
+/* Fresh directory, work dir, log path and empty config; no process yet (pid -1, fds -1). */
+void ts_stdio_prepare(ts_stdio *h);
+
+/* In a child: exec `agenthost --state-dir … --runtime-dir … --config … <mode>` with stdin/stdout on
+ * `in_fd`/`out_fd` and stderr appended to the log, every other descriptor closed. `env` (may be NULL) is one
+ * extra "NAME=value". Never returns. */
+void ts_stdio_exec(const ts_stdio *h, int in_fd, int out_fd, const char *mode, const char *env)
+    __attribute__((noreturn));
+
+/* Fork and exec (ts_stdio_exec) on fresh pipes; the child gets PR_SET_PDEATHSIG(SIGKILL) before the exec.
+ * SIGPIPE is ignored in the test process from then on. */
+void ts_stdio_spawn(ts_stdio *h, const char *mode, const char *env);
+
+/* ts_stdio_prepare, then ts_stdio_spawn. */
+void ts_stdio_start(ts_stdio *h, const char *mode, const char *env);
+
+/* Close the host's stdin (an EOF for it). */
+void ts_stdio_close_stdin(ts_stdio *h);
+
+/* Close both pipes, SIGKILL and reap the process; the directory is kept (for a restart on the same state). */
+void ts_stdio_end(ts_stdio *h);
+
+/* ts_stdio_end, then remove the directory and free everything. */
+void ts_stdio_free(ts_stdio *h);
+
+void ts_stdio_send_raw(ts_stdio *h, const char *bytes, size_t n);
+void ts_stdio_send_line(ts_stdio *h, const char *line);
+/* `msg` as one compact line (not stolen). */
+void ts_stdio_send_json(ts_stdio *h, const json_t *msg);
+
+/* The next line from the host (without its newline) as JSON, NULL on timeout or EOF; the test fails on a
+ * line that is not JSON. h->check sees what is returned. */
+json_t *ts_stdio_next_msg(ts_stdio *h, uint64_t timeout_ms);
+
+/* JSON-RPC 2.0: a response (result or error, no method)? */
+bool ts_rpc_is_response(const json_t *m);
+const char *ts_rpc_method(const json_t *m);
+int ts_rpc_error_code(const json_t *r);
+
+/* The next response, NULL on timeout; every other message is passed to `on_other` (may be NULL), then
+ * dropped. */
+json_t *ts_stdio_next_response(ts_stdio *h, uint64_t timeout_ms,
+                               void (*on_other)(ts_stdio *h, json_t *m, void *arg), void *arg);
+
+/* The response to the request `id` the caller sent (`method` names it in a failure): it must come within
+ * 10 s and carry that id. */
+json_t *ts_stdio_answer(ts_stdio *h, int id, const char *method);
 
 #endif

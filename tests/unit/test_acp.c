@@ -23,96 +23,37 @@
 
 #include "support.h"
 
-typedef struct acp_host {
-  pid_t pid;
-  int in;  /* the host's stdin (we write) */
-  int out; /* the host's stdout (we read) */
-  char *dir;
-  char *work; /* an absolute cwd for sessions */
-  char *log;
-  char *buf;
-  size_t len, cap;
-  bool eof;
-} acp_host;
+typedef ts_stdio acp_host;
 
-static void host_prepare(acp_host *h) {
-  memset(h, 0, sizeof *h);
-  h->pid = -1;
-  h->in = h->out = -1;
-  h->dir = ts_mkdtemp();
-  cr_assert(h->dir);
-  cr_assert(asprintf(&h->work, "%s/work", h->dir) > 0 && asprintf(&h->log, "%s/host.log", h->dir) > 0);
-  cr_assert_eq(mkdir(h->work, 0700), 0);
-  free(ts_write_file(h->dir, "empty.ini", ""));
-}
-
-/* In the child: exec `agenthost … acp` on the given pipe ends, stderr to the log. `env` (may be NULL) is
- * one extra "NAME=value". */
-static void exec_host(const acp_host *h, int in_fd, int out_fd, const char *env) {
-  int err = open(h->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-  if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || err < 0 || dup2(err, 2) < 0)
-    _exit(127);
-  for (int fd = 3; fd < 1024; fd++)
-    close(fd);
-  char *run = NULL, *cfg = NULL;
-  if (asprintf(&run, "%s/run", h->dir) < 0 || asprintf(&cfg, "%s/empty.ini", h->dir) < 0)
-    _exit(127);
-  if (env)
-    putenv((char *)env);
-  const char *exe = getenv("AH_TEST_AGENTHOST");
-  char *argv[] = {(char *)exe, "--state-dir", h->dir, "--runtime-dir", run, "--config", cfg, "acp", NULL};
-  execv(exe, argv);
-  _exit(127);
+/* ACP-SDK-*: each line must be one JSON-RPC 2.0 message (a request, a notification or a response), and
+ * stdout may not end in the middle of a line. */
+static void check_jsonrpc(const acp_host *h, const json_t *msg) {
+  if (!msg) {
+    if (h->eof)
+      cr_assert_eq(h->len, 0, "stdout ended in the middle of a line");
+    return;
+  }
+  cr_assert(json_is_object(msg), "stdout carried a non-object");
+  cr_assert_str_eq(json_string_value(json_object_get(msg, "jsonrpc")), "2.0", "a line without jsonrpc 2.0");
+  bool has_method = json_is_string(json_object_get(msg, "method"));
+  bool has_id = json_object_get(msg, "id") != NULL;
+  bool response = json_object_get(msg, "result") || json_object_get(msg, "error");
+  cr_assert(has_method || (has_id && response), "a line that is no JSON-RPC message");
 }
 
 static void host_spawn(acp_host *h, const char *env) {
-  int in[2], out[2];
-  const char *exe = getenv("AH_TEST_AGENTHOST");
-  cr_assert(exe && *exe, "AH_TEST_AGENTHOST is not set (run the tests through meson test)");
-  cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
-  cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    exec_host(h, in[0], out[1], env);
-  }
-  close(in[0]);
-  close(out[1]);
-  h->pid = pid;
-  h->in = in[1];
-  h->out = out[0];
-  h->eof = false;
-  h->len = 0;
-  signal(SIGPIPE, SIG_IGN);
+  ts_stdio_spawn(h, "acp", env);
 }
 
 static void host_start_env(acp_host *h, const char *env) {
-  host_prepare(h);
+  ts_stdio_prepare(h);
+  h->json_flags = JSON_REJECT_DUPLICATES;
+  h->check = check_jsonrpc;
   host_spawn(h, env);
 }
 
 static void host_start(acp_host *h) {
   host_start_env(h, NULL);
-}
-
-static void close_stdin(acp_host *h) {
-  if (h->in >= 0)
-    close(h->in);
-  h->in = -1;
-}
-
-/* Kill and reap the process, keep the directory (for a restart on the same state). */
-static void host_end(acp_host *h) {
-  close_stdin(h);
-  if (h->out >= 0)
-    close(h->out);
-  h->out = -1;
-  if (h->pid > 0) {
-    kill(h->pid, SIGKILL);
-    waitpid(h->pid, NULL, 0);
-    h->pid = -1;
-  }
 }
 
 /* The log must hold no sanitizer report (the suite also runs under ASan+UBSan). */
@@ -132,7 +73,7 @@ static void check_log(const acp_host *h) {
  * it non-zero), then the directory is removed. */
 static void host_kill(acp_host *h) {
   if (h->pid > 0) {
-    close_stdin(h);
+    ts_stdio_close_stdin(h);
     int status = 0;
     bool exited = ts_wait_exit(h->pid, 15000, &status);
     if (exited)
@@ -142,30 +83,7 @@ static void host_kill(acp_host *h) {
   }
   if (h->log)
     check_log(h);
-  host_end(h);
-  if (h->dir)
-    ts_rmtree(h->dir);
-  free(h->dir);
-  free(h->work);
-  free(h->log);
-  free(h->buf);
-  memset(h, 0, sizeof *h);
-}
-
-static void send_raw(acp_host *h, const char *bytes, size_t n) {
-  while (n) {
-    ssize_t w = write(h->in, bytes, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    cr_assert(w > 0, "write to the host: %s", strerror(errno));
-    bytes += w;
-    n -= (size_t)w;
-  }
-}
-
-static void send_line(acp_host *h, const char *line) {
-  send_raw(h, line, strlen(line));
-  send_raw(h, "\n", 1);
+  ts_stdio_free(h);
 }
 
 /* `params` is stolen (NULL = none). */
@@ -175,9 +93,7 @@ static void send_msg(acp_host *h, json_t *id, const char *method, json_t *params
     json_object_set_new(msg, "id", id);
   if (params)
     json_object_set_new(msg, "params", params);
-  char *text = json_dumps(msg, JSON_COMPACT);
-  send_line(h, text);
-  free(text);
+  ts_stdio_send_json(h, msg);
   json_decref(msg);
 }
 
@@ -185,96 +101,41 @@ static void send_request(acp_host *h, int id, const char *method, json_t *params
   send_msg(h, json_integer(id), method, params);
 }
 
-/* The next line from the host, NULL on timeout or EOF. ACP-SDK-*: each line must be one JSON-RPC 2.0
- * message (a request, a notification or a response). */
-static json_t *next_msg(acp_host *h, uint64_t timeout_ms) {
-  uint64_t end = ts_now_ms() + timeout_ms;
-  for (;;) {
-    char *nl = h->buf ? memchr(h->buf, '\n', h->len) : NULL;
-    if (nl) {
-      size_t n = (size_t)(nl - h->buf);
-      json_error_t e;
-      json_t *msg = json_loadb(h->buf, n, JSON_REJECT_DUPLICATES, &e);
-      cr_assert(msg, "stdout carried a line that is not JSON: %.*s", (int)(n > 300 ? 300 : n), h->buf);
-      cr_assert(json_is_object(msg), "stdout carried a non-object");
-      cr_assert_str_eq(json_string_value(json_object_get(msg, "jsonrpc")), "2.0",
-                       "a line without jsonrpc 2.0");
-      bool has_method = json_is_string(json_object_get(msg, "method"));
-      bool has_id = json_object_get(msg, "id") != NULL;
-      bool response = json_object_get(msg, "result") || json_object_get(msg, "error");
-      cr_assert(has_method || (has_id && response), "a line that is no JSON-RPC message");
-      memmove(h->buf, nl + 1, h->len - n - 1);
-      h->len -= n + 1;
-      return msg;
-    }
-    uint64_t now = ts_now_ms();
-    if (now >= end || h->eof)
-      return NULL;
-    struct pollfd p = {.fd = h->out, .events = POLLIN};
-    int r = poll(&p, 1, (int)(end - now));
-    if (r <= 0)
-      continue;
-    if (h->cap - h->len < 65536) {
-      h->cap = h->cap ? h->cap * 2 : 131072;
-      h->buf = realloc(h->buf, h->cap);
-      cr_assert(h->buf);
-    }
-    ssize_t got = read(h->out, h->buf + h->len, h->cap - h->len);
-    if (got <= 0) {
-      h->eof = true;
-      cr_assert_eq(h->len, 0, "stdout ended in the middle of a line");
-      return NULL;
-    }
-    h->len += (size_t)got;
-  }
-}
-
-static bool is_response(const json_t *m) {
-  return !json_object_get(m, "method") && (json_object_get(m, "result") || json_object_get(m, "error"));
-}
-
-static const char *method_of(const json_t *m) {
-  return json_string_value(json_object_get(m, "method"));
-}
-
 /* Collects the session/update notifications seen while waiting (may be NULL). */
 typedef struct seen {
   json_t *updates; /* array of the `update` objects */
 } seen;
 
+typedef struct other_msgs {
+  seen *s;
+  void (*on_request)(acp_host *h, json_t *req, void *arg);
+  void *arg;
+} other_msgs;
+
+static void on_other(acp_host *h, json_t *m, void *arg) {
+  other_msgs *o = arg;
+  if (o->s && ts_rpc_method(m) && strcmp(ts_rpc_method(m), "session/update") == 0)
+    json_array_append(o->s->updates, json_object_get(json_object_get(m, "params"), "update"));
+  if (o->on_request && json_object_get(m, "id"))
+    o->on_request(h, m, o->arg);
+}
+
 /* The next response (notifications recorded in `s`, server requests answered by `on_request` or ignored),
  * NULL on timeout. */
 static json_t *next_response_ex(acp_host *h, uint64_t timeout_ms, seen *s,
                                 void (*on_request)(acp_host *h, json_t *req, void *arg), void *arg) {
-  uint64_t end = ts_now_ms() + timeout_ms;
-  for (;;) {
-    uint64_t now = ts_now_ms();
-    json_t *m = next_msg(h, end > now ? end - now : 0);
-    if (!m || is_response(m))
-      return m;
-    if (s && method_of(m) && strcmp(method_of(m), "session/update") == 0)
-      json_array_append(s->updates, json_object_get(json_object_get(m, "params"), "update"));
-    if (on_request && json_object_get(m, "id"))
-      on_request(h, m, arg);
-    json_decref(m);
-  }
+  other_msgs o = {.s = s, .on_request = on_request, .arg = arg};
+  return ts_stdio_next_response(h, timeout_ms, on_other, &o);
 }
 
 static json_t *next_response(acp_host *h, uint64_t timeout_ms) {
-  return next_response_ex(h, timeout_ms, NULL, NULL, NULL);
+  return ts_stdio_next_response(h, timeout_ms, NULL, NULL);
 }
 
 /* Send a request and wait for its response. */
 static json_t *call(acp_host *h, int id, const char *method, json_t *params) {
   send_request(h, id, method, params);
-  json_t *r = next_response(h, 10000);
-  cr_assert(r, "no answer to %s", method);
-  cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answer to another id");
-  return r;
-}
-
-static int error_code(const json_t *r) {
-  return (int)json_integer_value(json_object_get(json_object_get(r, "error"), "code"));
+  return ts_stdio_answer(h, id, method);
 }
 
 static const char *error_message(const json_t *r) {
@@ -283,6 +144,25 @@ static const char *error_message(const json_t *r) {
 
 static json_t *result_of(const json_t *r) {
   return json_object_get(r, "result");
+}
+
+static const char *stop_reason(const json_t *r) {
+  return json_string_value(json_object_get(result_of(r), "stopReason"));
+}
+
+/* A request whose answer must be the JSON-RPC error `code`. */
+static void expect_error(acp_host *h, int id, const char *method, json_t *params, int code) {
+  json_t *r = call(h, id, method, params);
+  cr_assert_eq(ts_rpc_error_code(r), code);
+  json_decref(r);
+}
+
+/* After stdin EOF: the agent exits 0. */
+static void expect_exit_zero(acp_host *h) {
+  int status = 0;
+  cr_assert(ts_wait_exit(h->pid, 10000, &status), "the agent did not exit on EOF");
+  h->pid = -1;
+  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
 }
 
 static void initialize(acp_host *h) {
@@ -302,8 +182,52 @@ static void new_session(acp_host *h, int id, char *sid, size_t n) {
   json_decref(r);
 }
 
+/* A fresh host, initialized, with one session (id written to `sid`). */
+static void start_session(acp_host *h, char *sid, size_t n) {
+  host_start(h);
+  initialize(h);
+  new_session(h, 2, sid, n);
+}
+
+/* Stop the host on stdin EOF and start it again on the same state, initialized. */
+static void restart(acp_host *h) {
+  ts_stdio_close_stdin(h);
+  cr_assert(ts_wait_exit(h->pid, 10000, NULL));
+  h->pid = -1;
+  ts_stdio_end(h);
+  host_spawn(h, NULL);
+  initialize(h);
+}
+
 static json_t *text_prompt(const char *sid, const char *text) {
   return json_pack("{s:s, s:[{s:s, s:s}]}", "sessionId", sid, "prompt", "type", "text", "text", text);
+}
+
+/* A prompt whose turn must end with `reason`. */
+static void expect_prompt_stop(acp_host *h, int id, const char *sid, const char *text, const char *reason) {
+  json_t *r = call(h, id, "session/prompt", text_prompt(sid, text));
+  cr_assert_str_eq(stop_reason(r), reason);
+  json_decref(r);
+}
+
+/* The answers to the prompts `first`…`last`, in order, each ending with `reason`. */
+static void expect_answers(acp_host *h, int first, int last, const char *reason) {
+  for (int id = first; id <= last; id++) {
+    json_t *r = next_response(h, 10000);
+    cr_assert(r);
+    cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answers out of order");
+    cr_assert_str_eq(stop_reason(r), reason);
+    json_decref(r);
+  }
+}
+
+/* The answer to the pending prompt (updates recorded in `s`, requests answered by `on_request`): `reason`. */
+static void expect_turn_end(acp_host *h, seen *s, void (*on_request)(acp_host *h, json_t *req, void *arg),
+                            void *arg, const char *reason) {
+  json_t *r = next_response_ex(h, 10000, s, on_request, arg);
+  cr_assert(r);
+  cr_assert_str_eq(stop_reason(r), reason);
+  json_decref(r);
 }
 
 /* ---- ACP-HANDSHAKE ------------------------------------------------------------------------------------ */
@@ -352,29 +276,23 @@ Test(acp_handshake, session_new_checks, .timeout = 60) {
   host_start(&h);
   initialize(&h);
   json_t *r = call(&h, 2, "session/new", json_pack("{s:s, s:[]}", "cwd", "relative/dir", "mcpServers"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "cwd"), "the message names the field: %s", error_message(r));
   json_decref(r);
-  r = call(&h, 3, "session/new", json_pack("{s:[]}", "mcpServers"));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
-  r = call(&h, 4, "session/new", json_pack("{s:i, s:[]}", "cwd", 7, "mcpServers"));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 3, "session/new", json_pack("{s:[]}", "mcpServers"), -32602);
+  expect_error(&h, 4, "session/new", json_pack("{s:i, s:[]}", "cwd", 7, "mcpServers"), -32602);
   r = call(&h, 5, "session/new",
            json_pack("{s:s, s:[], s:[s]}", "cwd", h.work, "mcpServers", "additionalDirectories", "/tmp"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "additionalDirectories"));
   json_decref(r);
   r = call(&h, 6, "session/new",
            json_pack("{s:s, s:[{s:s, s:s, s:[], s:[]}]}", "cwd", h.work, "mcpServers", "name", "fs",
                      "command", "/bin/true", "args", "env"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "MCP"), "the message names the limitation: %s", error_message(r));
   json_decref(r);
-  r = call(&h, 7, "session/new", json_pack("{s:s, s:s}", "cwd", h.work, "mcpServers", "none"));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 7, "session/new", json_pack("{s:s, s:s}", "cwd", h.work, "mcpServers", "none"), -32602);
   char sid[64];
   new_session(&h, 8, sid, sizeof sid);
   cr_assert(strlen(sid) > 0);
@@ -406,27 +324,28 @@ Test(acp_sdk, malformed_lines, .timeout = 60) {
        -32700},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    send_line(&h, cases[i].line);
+    ts_stdio_send_line(&h, cases[i].line);
     json_t *r = next_response(&h, 10000);
     cr_assert(r, "no answer to line %zu", i);
-    cr_assert_eq(error_code(r), cases[i].code, "line %zu: code %d, not %d", i, error_code(r), cases[i].code);
+    cr_assert_eq(ts_rpc_error_code(r), cases[i].code, "line %zu: code %d, not %d", i, ts_rpc_error_code(r),
+                 cases[i].code);
     cr_assert(json_is_null(json_object_get(r, "id")), "line %zu: the id is null", i);
     json_decref(r);
   }
   /* Invalid UTF-8 inside a string. */
   const char bad_utf8[] =
       "{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"initialize\",\"params\":{\"x\":\"\xff\xfe\"}}\n";
-  send_raw(&h, bad_utf8, sizeof bad_utf8 - 1);
+  ts_stdio_send_raw(&h, bad_utf8, sizeof bad_utf8 - 1);
   json_t *r = next_response(&h, 10000);
   cr_assert(r);
-  cr_assert_eq(error_code(r), -32700);
+  cr_assert_eq(ts_rpc_error_code(r), -32700);
   json_decref(r);
   /* A NUL byte inside the line. */
   const char nul_line[] = "{\"jsonrpc\":\"2.0\",\"id\":7,\0\"method\":\"x\"}\n";
-  send_raw(&h, nul_line, sizeof nul_line - 1);
+  ts_stdio_send_raw(&h, nul_line, sizeof nul_line - 1);
   r = next_response(&h, 10000);
   cr_assert(r);
-  cr_assert_eq(error_code(r), -32700);
+  cr_assert_eq(ts_rpc_error_code(r), -32700);
   json_decref(r);
   /* 100000 nested arrays: refused, not a crash. */
   size_t depth = 100000;
@@ -435,39 +354,32 @@ Test(acp_sdk, malformed_lines, .timeout = 60) {
   memset(deep, '[', depth);
   memset(deep + depth, ']', depth);
   deep[depth * 2] = '\n';
-  send_raw(&h, deep, depth * 2 + 1);
+  ts_stdio_send_raw(&h, deep, depth * 2 + 1);
   free(deep);
   r = next_response(&h, 10000);
   cr_assert(r, "no answer to a deeply nested line");
-  cr_assert(error_code(r) == -32700 || error_code(r) == -32600, "deep nesting: %d", error_code(r));
+  cr_assert(ts_rpc_error_code(r) == -32700 || ts_rpc_error_code(r) == -32600, "deep nesting: %d",
+            ts_rpc_error_code(r));
   json_decref(r);
   /* Wrong param types: -32602 naming the field. */
   r = call(&h, 8, "initialize", json_pack("{s:s}", "protocolVersion", "1"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "protocolVersion"));
   json_decref(r);
-  r = call(&h, 9, "initialize", json_pack("[i]", 1));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 9, "initialize", json_pack("[i]", 1), -32602);
   r = call(&h, 10, "session/prompt", json_pack("{s:i, s:[]}", "sessionId", 5, "prompt"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "sessionId"));
   json_decref(r);
   r = call(&h, 11, "session/prompt", json_pack("{s:s, s:s}", "sessionId", "x", "prompt", "text"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   cr_assert(strstr(error_message(r), "prompt"));
   json_decref(r);
-  r = call(&h, 12, "session/load",
-           json_pack("{s:b, s:s, s:[]}", "sessionId", 1, "cwd", h.work, "mcpServers"));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
-  r = call(&h, 13, "session/list", json_pack("{s:i}", "cursor", 3));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 12, "session/load",
+               json_pack("{s:b, s:s, s:[]}", "sessionId", 1, "cwd", h.work, "mcpServers"), -32602);
+  expect_error(&h, 13, "session/list", json_pack("{s:i}", "cursor", 3), -32602);
   /* Numbers: a fraction or a big integer where an integer version is expected. */
-  r = call(&h, 14, "initialize", json_pack("{s:f}", "protocolVersion", 1.5));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 14, "initialize", json_pack("{s:f}", "protocolVersion", 1.5), -32602);
   r = call(&h, 15, "initialize", json_pack("{s:I}", "protocolVersion", (json_int_t)INT64_MAX));
   cr_assert_eq(json_integer_value(json_object_get(result_of(r), "protocolVersion")), 1);
   json_decref(r);
@@ -493,11 +405,11 @@ Test(acp_sdk, over_long_line, .timeout = 60) {
   memcpy(big, "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"x\":\"", 62);
   big[n - 1] = '"';
   big[n] = '\n';
-  send_raw(&h, big, n + 1);
+  ts_stdio_send_raw(&h, big, n + 1);
   free(big);
   json_t *r = next_response(&h, 10000);
   cr_assert(r, "no answer to an over-long line");
-  cr_assert_eq(error_code(r), -32600);
+  cr_assert_eq(ts_rpc_error_code(r), -32600);
   cr_assert(json_is_null(json_object_get(r, "id")));
   json_decref(r);
   initialize(&h);
@@ -511,30 +423,25 @@ Test(acp_sdk, truncated_line_at_eof, .timeout = 60) {
   host_start(&h);
   const char *partial =
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"initialize\",\"params\":{\"protocolVersion\":1}}";
-  send_raw(&h, partial, strlen(partial));
-  close_stdin(&h);
+  ts_stdio_send_raw(&h, partial, strlen(partial));
+  ts_stdio_close_stdin(&h);
   json_t *r = next_response(&h, 10000);
   cr_assert(r, "the last line without a newline was not served");
   cr_assert_eq(json_integer_value(json_object_get(r, "id")), 3);
   cr_assert(result_of(r));
   json_decref(r);
-  int status = 0;
-  cr_assert(ts_wait_exit(h.pid, 10000, &status), "the agent did not exit on EOF");
-  h.pid = -1;
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_exit_zero(&h);
   host_kill(&h);
 
   host_start(&h);
   const char *cut = "{\"jsonrpc\":\"2.0\",\"id\":4,\"meth";
-  send_raw(&h, cut, strlen(cut));
-  close_stdin(&h);
+  ts_stdio_send_raw(&h, cut, strlen(cut));
+  ts_stdio_close_stdin(&h);
   r = next_response(&h, 10000);
   cr_assert(r, "a truncated line at EOF was not answered");
-  cr_assert_eq(error_code(r), -32700);
+  cr_assert_eq(ts_rpc_error_code(r), -32700);
   json_decref(r);
-  cr_assert(ts_wait_exit(h.pid, 10000, &status), "the agent did not exit on EOF");
-  h.pid = -1;
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  expect_exit_zero(&h);
   host_kill(&h);
 }
 
@@ -545,13 +452,11 @@ Test(acp_sdk, unknown_method, .timeout = 60) {
   host_start(&h);
   initialize(&h);
   json_t *r = call(&h, 2, "no/such", NULL);
-  cr_assert_eq(error_code(r), -32601);
+  cr_assert_eq(ts_rpc_error_code(r), -32601);
   json_decref(r);
-  r = call(&h, 3, "session/set_mode", json_pack("{s:s, s:s}", "sessionId", "x", "modeId", "y"));
-  cr_assert_eq(error_code(r), -32601);
-  json_decref(r);
+  expect_error(&h, 3, "session/set_mode", json_pack("{s:s, s:s}", "sessionId", "x", "modeId", "y"), -32601);
   send_msg(&h, NULL, "no/such/notification", json_object());
-  send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":777,\"result\":{}}");
+  ts_stdio_send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":777,\"result\":{}}");
   initialize(&h);
   host_kill(&h);
 }
@@ -566,18 +471,12 @@ Test(acp_sessions, unknown_session, .timeout = 60) {
   initialize(&h);
   const char *ghost = "01234567-0000-7000-8000-000000000000";
   json_t *r = call(&h, 2, "session/prompt", text_prompt(ghost, "hi"));
-  cr_assert_eq(error_code(r), -32002);
+  cr_assert_eq(ts_rpc_error_code(r), -32002);
   json_decref(r);
-  r = call(&h, 3, "session/load",
-           json_pack("{s:s, s:s, s:[]}", "sessionId", ghost, "cwd", h.work, "mcpServers"));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
-  r = call(&h, 4, "session/resume", json_pack("{s:s, s:s}", "sessionId", ghost, "cwd", h.work));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
-  r = call(&h, 5, "session/close", json_pack("{s:s}", "sessionId", ghost));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
+  expect_error(&h, 3, "session/load",
+               json_pack("{s:s, s:s, s:[]}", "sessionId", ghost, "cwd", h.work, "mcpServers"), -32002);
+  expect_error(&h, 4, "session/resume", json_pack("{s:s, s:s}", "sessionId", ghost, "cwd", h.work), -32002);
+  expect_error(&h, 5, "session/close", json_pack("{s:s}", "sessionId", ghost), -32002);
   send_msg(&h, NULL, "session/cancel", json_pack("{s:s}", "sessionId", ghost));
   r = call(&h, 6, "session/delete", json_pack("{s:s}", "sessionId", ghost));
   cr_assert(result_of(r), "deleting an unknown session succeeds silently");
@@ -590,18 +489,13 @@ Test(acp_sessions, unknown_session, .timeout = 60) {
  * before the prompt's answer end_turn; a resource_link is rendered [name](uri); richer blocks are -32602. */
 Test(acp_prompt, chunks_before_result, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   send_request(&h, 3, "session/prompt",
                json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:s, s:s}]}", "sessionId", sid, "prompt", "type", "text",
                          "text", "hello ", "type", "resource_link", "uri", "file:///a.txt", "name", "a.txt"));
   seen s = {.updates = json_array()};
-  json_t *r = next_response_ex(&h, 10000, &s, NULL, NULL);
-  cr_assert(r);
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_turn_end(&h, &s, NULL, NULL, "end_turn");
   cr_assert_eq(json_array_size(s.updates), 1);
   json_t *u = json_array_get(s.updates, 0);
   cr_assert_str_eq(json_string_value(json_object_get(u, "sessionUpdate")), "agent_message_chunk");
@@ -611,15 +505,13 @@ Test(acp_prompt, chunks_before_result, .timeout = 60) {
   json_decref(s.updates);
   const char *types[] = {"image", "audio", "resource", "video"};
   for (int i = 0; i < 4; i++) {
-    r = call(&h, 10 + i, "session/prompt",
-             json_pack("{s:s, s:[{s:s, s:s, s:s}]}", "sessionId", sid, "prompt", "type", types[i], "data",
-                       "AAAA", "mimeType", "image/png"));
-    cr_assert_eq(error_code(r), -32602, "%s content is refused", types[i]);
+    json_t *r = call(&h, 10 + i, "session/prompt",
+                     json_pack("{s:s, s:[{s:s, s:s, s:s}]}", "sessionId", sid, "prompt", "type", types[i],
+                               "data", "AAAA", "mimeType", "image/png"));
+    cr_assert_eq(ts_rpc_error_code(r), -32602, "%s content is refused", types[i]);
     json_decref(r);
   }
-  r = call(&h, 20, "session/prompt", json_pack("{s:s, s:[]}", "sessionId", sid, "prompt"));
-  cr_assert_eq(error_code(r), -32602);
-  json_decref(r);
+  expect_error(&h, 20, "session/prompt", json_pack("{s:s, s:[]}", "sessionId", sid, "prompt"), -32602);
   host_kill(&h);
 }
 
@@ -627,17 +519,11 @@ Test(acp_prompt, chunks_before_result, .timeout = 60) {
  * a failed turn is a JSON-RPC error, never a fake stop reason. */
 Test(acp_prompt, stop_reasons, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
-  json_t *r = call(&h, 3, "session/prompt", text_prompt(sid, "/max-tokens\nlong"));
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "max_tokens");
-  json_decref(r);
-  r = call(&h, 4, "session/prompt", text_prompt(sid, "/refuse"));
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "refusal");
-  json_decref(r);
-  r = call(&h, 5, "session/prompt", text_prompt(sid, "/fail boom"));
+  start_session(&h, sid, sizeof sid);
+  expect_prompt_stop(&h, 3, sid, "/max-tokens\nlong", "max_tokens");
+  expect_prompt_stop(&h, 4, sid, "/refuse", "refusal");
+  json_t *r = call(&h, 5, "session/prompt", text_prompt(sid, "/fail boom"));
   cr_assert_null(result_of(r));
   cr_assert_str_eq(error_message(r), "boom");
   json_decref(r);
@@ -648,36 +534,20 @@ Test(acp_prompt, stop_reasons, .timeout = 60) {
  * during /sleep answers every pending prompt `cancelled` exactly once, in order. */
 Test(acp_prompt, queue_and_cancel, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   send_request(&h, 3, "session/prompt", text_prompt(sid, "/sleep 200\nfirst"));
   send_request(&h, 4, "session/prompt", text_prompt(sid, "second"));
-  for (int id = 3; id <= 4; id++) {
-    json_t *r = next_response(&h, 10000);
-    cr_assert(r);
-    cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answers out of order");
-    cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-    json_decref(r);
-  }
+  expect_answers(&h, 3, 4, "end_turn");
   send_request(&h, 5, "session/prompt", text_prompt(sid, "/sleep 5000\nslow"));
   send_request(&h, 6, "session/prompt", text_prompt(sid, "queued"));
   usleep(300 * 1000);
   uint64_t t0 = ts_now_ms();
   send_msg(&h, NULL, "session/cancel", json_pack("{s:s}", "sessionId", sid));
-  for (int id = 5; id <= 6; id++) {
-    json_t *r = next_response(&h, 10000);
-    cr_assert(r);
-    cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answers out of order");
-    cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "cancelled");
-    json_decref(r);
-  }
+  expect_answers(&h, 5, 6, "cancelled");
   cr_assert(ts_now_ms() - t0 < 2000, "the cancel took %llu ms", (unsigned long long)(ts_now_ms() - t0));
   /* Exactly once: nothing else answers 5 or 6; the session takes the next prompt. */
-  json_t *r = call(&h, 7, "session/prompt", text_prompt(sid, "after"));
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_prompt_stop(&h, 7, sid, "after", "end_turn");
   host_kill(&h);
 }
 
@@ -690,7 +560,7 @@ typedef struct perm_answer {
 
 static void answer_permission(acp_host *h, json_t *req, void *arg) {
   perm_answer *pa = arg;
-  cr_assert_str_eq(method_of(req), "session/request_permission");
+  cr_assert_str_eq(ts_rpc_method(req), "session/request_permission");
   json_t *p = json_object_get(req, "params");
   cr_assert_str_eq(json_string_value(json_object_get(p, "sessionId")), pa->sid);
   json_t *tc = json_object_get(p, "toolCall");
@@ -708,9 +578,7 @@ static void answer_permission(acp_host *h, json_t *req, void *arg) {
                                : json_pack("{s:s}", "outcome", "cancelled");
   json_t *msg = json_pack("{s:s, s:O, s:{s:o}}", "jsonrpc", "2.0", "id", json_object_get(req, "id"), "result",
                           "outcome", outcome);
-  char *text = json_dumps(msg, JSON_COMPACT);
-  send_line(h, text);
-  free(text);
+  ts_stdio_send_json(h, msg);
   json_decref(msg);
 }
 
@@ -733,10 +601,8 @@ static const char *last_tool_status(const json_t *updates) {
  * answers `cancelled` and nothing ran. */
 Test(acp_prompt, permissions, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   struct {
     const char *option;
     bool cancel_first;
@@ -758,8 +624,7 @@ Test(acp_prompt, permissions, .timeout = 60) {
     json_t *r = next_response_ex(&h, 10000, &s, answer_permission, &pa);
     cr_assert(r);
     cr_assert_eq(pa.asked, 1, "case %d: one permission request", i);
-    cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), cases[i].stop, "case %d",
-                     i);
+    cr_assert_str_eq(stop_reason(r), cases[i].stop, "case %d", i);
     json_decref(r);
     /* The tool's final status may follow the answer only if the turn ended before it: wait briefly. */
     json_t *more = NULL;
@@ -781,18 +646,13 @@ Test(acp_prompt, permissions, .timeout = 60) {
  * A question (echo /ask) is shown and answered cancelled at once: the prompt answers `cancelled`. */
 Test(acp_prompt, subagent_approval_and_question, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   send_request(&h, 3, "session/prompt",
                text_prompt(sid, "/subagent /tool run_command {\"command\":\"touch sub\"}"));
   perm_answer pa = {.option = "allow_once", .sid = sid};
   seen s = {.updates = json_array()};
-  json_t *r = next_response_ex(&h, 10000, &s, answer_permission, &pa);
-  cr_assert(r);
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_turn_end(&h, &s, answer_permission, &pa, "end_turn");
   cr_assert_eq(pa.asked, 1);
   bool think = false;
   size_t i = 0;
@@ -810,10 +670,7 @@ Test(acp_prompt, subagent_approval_and_question, .timeout = 60) {
   free(path);
   send_request(&h, 4, "session/prompt", text_prompt(sid, "/ask what now?"));
   s.updates = json_array();
-  r = next_response_ex(&h, 10000, &s, NULL, NULL);
-  cr_assert(r);
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "cancelled");
-  json_decref(r);
+  expect_turn_end(&h, &s, NULL, NULL, "cancelled");
   cr_assert_eq(json_array_size(s.updates), 1);
   cr_assert(strstr(
       json_string_value(json_object_get(json_object_get(json_array_get(s.updates, 0), "content"), "text")),
@@ -834,10 +691,7 @@ Test(acp_prompt, stream_deltas, .timeout = 60) {
   send_request(&h, 3, "session/prompt",
                text_prompt(sid, "/chunks 4\n/tool list_dir {\"path\":\".\"}\nabcdefgh"));
   seen s = {.updates = json_array()};
-  json_t *r = next_response_ex(&h, 10000, &s, NULL, NULL);
-  cr_assert(r);
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_turn_end(&h, &s, NULL, NULL, "end_turn");
   size_t chunks = 0, i = 0;
   json_t *u = NULL;
   char text[1024] = "";
@@ -870,20 +724,12 @@ Test(acp_prompt, stream_deltas, .timeout = 60) {
  * session/close then makes it unknown to prompts. */
 Test(acp_sessions, load_after_restart_list_close, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   json_t *r = call(&h, 3, "session/prompt", text_prompt(sid, "remember me"));
   cr_assert(result_of(r));
   json_decref(r);
-  close_stdin(&h);
-  int status = 0;
-  cr_assert(ts_wait_exit(h.pid, 10000, &status));
-  h.pid = -1;
-  host_end(&h);
-  host_spawn(&h, NULL);
-  initialize(&h);
+  restart(&h);
   r = call(&h, 2, "session/list", json_object());
   json_t *list = json_object_get(result_of(r), "sessions");
   cr_assert_eq(json_array_size(list), 1);
@@ -904,23 +750,15 @@ Test(acp_sessions, load_after_restart_list_close, .timeout = 60) {
   cr_assert_str_eq(json_string_value(json_object_get(json_object_get(u1, "content"), "text")),
                    "echo: remember me");
   json_decref(s.updates);
-  r = call(&h, 4, "session/prompt", text_prompt(sid, "again"));
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_prompt_stop(&h, 4, sid, "again", "end_turn");
   r = call(&h, 5, "session/close", json_pack("{s:s}", "sessionId", sid));
   cr_assert(result_of(r), "session/close failed");
   json_decref(r);
-  r = call(&h, 6, "session/prompt", text_prompt(sid, "closed"));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
+  expect_error(&h, 6, "session/prompt", text_prompt(sid, "closed"), -32002);
   /* A closed session is gone for ACP: load and resume refuse it like an unknown one. */
-  r = call(&h, 7, "session/load",
-           json_pack("{s:s, s:s, s:[]}", "sessionId", sid, "cwd", h.work, "mcpServers"));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
-  r = call(&h, 8, "session/resume", json_pack("{s:s, s:s}", "sessionId", sid, "cwd", h.work));
-  cr_assert_eq(error_code(r), -32002);
-  json_decref(r);
+  expect_error(&h, 7, "session/load",
+               json_pack("{s:s, s:s, s:[]}", "sessionId", sid, "cwd", h.work, "mcpServers"), -32002);
+  expect_error(&h, 8, "session/resume", json_pack("{s:s, s:s}", "sessionId", sid, "cwd", h.work), -32002);
   host_kill(&h);
 }
 
@@ -930,9 +768,7 @@ Test(acp_sessions, before_initialize, .timeout = 60) {
   host_start(&h);
   char sid[64];
   new_session(&h, 1, sid, sizeof sid);
-  json_t *r = call(&h, 2, "session/prompt", text_prompt(sid, "early"));
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
-  json_decref(r);
+  expect_prompt_stop(&h, 2, sid, "early", "end_turn");
   initialize(&h);
   host_kill(&h);
 }
@@ -940,18 +776,11 @@ Test(acp_sessions, before_initialize, .timeout = 60) {
 /* session/resume after a restart: no replay, `{}`, and the session takes prompts again. */
 Test(acp_sessions, resume_without_replay, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   json_t *r = call(&h, 3, "session/prompt", text_prompt(sid, "one"));
   json_decref(r);
-  close_stdin(&h);
-  cr_assert(ts_wait_exit(h.pid, 10000, NULL));
-  h.pid = -1;
-  host_end(&h);
-  host_spawn(&h, NULL);
-  initialize(&h);
+  restart(&h);
   send_request(&h, 2, "session/resume",
                json_pack("{s:s, s:s, s:[]}", "sessionId", sid, "cwd", h.work, "mcpServers"));
   seen s = {.updates = json_array()};
@@ -963,7 +792,7 @@ Test(acp_sessions, resume_without_replay, .timeout = 60) {
   cr_assert_null(r);
   send_request(&h, 3, "session/prompt", text_prompt(sid, "two"));
   r = next_response_ex(&h, 10000, &s, NULL, NULL);
-  cr_assert_str_eq(json_string_value(json_object_get(result_of(r), "stopReason")), "end_turn");
+  cr_assert_str_eq(stop_reason(r), "end_turn");
   cr_assert_eq(json_array_size(s.updates), 1, "only the new turn's updates");
   json_decref(r);
   json_decref(s.updates);
@@ -977,10 +806,8 @@ Test(acp_sessions, resume_without_replay, .timeout = 60) {
  * is gone. */
 Test(acp_quiesce, eof_settles_and_exits, .timeout = 60) {
   acp_host h;
-  host_start(&h);
-  initialize(&h);
   char sid[64];
-  new_session(&h, 2, sid, sizeof sid);
+  start_session(&h, sid, sizeof sid);
   char *pidfile = NULL;
   cr_assert(asprintf(&pidfile, "%s/cmd.pid", h.work) > 0);
   char text[512];
@@ -989,8 +816,8 @@ Test(acp_quiesce, eof_settles_and_exits, .timeout = 60) {
   send_request(&h, 4, "session/prompt", text_prompt(sid, "queued"));
   /* Approve, then wait until the command runs. */
   json_t *m = NULL;
-  while ((m = next_msg(&h, 10000)) &&
-         !(method_of(m) && strcmp(method_of(m), "session/request_permission") == 0))
+  while ((m = ts_stdio_next_msg(&h, 10000)) &&
+         !(ts_rpc_method(m) && strcmp(ts_rpc_method(m), "session/request_permission") == 0))
     json_decref(m);
   cr_assert(m, "no permission request");
   perm_answer pa = {.option = "allow_once", .sid = sid};
@@ -1006,21 +833,18 @@ Test(acp_quiesce, eof_settles_and_exits, .timeout = 60) {
   free(pidfile);
   cr_assert(cmd > 0);
   uint64_t t0 = ts_now_ms();
-  close_stdin(&h);
+  ts_stdio_close_stdin(&h);
   int answered = 0;
-  while ((m = next_msg(&h, 10000))) {
-    if (is_response(m)) {
+  while ((m = ts_stdio_next_msg(&h, 10000))) {
+    if (ts_rpc_is_response(m)) {
       cr_assert_eq(json_integer_value(json_object_get(m, "id")), 3 + answered, "answers out of order");
-      cr_assert_str_eq(json_string_value(json_object_get(result_of(m), "stopReason")), "cancelled");
+      cr_assert_str_eq(stop_reason(m), "cancelled");
       answered++;
     }
     json_decref(m);
   }
   cr_assert_eq(answered, 2, "every prompt is answered before stdout closes");
-  int status = 0;
-  cr_assert(ts_wait_exit(h.pid, 10000, &status), "the agent did not exit on EOF");
-  h.pid = -1;
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
+  expect_exit_zero(&h);
   uint64_t took = ts_now_ms() - t0;
   cr_assert(took < 5000, "the quiesce took %llu ms", (unsigned long long)took);
   cr_assert_eq(ts_group_members(cmd), 0, "the command's process group outlived the agent");
@@ -1033,11 +857,8 @@ Test(acp_quiesce, eof_idle_exits_zero, .timeout = 60) {
   host_start(&h);
   initialize(&h);
   uint64_t t0 = ts_now_ms();
-  close_stdin(&h);
-  int status = 0;
-  cr_assert(ts_wait_exit(h.pid, 10000, &status), "the agent did not exit on EOF");
-  h.pid = -1;
-  cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ts_stdio_close_stdin(&h);
+  expect_exit_zero(&h);
   cr_assert(ts_now_ms() - t0 < 2000, "exit took %llu ms", (unsigned long long)(ts_now_ms() - t0));
   host_kill(&h);
 }

@@ -86,14 +86,20 @@ static int decide(fx *f) {
   return f->d.status;
 }
 
-/* A WebSocket upgrade of /api/ws/mux with the subprotocol pair. */
-static void as_upgrade(fx *f, const char *p) {
+/* A GET without a body, of `p` (NULL: the path stays). */
+static void as_get(fx *f, const char *p) {
   f->req.method = "GET";
-  path(f, p);
-  f->req.upgrade = true;
-  f->req.authorization = NULL;
+  if (p)
+    path(f, p);
   f->req.content_type = NULL;
   f->req.content_length = NULL;
+}
+
+/* A WebSocket upgrade of /api/ws/mux with the subprotocol pair. */
+static void as_upgrade(fx *f, const char *p) {
+  as_get(f, p);
+  f->req.upgrade = true;
+  f->req.authorization = NULL;
   f->req.ws_protocol = f->ws_proto;
 }
 
@@ -152,10 +158,7 @@ Test(browser_fence, t1_host_variants) {
 Test(browser_fence, t1_host_applies_to_static_and_upgrades_and_needs_one_host) {
   fx f;
   init(&f);
-  f.req.method = "GET";
-  path(&f, "/index.html");
-  f.req.content_length = NULL;
-  f.req.content_type = NULL;
+  as_get(&f, "/index.html");
   f.req.host = "rebind.attacker.example";
   cr_expect_eq(decide(&f), 403, "static route");
   init(&f);
@@ -322,10 +325,7 @@ Test(browser_fence, t3_upgrade_only_on_the_two_streams) {
   as_upgrade(&f, "/index.html");
   cr_expect_eq(decide(&f), 400);
   init(&f);
-  f.req.method = "GET";
-  path(&f, "/api/ws/mux");
-  f.req.content_length = NULL;
-  f.req.content_type = NULL;
+  as_get(&f, "/api/ws/mux");
   cr_expect_eq(decide(&f), 400, "the stream without an upgrade");
   init(&f);
   f.req.upgrade_other = "h2c";
@@ -462,9 +462,7 @@ Test(browser_fence, t5_framing) {
     cr_expect_eq(decide(&f), 400, "Content-Length \"%s\"", bad[i]);
   }
   init(&f);
-  f.req.method = "GET";
-  path(&f, "/index.html");
-  f.req.content_type = NULL;
+  as_get(&f, "/index.html");
   f.req.content_length = "5";
   cr_expect_eq(decide(&f), 400, "a GET with a body");
 }
@@ -475,9 +473,7 @@ Test(browser_fence, t5_framing) {
 Test(browser_fence, routes_and_methods) {
   fx f;
   init(&f);
-  f.req.method = "GET";
-  f.req.content_type = NULL;
-  f.req.content_length = NULL;
+  as_get(&f, NULL);
   cr_expect_eq(decide(&f), 405, "GET on a method");
   cr_expect_str_eq(f.d.allow, "POST");
   init(&f);
@@ -488,10 +484,7 @@ Test(browser_fence, routes_and_methods) {
   cr_expect_eq(decide(&f), 0);
   cr_expect_eq(f.d.route, BF_ROUTE_RESPOND);
   init(&f);
-  f.req.method = "GET";
-  f.req.content_type = NULL;
-  f.req.content_length = NULL;
-  path(&f, "/api/sessions/0192aabb-ccdd-7eee-8fff-000000000001/export");
+  as_get(&f, "/api/sessions/0192aabb-ccdd-7eee-8fff-000000000001/export");
   cr_expect_eq(decide(&f), 0, "%s", f.d.reason);
   cr_expect_eq(f.d.route, BF_ROUTE_EXPORT);
   cr_expect_str_eq(f.d.session_id, "0192aabb-ccdd-7eee-8fff-000000000001");
@@ -513,11 +506,8 @@ Test(browser_fence, routes_and_methods) {
 Test(browser_fence, static_ui_is_public_and_navigable) {
   fx f;
   init(&f);
-  f.req.method = "GET";
-  path(&f, "/");
+  as_get(&f, "/");
   f.req.authorization = NULL;
-  f.req.content_type = NULL;
-  f.req.content_length = NULL;
   f.req.origin = NULL;
   f.req.sec_fetch_site = "none"; /* the launch URL typed or opened */
   cr_expect_eq(decide(&f), 0, "%s", f.d.reason);
@@ -535,9 +525,7 @@ Test(browser_fence, static_ui_is_public_and_navigable) {
 Test(browser_fence, t8_request_target) {
   fx f;
   init(&f);
-  f.req.method = "GET";
-  f.req.content_type = NULL;
-  f.req.content_length = NULL;
+  as_get(&f, NULL);
   f.req.authorization = NULL;
   path(&f, "/app.js#/../../etc/passwd");
   cr_expect_eq(decide(&f), 400, "H37 '#' in the target");

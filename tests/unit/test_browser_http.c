@@ -158,6 +158,53 @@ static void stop(daemon_t *d) {
   free(d->err);
 }
 
+/* ---- WebSocket helpers ------------------------------------------------------------------------------ */
+
+/* `prefix` (header lines, may be ""), then the subprotocol line that carries the token. */
+static void ws_auth(const daemon_t *d, const char *prefix, char *buf, size_t cap) {
+  snprintf(buf, cap, "%sSec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", prefix, d->token);
+}
+
+/* A WebSocket to `path` with the token (receive buffer `rcvbuf` when > 0); the test fails when it is
+ * refused. */
+static int ws_open(const daemon_t *d, const char *path, int rcvbuf) {
+  char extra[256];
+  ws_auth(d, "", extra, sizeof extra);
+  tc_resp hs;
+  int ws = tc_ws_open(d->port, path, extra, &hs, rcvbuf);
+  cr_assert(ws >= 0);
+  tc_resp_free(&hs);
+  return ws;
+}
+
+/* Read frames until a close frame (at most `frames`, no bound when < 0; each within `timeout_ms`): its
+ * close code, 0 when none came. */
+static int ws_close(int ws, int frames, int timeout_ms) {
+  int code = 0;
+  for (int k = 0; frames < 0 || k < frames; k++) {
+    int op = 0;
+    char *p = NULL;
+    size_t n = 0;
+    if (tc_ws_recv(ws, &op, &p, &n, timeout_ms) != 0)
+      break;
+    if (op == 8)
+      code = tc_ws_close_code(p, n);
+    free(p);
+    if (op == 8)
+      break;
+  }
+  return code;
+}
+
+/* The port in serve.json at `path`. */
+static int serve_port(const char *path) {
+  json_t *j = json_load_file(path, 0, NULL);
+  cr_assert(j);
+  int port = (int)json_integer_value(json_object_get(j, "port"));
+  json_decref(j);
+  return port;
+}
+
 /* ---- HTTP helpers ----------------------------------------------------------------------------------------
  */
 
@@ -390,7 +437,7 @@ Test(browser_http, respond_receipts_and_pending_requests_first) {
   char *sid = create_session(&d);
   prompt(&d, sid, "/tool run_command {\"command\":\"echo hi\"}");
   char proto[256];
-  snprintf(proto, sizeof proto, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  ws_auth(&d, "", proto, sizeof proto);
   json_t *req = NULL;
   for (int attempt = 0; attempt < 100 && !req; attempt++) {
     tc_resp hs;
@@ -594,9 +641,7 @@ Test(browser_http, t3_w01_upgrade_with_bad_origin_is_403_never_101_and_missing_t
   start(&d, NULL);
   char extra[512];
   tc_resp hs;
-  snprintf(extra, sizeof extra,
-           "Origin: https://evil.example\r\nSec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n",
-           d.token);
+  ws_auth(&d, "Origin: https://evil.example\r\n", extra, sizeof extra);
   cr_expect_eq(tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0), -1);
   cr_expect_eq(hs.status, 403);
   expect_hardening(&hs, "403 upgrade");
@@ -607,7 +652,7 @@ Test(browser_http, t3_w01_upgrade_with_bad_origin_is_403_never_101_and_missing_t
   cr_expect_eq(tc_ws_open(d.port, "/api/ws/host", "", &hs, 0), -1, "no subprotocol, no Origin");
   cr_expect_eq(hs.status, 401);
   tc_resp_free(&hs);
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  ws_auth(&d, "", extra, sizeof extra);
   cr_expect_eq(tc_ws_open(d.port, "/api/ws/nope", extra, &hs, 0), -1);
   cr_expect_eq(hs.status, 404);
   tc_resp_free(&hs);
@@ -621,7 +666,7 @@ Test(browser_http, client_data_frame_closes_1008) {
   daemon_t d;
   start(&d, NULL);
   char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  ws_auth(&d, "", extra, sizeof extra);
   static const char *const paths[] = {"/api/ws/mux", "/api/ws/host"};
   for (int i = 0; i < 2; i++) {
     tc_resp hs;
@@ -629,19 +674,7 @@ Test(browser_http, client_data_frame_closes_1008) {
     cr_assert(ws >= 0, "%s → %d", paths[i], hs.status);
     tc_resp_free(&hs);
     cr_assert(tc_ws_send(ws, 1, "{\"hello\":1}", 11));
-    int code = 0;
-    for (int k = 0; k < 50; k++) {
-      int op = 0;
-      char *p = NULL;
-      size_t n = 0;
-      if (tc_ws_recv(ws, &op, &p, &n, 2000) != 0)
-        break;
-      if (op == 8)
-        code = tc_ws_close_code(p, n);
-      free(p);
-      if (op == 8)
-        break;
-    }
+    int code = ws_close(ws, 50, 2000);
     cr_expect_eq(code, 1008, "%s", paths[i]);
     close(ws);
   }
@@ -659,13 +692,9 @@ Test(browser_http, mux_replays_after_the_cursor_then_live_gap_free) {
   size_t n = json_array_size(stored);
   cr_assert_gt(n, 6);
   int64_t after = json_integer_value(json_object_get(json_array_get(stored, 2), "cursor"));
-  char extra[256], path[64];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  char path[64];
   snprintf(path, sizeof path, "/api/ws/mux?after=%lld", (long long)after);
-  tc_resp hs;
-  int ws = tc_ws_open(d.port, path, extra, &hs, 0);
-  cr_assert(ws >= 0);
-  tc_resp_free(&hs);
+  int ws = ws_open(&d, path, 0);
   /* Live while the replay runs: a third prompt. */
   prompt(&d, sid, "third");
   json_t *all = wait_turns(&d, 3);
@@ -720,12 +749,7 @@ Test(browser_http, mux_replays_after_the_cursor_then_live_gap_free) {
 Test(browser_http, slow_consumer_is_closed_1013) {
   daemon_t d;
   start(&d, "ws_queue_bytes = 1048576\n");
-  char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
-  tc_resp hs;
-  int ws = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 4096);
-  cr_assert(ws >= 0);
-  tc_resp_free(&hs);
+  int ws = ws_open(&d, "/api/ws/mux", 4096);
   char *sid = create_session(&d);
   size_t big = 64 * 1024;
   char *text = malloc(big + 1);
@@ -735,19 +759,7 @@ Test(browser_http, slow_consumer_is_closed_1013) {
     prompt(&d, sid, text);
   free(text);
   json_decref(wait_turns(&d, 100));
-  int code = 0;
-  for (;;) {
-    int op = 0;
-    char *p = NULL;
-    size_t n = 0;
-    if (tc_ws_recv(ws, &op, &p, &n, 5000) != 0)
-      break;
-    if (op == 8)
-      code = tc_ws_close_code(p, n);
-    free(p);
-    if (op == 8)
-      break;
-  }
+  int code = ws_close(ws, -1, 5000);
   cr_expect_eq(code, 1013);
   char *log = log_text(&d);
   cr_expect(strstr(log, "slow consumer"));
@@ -885,9 +897,7 @@ Test(browser_http, t9_h34_log_injection_escaped_and_secrets_never_logged) {
   close(fd);
   /* A refused upgrade carrying the bearer subprotocol, and a refused request with a wrong token. */
   char extra[256];
-  snprintf(extra, sizeof extra,
-           "Origin: https://evil.example\r\nSec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n",
-           d.token);
+  ws_auth(&d, "Origin: https://evil.example\r\n", extra, sizeof extra);
   tc_resp hs;
   tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
   tc_resp_free(&hs);
@@ -921,40 +931,20 @@ static int admin(daemon_t *d, const char *sub, const char *arg, char **out) {
 Test(browser_http, unload_reload_load_in_a_running_host) {
   daemon_t d;
   start(&d, NULL);
-  char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
-  tc_resp hs;
-  int ws = tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
-  cr_assert(ws >= 0);
-  tc_resp_free(&hs);
+  int ws = ws_open(&d, "/api/ws/host", 0);
   int keep = tc_connect(d.port, 0); /* an idle keep-alive connection */
   cr_assert(keep >= 0);
   char *out = NULL;
   cr_assert_eq(admin(&d, "reload", "browser", &out), 0, "%s", out ? out : "");
   cr_expect_null(strstr(out, "zombie"), "%s", out);
   free(out);
-  int code = 0;
-  for (int k = 0; k < 20; k++) {
-    int op = 0;
-    char *p = NULL;
-    size_t n = 0;
-    if (tc_ws_recv(ws, &op, &p, &n, 3000) != 0)
-      break;
-    if (op == 8)
-      code = tc_ws_close_code(p, n);
-    free(p);
-    if (op == 8)
-      break;
-  }
+  int code = ws_close(ws, 20, 3000);
   cr_expect_eq(code, 1001, "sockets are closed going-away");
   close(ws);
   close(keep);
   /* The reloaded plugin listens on a fresh ephemeral port: read it again. */
   char *sp = cat(d.runtime, "/serve.json");
-  json_t *j = json_load_file(sp, 0, NULL);
-  cr_assert(j);
-  d.port = (int)json_integer_value(json_object_get(j, "port"));
-  json_decref(j);
+  d.port = serve_port(sp);
   json_decref(call(&d, "host.describe", "{}"));
   cr_assert_eq(admin(&d, "unload", "browser", &out), 0);
   free(out);
@@ -964,10 +954,7 @@ Test(browser_http, unload_reload_load_in_a_running_host) {
   cr_assert_eq(kill(d.pid, SIGHUP), 0);
   cr_assert(ts_wait_path(sp, 10000), "the browser is mounted again");
   usleep(100000);
-  j = json_load_file(sp, 0, NULL);
-  cr_assert(j);
-  d.port = (int)json_integer_value(json_object_get(j, "port"));
-  json_decref(j);
+  d.port = serve_port(sp);
   json_decref(call(&d, "host.describe", "{}"));
   free(sp);
   /* The daemon is still healthy and stops cleanly. */
@@ -990,12 +977,7 @@ Test(browser_http, host_stream_carries_lifecycle_and_remote_events) {
   if (access(so, F_OK) != 0)
     cr_skip_test("the remote plugin is not built");
   start_with(&d, NULL, true);
-  char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
-  tc_resp hs;
-  int ws = tc_ws_open(d.port, "/api/ws/host", extra, &hs, 0);
-  cr_assert(ws >= 0);
-  tc_resp_free(&hs);
+  int ws = ws_open(&d, "/api/ws/host", 0);
   usleep(100000); /* the (empty) pending list first */
   char *sid = create_session(&d);
   bool created = false, remote = false;
@@ -1109,7 +1091,7 @@ Test(browser_http, websocket_count_is_bounded) {
   daemon_t d;
   start(&d, "max_websockets = 2\n");
   char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
+  ws_auth(&d, "", extra, sizeof extra);
   tc_resp hs;
   int a = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0);
   tc_resp_free(&hs);
@@ -1136,12 +1118,7 @@ Test(browser_http, websocket_count_is_bounded) {
 Test(browser_http, token_rotate_closes_generations_and_retires_the_old_token) {
   daemon_t d;
   start(&d, NULL);
-  char extra[256];
-  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d.token);
-  tc_resp hs;
-  int ws = tc_ws_open(d.port, "/api/ws/mux", extra, &hs, 0);
-  cr_assert(ws >= 0);
-  tc_resp_free(&hs);
+  int ws = ws_open(&d, "/api/ws/mux", 0);
   char *argv[] = {(char *)agenthost(), "--config", d.config, "--state-dir", d.state,
                   "--runtime-dir",     d.runtime,  "token",  "rotate",      NULL};
   char *out = NULL;
@@ -1153,19 +1130,7 @@ Test(browser_http, token_rotate_closes_generations_and_retires_the_old_token) {
   snprintf(d.token, sizeof d.token, "%.43s", k + 3);
   cr_expect_str_neq(d.token, old);
   free(out);
-  int code = 0;
-  for (int i = 0; i < 20; i++) {
-    int op = 0;
-    char *p = NULL;
-    size_t n = 0;
-    if (tc_ws_recv(ws, &op, &p, &n, 3000) != 0)
-      break;
-    if (op == 8)
-      code = tc_ws_close_code(p, n);
-    free(p);
-    if (op == 8)
-      break;
-  }
+  int code = ws_close(ws, 20, 3000);
   cr_expect_eq(code, 1008);
   close(ws);
   json_decref(call(&d, "host.describe", "{}")); /* the new token works */

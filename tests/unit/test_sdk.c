@@ -23,109 +23,14 @@
 #include "../../host/config.h"
 #include "support.h"
 
-typedef struct sdk_host {
-  pid_t pid;
-  int in;  /* the host's stdin (we write) */
-  int out; /* the host's stdout (we read) */
-  char *dir;
-  char *work; /* a cwd for sessions */
-  char *log;
-  char *buf;
-  size_t len, cap;
-} sdk_host;
-
-static const char *agenthost(void) {
-  const char *v = getenv("AH_TEST_AGENTHOST");
-  cr_assert(v && *v, "AH_TEST_AGENTHOST is not set (run the tests through meson test)");
-  return v;
-}
-
-static void host_prepare(sdk_host *h) {
-  memset(h, 0, sizeof *h);
-  h->pid = -1;
-  h->in = h->out = -1;
-  h->dir = ts_mkdtemp();
-  cr_assert(h->dir);
-  char *run = NULL, *work = NULL, *log = NULL;
-  cr_assert(asprintf(&run, "%s/run", h->dir) > 0 && asprintf(&work, "%s/work", h->dir) > 0 &&
-            asprintf(&log, "%s/host.log", h->dir) > 0);
-  cr_assert_eq(mkdir(work, 0700), 0);
-  free(run);
-  h->work = work;
-  h->log = log;
-  free(ts_write_file(h->dir, "empty.ini", ""));
-}
-
-/* In the child: exec `agenthost … sdk` on the given pipe ends, stderr to the log. */
-static void exec_host(const sdk_host *h, int in_fd, int out_fd) {
-  int err = open(h->log, O_WRONLY | O_CREAT | O_APPEND, 0600);
-  if (dup2(in_fd, 0) < 0 || dup2(out_fd, 1) < 0 || err < 0 || dup2(err, 2) < 0)
-    _exit(127);
-  for (int fd = 3; fd < 1024; fd++)
-    close(fd);
-  char *run = NULL, *cfg = NULL;
-  if (asprintf(&run, "%s/run", h->dir) < 0 || asprintf(&cfg, "%s/empty.ini", h->dir) < 0)
-    _exit(127);
-  const char *exe = getenv("AH_TEST_AGENTHOST");
-  char *argv[] = {(char *)exe, "--state-dir", h->dir, "--runtime-dir", run, "--config", cfg, "sdk", NULL};
-  execv(exe, argv);
-  _exit(127);
-}
+typedef ts_stdio sdk_host;
 
 static void host_start(sdk_host *h) {
-  host_prepare(h);
-  int in[2], out[2];
-  cr_assert_eq(pipe2(in, O_CLOEXEC), 0);
-  cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
-  (void)agenthost();
-  pid_t pid = fork();
-  cr_assert(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    exec_host(h, in[0], out[1]);
-  }
-  close(in[0]);
-  close(out[1]);
-  h->pid = pid;
-  h->in = in[1];
-  h->out = out[0];
-  signal(SIGPIPE, SIG_IGN);
+  ts_stdio_start(h, "sdk", NULL);
 }
 
 static void host_kill(sdk_host *h) {
-  if (h->in >= 0)
-    close(h->in);
-  if (h->out >= 0)
-    close(h->out);
-  h->in = h->out = -1;
-  if (h->pid > 0) {
-    kill(h->pid, SIGKILL);
-    waitpid(h->pid, NULL, 0);
-    h->pid = -1;
-  }
-  if (h->dir)
-    ts_rmtree(h->dir);
-  free(h->dir);
-  free(h->work);
-  free(h->log);
-  free(h->buf);
-  memset(h, 0, sizeof *h);
-}
-
-static void send_raw(sdk_host *h, const char *bytes, size_t n) {
-  while (n) {
-    ssize_t w = write(h->in, bytes, n);
-    if (w < 0 && errno == EINTR)
-      continue;
-    cr_assert(w > 0, "write to the host: %s", strerror(errno));
-    bytes += w;
-    n -= (size_t)w;
-  }
-}
-
-static void send_line(sdk_host *h, const char *line) {
-  send_raw(h, line, strlen(line));
-  send_raw(h, "\n", 1);
+  ts_stdio_free(h);
 }
 
 /* `params` is stolen (NULL = none). */
@@ -133,72 +38,19 @@ static void send_request(sdk_host *h, int id, const char *method, json_t *params
   json_t *msg = json_pack("{s:s, s:i, s:s}", "jsonrpc", "2.0", "id", id, "method", method);
   if (params)
     json_object_set_new(msg, "params", params);
-  char *text = json_dumps(msg, JSON_COMPACT);
-  send_line(h, text);
-  free(text);
+  ts_stdio_send_json(h, msg);
   json_decref(msg);
-}
-
-/* The next line from the host as JSON, NULL on timeout or EOF. */
-static json_t *next_msg(sdk_host *h, uint64_t timeout_ms) {
-  uint64_t end = ts_now_ms() + timeout_ms;
-  for (;;) {
-    char *nl = h->buf ? memchr(h->buf, '\n', h->len) : NULL;
-    if (nl) {
-      size_t n = (size_t)(nl - h->buf);
-      json_error_t e;
-      json_t *msg = json_loadb(h->buf, n, 0, &e);
-      cr_assert(msg, "the host wrote a line that is not JSON: %.*s", (int)(n > 300 ? 300 : n), h->buf);
-      memmove(h->buf, nl + 1, h->len - n - 1);
-      h->len -= n + 1;
-      return msg;
-    }
-    uint64_t now = ts_now_ms();
-    if (now >= end)
-      return NULL;
-    struct pollfd p = {.fd = h->out, .events = POLLIN};
-    int r = poll(&p, 1, (int)(end - now));
-    if (r <= 0)
-      continue;
-    if (h->cap - h->len < 65536) {
-      h->cap = h->cap ? h->cap * 2 : 131072;
-      h->buf = realloc(h->buf, h->cap);
-      cr_assert(h->buf);
-    }
-    ssize_t got = read(h->out, h->buf + h->len, h->cap - h->len);
-    if (got <= 0)
-      return NULL;
-    h->len += (size_t)got;
-  }
-}
-
-static bool is_response(const json_t *m) {
-  return !json_object_get(m, "method") && (json_object_get(m, "result") || json_object_get(m, "error"));
 }
 
 /* The next response (notifications and server requests skipped), NULL on timeout. */
 static json_t *next_response(sdk_host *h, uint64_t timeout_ms) {
-  uint64_t end = ts_now_ms() + timeout_ms;
-  for (;;) {
-    uint64_t now = ts_now_ms();
-    json_t *m = next_msg(h, end > now ? end - now : 0);
-    if (!m || is_response(m))
-      return m;
-    json_decref(m);
-  }
+  return ts_stdio_next_response(h, timeout_ms, NULL, NULL);
 }
 
 /* Send a request and wait for its response. */
 static json_t *call(sdk_host *h, int id, const char *method, json_t *params) {
   send_request(h, id, method, params);
-  json_t *r = next_response(h, 10000);
-  cr_assert(r, "no answer to %s", method);
-  cr_assert_eq(json_integer_value(json_object_get(r, "id")), id, "answer to another id");
-  return r;
-}
-
-static int error_code(const json_t *r) {
-  return (int)json_integer_value(json_object_get(json_object_get(r, "error"), "code"));
+  return ts_stdio_answer(h, id, method);
 }
 
 static void initialize(sdk_host *h, bool requests) {
@@ -212,10 +64,6 @@ static void initialize(sdk_host *h, bool requests) {
 
 static const char *event_kind(const json_t *m) {
   return json_string_value(json_object_get(json_object_get(json_object_get(m, "params"), "event"), "kind"));
-}
-
-static const char *method_of(const json_t *m) {
-  return json_string_value(json_object_get(m, "method"));
 }
 
 /* SDK-SERVER-INIT, SDK-WIRE-LIMITS: serverInfo, the negotiated protocolVersion, the capabilities. */
@@ -247,13 +95,13 @@ Test(sdk, initialize_bad_params, .timeout = 60) {
   sdk_host h;
   host_start(&h);
   json_t *r = call(&h, 1, "initialize", json_pack("{s:s}", "cwd", "relative/dir"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   json_decref(r);
   r = call(&h, 2, "initialize", json_pack("{s:s, s:s}", "cwd", h.work, "protocolVersion", "1"));
-  cr_assert_eq(error_code(r), -32602);
+  cr_assert_eq(ts_rpc_error_code(r), -32602);
   json_decref(r);
   r = call(&h, 3, "session/prompt", json_pack("{s:s}", "text", "hi"));
-  cr_assert_eq(error_code(r), -32002);
+  cr_assert_eq(ts_rpc_error_code(r), -32002);
   json_decref(r);
   host_kill(&h);
 }
@@ -263,12 +111,12 @@ Test(sdk, request_before_initialize, .timeout = 60) {
   sdk_host h;
   host_start(&h);
   json_t *r = call(&h, 5, "session/prompt", json_pack("{s:s}", "text", "hello"));
-  cr_assert_eq(error_code(r), -32002);
+  cr_assert_eq(ts_rpc_error_code(r), -32002);
   cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r, "error"), "message")),
                    "not initialized");
   json_decref(r);
   r = call(&h, 6, "shutdown", NULL);
-  cr_assert_eq(error_code(r), -32002);
+  cr_assert_eq(ts_rpc_error_code(r), -32002);
   json_decref(r);
   initialize(&h, false);
   host_kill(&h);
@@ -280,10 +128,10 @@ Test(sdk, second_initialize, .timeout = 60) {
   host_start(&h);
   initialize(&h, false);
   json_t *r = call(&h, 2, "initialize", json_pack("{s:s}", "cwd", h.work));
-  cr_assert_eq(error_code(r), -32600);
+  cr_assert_eq(ts_rpc_error_code(r), -32600);
   json_decref(r);
   r = call(&h, 3, "no/such", NULL);
-  cr_assert_eq(error_code(r), -32601);
+  cr_assert_eq(ts_rpc_error_code(r), -32601);
   json_decref(r);
   host_kill(&h);
 }
@@ -301,9 +149,9 @@ Test(sdk, prompt_receipt_events_idle, .timeout = 60) {
   char sid[64] = "";
   uint64_t end = ts_now_ms() + 10000;
   while (!saw_idle && ts_now_ms() < end) {
-    json_t *m = next_msg(&h, 10000);
+    json_t *m = ts_stdio_next_msg(&h, 10000);
     cr_assert(m, "the host stopped talking");
-    if (is_response(m)) {
+    if (ts_rpc_is_response(m)) {
       cr_assert_eq(json_integer_value(json_object_get(m, "id")), 2);
       cr_assert_null(receipt, "two answers");
       receipt = json_incref(json_object_get(m, "result"));
@@ -311,7 +159,7 @@ Test(sdk, prompt_receipt_events_idle, .timeout = 60) {
       cr_assert(json_is_string(json_object_get(receipt, "sessionId")));
       cr_assert(json_is_string(json_object_get(receipt, "messageId")));
       snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(receipt, "sessionId")));
-    } else if (strcmp(method_of(m), "session.event") == 0) {
+    } else if (strcmp(ts_rpc_method(m), "session.event") == 0) {
       json_t *p = json_object_get(m, "params");
       json_t *ev = json_object_get(p, "event");
       json_int_t seq = json_integer_value(json_object_get(ev, "seq"));
@@ -329,7 +177,7 @@ Test(sdk, prompt_receipt_events_idle, .timeout = 60) {
                        json_string_value(json_object_get(ev, "sessionId")));
       if (strcmp(event_kind(m), "turn/ended") == 0)
         saw_end = true;
-    } else if (strcmp(method_of(m), "session.status") == 0) {
+    } else if (strcmp(ts_rpc_method(m), "session.status") == 0) {
       const char *st = json_string_value(json_object_get(json_object_get(m, "params"), "status"));
       if (saw_end && st && strcmp(st, "idle") == 0)
         saw_idle = true;
@@ -344,7 +192,7 @@ Test(sdk, prompt_receipt_events_idle, .timeout = 60) {
   json_decref(r);
   r = call(&h, 4, "session/prompt",
            json_pack("{s:s, s:s}", "sessionId", "01234567-0000-7000-8000-000000000000", "text", "x"));
-  cr_assert_eq(error_code(r), -32002);
+  cr_assert_eq(ts_rpc_error_code(r), -32002);
   json_decref(r);
   json_decref(receipt);
   host_kill(&h);
@@ -375,10 +223,11 @@ Test(sdk, concurrent_prompts_coalesced, .timeout = 60) {
 static long wait_event(sdk_host *h, const char *kind, const char *reason, uint64_t timeout_ms) {
   uint64_t start = ts_now_ms(), end = start + timeout_ms;
   while (ts_now_ms() < end) {
-    json_t *m = next_msg(h, end - ts_now_ms());
+    json_t *m = ts_stdio_next_msg(h, end - ts_now_ms());
     if (!m)
       break;
-    bool hit = method_of(m) && strcmp(method_of(m), "session.event") == 0 && strcmp(event_kind(m), kind) == 0;
+    bool hit = ts_rpc_method(m) && strcmp(ts_rpc_method(m), "session.event") == 0 &&
+               strcmp(event_kind(m), kind) == 0;
     if (hit && reason) {
       const char *r = json_string_value(json_object_get(
           json_object_get(json_object_get(json_object_get(m, "params"), "event"), "data"), "reason"));
@@ -450,9 +299,9 @@ Test(sdk, approval_via_server_request, .timeout = 60) {
   bool answered = false, ended = false;
   uint64_t end = ts_now_ms() + 15000;
   while (!ended && ts_now_ms() < end) {
-    json_t *m = next_msg(&h, 15000);
+    json_t *m = ts_stdio_next_msg(&h, 15000);
     cr_assert(m, "the host stopped talking");
-    const char *method = method_of(m);
+    const char *method = ts_rpc_method(m);
     if (method && json_object_get(m, "id")) {
       cr_assert_str_eq(method, "request/approval");
       json_t *p = json_object_get(m, "params");
@@ -460,9 +309,7 @@ Test(sdk, approval_via_server_request, .timeout = 60) {
       cr_assert(json_is_string(json_object_get(p, "id")));
       json_t *ans = json_pack("{s:s, s:O, s:{s:s}}", "jsonrpc", "2.0", "id", json_object_get(m, "id"),
                               "result", "optionId", "allow_once");
-      char *text = json_dumps(ans, JSON_COMPACT);
-      send_line(&h, text);
-      free(text);
+      ts_stdio_send_json(&h, ans);
       json_decref(ans);
       answered = true;
     } else if (method && strcmp(method, "session.event") == 0 && strcmp(event_kind(m), "turn/ended") == 0) {
@@ -492,10 +339,10 @@ Test(sdk, no_server_request_without_capability, .timeout = 60) {
   bool saw_call = false;
   uint64_t end = ts_now_ms() + 1500;
   while (ts_now_ms() < end) {
-    json_t *m = next_msg(&h, end - ts_now_ms());
+    json_t *m = ts_stdio_next_msg(&h, end - ts_now_ms());
     if (!m)
       break;
-    const char *method = method_of(m);
+    const char *method = ts_rpc_method(m);
     cr_assert(!(method && json_object_get(m, "id")), "a server request was sent: %s", method);
     if (method && strcmp(method, "session.event") == 0) {
       cr_assert_str_neq(event_kind(m), "turn/ended", "the turn ended without an answer");
@@ -516,7 +363,7 @@ static void expect_error_then_alive(sdk_host *h, const char *what) {
   json_t *r = next_response(h, 30000);
   cr_assert(r, "%s: no answer", what);
   cr_assert(json_object_get(r, "error"), "%s: not an error", what);
-  printf("sdk malformed %s → %d\n", what, error_code(r));
+  printf("sdk malformed %s → %d\n", what, ts_rpc_error_code(r));
   json_decref(r);
 }
 
@@ -524,7 +371,7 @@ static void expect_error_then_alive(sdk_host *h, const char *what) {
 Test(sdk, malformed_lines, .timeout = 60) {
   sdk_host h;
   host_start(&h);
-  send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ini");
+  ts_stdio_send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"ini");
   expect_error_then_alive(&h, "truncated JSON");
   size_t depth = 2049;
   char *nested = malloc(2 * depth + 1);
@@ -532,13 +379,13 @@ Test(sdk, malformed_lines, .timeout = 60) {
   memset(nested, '[', depth);
   memset(nested + depth, ']', depth);
   nested[2 * depth] = 0;
-  send_line(&h, nested);
+  ts_stdio_send_line(&h, nested);
   free(nested);
   expect_error_then_alive(&h, "2049 nested arrays");
-  send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"\xff\xfe\"}");
+  ts_stdio_send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"\xff\xfe\"}");
   expect_error_then_alive(&h, "invalid UTF-8");
   static const char nul_line[] = "{\"jsonrpc\":\"2.0\",\"id\":7,\"method\":\"a\0b\"}\n";
-  send_raw(&h, nul_line, sizeof nul_line - 1);
+  ts_stdio_send_raw(&h, nul_line, sizeof nul_line - 1);
   expect_error_then_alive(&h, "a NUL byte");
   /* 70 MiB: over the default 64 MiB cap; discarded as it streams and answered -32600 "line too long". */
   size_t chunk = 1 << 20;
@@ -546,15 +393,15 @@ Test(sdk, malformed_lines, .timeout = 60) {
   cr_assert(big);
   memset(big, 'a', chunk);
   big[0] = '"';
-  send_raw(&h, big, chunk);
+  ts_stdio_send_raw(&h, big, chunk);
   big[0] = 'a';
   for (int i = 1; i < 70; i++)
-    send_raw(&h, big, chunk);
+    ts_stdio_send_raw(&h, big, chunk);
   free(big);
-  send_raw(&h, "\"\n", 2);
+  ts_stdio_send_raw(&h, "\"\n", 2);
   json_t *r = next_response(&h, 30000);
   cr_assert(r, "70 MiB line: no answer");
-  cr_assert_eq(error_code(r), -32600);
+  cr_assert_eq(ts_rpc_error_code(r), -32600);
   cr_assert(json_is_null(json_object_get(r, "id")));
   json_decref(r);
   /* The host keeps answering. */
@@ -589,15 +436,14 @@ Test(sdk, stdin_eof_exits_zero, .timeout = 60) {
   initialize(&h, false);
   json_t *r = call(&h, 2, "session/prompt", json_pack("{s:s}", "text", "/sleep 5000"));
   json_decref(r);
-  close(h.in);
-  h.in = -1;
+  ts_stdio_close_stdin(&h);
   int status = 0;
   cr_assert(ts_wait_exit(h.pid, 10000, &status), "the host did not exit on EOF");
   h.pid = -1;
   cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
   /* stdout is closed: nothing is left holding it (no child of the host survived). */
   json_t *m;
-  while ((m = next_msg(&h, 2000)) != NULL)
+  while ((m = ts_stdio_next_msg(&h, 2000)) != NULL)
     json_decref(m);
   struct pollfd p = {.fd = h.out, .events = POLLIN};
   cr_assert_eq(poll(&p, 1, 2000), 1);
@@ -611,8 +457,8 @@ Test(sdk, stdin_eof_exits_zero, .timeout = 60) {
  * itself, so the host ends because its parent died, not because of an EOF. */
 Test(sdk, parent_killed_no_orphan, .timeout = 60) {
   sdk_host h;
-  host_prepare(&h);
-  (void)agenthost();
+  ts_stdio_prepare(&h);
+  (void)ts_agenthost();
   cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   int in[2], out[2], report[2];
   cr_assert_eq(pipe(in), 0);
@@ -623,7 +469,7 @@ Test(sdk, parent_killed_no_orphan, .timeout = 60) {
   if (parent == 0) {
     pid_t host = fork();
     if (host == 0)
-      exec_host(&h, in[0], out[1]);
+      ts_stdio_exec(&h, in[0], out[1], "sdk", NULL);
     if (write(report[1], &host, sizeof host) != sizeof host)
       _exit(1);
     for (;;)
@@ -705,7 +551,7 @@ Test(sdk, a_broken_store_fails_session_calls_not_the_handshake, .timeout = 60) {
   cr_assert_eq(memcmp(after, garbage, len), 0, "the file was rewritten");
   free(after);
   r = call(&h, 3, "no/such-method", json_object());
-  cr_assert_eq(error_code(r), -32601, "the host keeps answering");
+  cr_assert_eq(ts_rpc_error_code(r), -32601, "the host keeps answering");
   json_decref(r);
   free(db);
   host_kill(&h);
@@ -723,7 +569,7 @@ Test(sdk, shutdown_answers_the_requests_in_flight_first, .timeout = 60) {
   const char both[] =
       "{\"jsonrpc\":\"2.0\",\"id\":2,\"method\":\"session/prompt\",\"params\":{\"text\":\"last\"}}\n"
       "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"shutdown\"}\n";
-  send_raw(&h, both, sizeof both - 1);
+  ts_stdio_send_raw(&h, both, sizeof both - 1);
   json_t *a = next_response(&h, 10000);
   json_t *b = next_response(&h, 10000);
   cr_assert(a && b, "both requests must be answered");

@@ -21,27 +21,16 @@ static uint64_t now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-int tc_connect(int port, int rcvbuf) {
+/* A TCP connection to `ip`:port, or -1; `rcvbuf` > 0 sets the receive buffer, `nodelay` TCP_NODELAY. */
+static int connect_to(const char *ip, int port, int rcvbuf, bool nodelay) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
   if (rcvbuf > 0)
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
   int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-  if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-int tc_connect_ip(const char *ip, int port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
+  if (nodelay)
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   if (inet_pton(AF_INET, ip, &a.sin_addr) != 1 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
     close(fd);
@@ -50,18 +39,38 @@ int tc_connect_ip(const char *ip, int port) {
   return fd;
 }
 
-bool tc_send(int fd, const void *buf, size_t len) {
-  const char *p = buf;
-  while (len) {
-    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+int tc_connect(int port, int rcvbuf) {
+  return connect_to("127.0.0.1", port, rcvbuf, true);
+}
+
+int tc_connect_ip(const char *ip, int port) {
+  return connect_to(ip, port, 0, false);
+}
+
+/* Send `out` or receive into `in` (the other is NULL) exactly `len` bytes; a receive waits for each read
+ * until `deadline` at the most. */
+static bool transfer(int fd, const void *out, void *in, size_t len, uint64_t deadline) {
+  size_t done = 0;
+  while (done < len) {
+    if (in) {
+      int left = (int)(deadline > now_ms() ? deadline - now_ms() : 0);
+      struct pollfd pfd = {.fd = fd, .events = POLLIN};
+      if (poll(&pfd, 1, left) <= 0)
+        return false;
+    }
+    ssize_t n = in ? recv(fd, (char *)in + done, len - done, 0)
+                   : send(fd, (const char *)out + done, len - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR)
       continue;
     if (n <= 0)
       return false;
-    p += n;
-    len -= (size_t)n;
+    done += (size_t)n;
   }
   return true;
+}
+
+bool tc_send(int fd, const void *buf, size_t len) {
+  return transfer(fd, buf, NULL, len, 0);
 }
 
 bool tc_send_str(int fd, const char *s) {
@@ -70,21 +79,7 @@ bool tc_send_str(int fd, const char *s) {
 
 /* Read exactly `len` bytes before the deadline. */
 static bool read_exact(int fd, void *buf, size_t len, uint64_t deadline) {
-  char *p = buf;
-  while (len) {
-    int left = (int)(deadline > now_ms() ? deadline - now_ms() : 0);
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    if (poll(&pfd, 1, left) <= 0)
-      return false;
-    ssize_t n = recv(fd, p, len, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return false;
-    p += n;
-    len -= (size_t)n;
-  }
-  return true;
+  return transfer(fd, NULL, buf, len, deadline);
 }
 
 const char *tc_header(const char *head, const char *name, char *buf, size_t cap) {
