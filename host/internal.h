@@ -330,6 +330,7 @@ struct ah_process {
 extern ah_host_api ah__api_table; /* .rpc is filled by ah__host_new() */
 
 void ah__services_withdraw(ah_mount *m); /* stop what the plugin left: timers, posts, processes, tokens */
+void ah__services_quiesce(ah_mount *m);  /* a plugin not done yet: stop its timers and posts, free nothing */
 void ah__stdio_release(ah_mount *m);     /* close the stdio streams a mount holds */
 void ah__services_cancel_work(ah_mount *m);
 int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out);

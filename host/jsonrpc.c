@@ -22,6 +22,16 @@
 #define KEEP_LINE_BUFFER ((size_t)64 * 1024)
 /* Diagnostics are short; a longer message is truncated. */
 #define LOG_MAX 512
+/* Backpressure: reading pauses while more than OUT_HIGH bytes wait in the output stream (the other side
+ * reads slower than it sends) or more than IN_HIGH inbound requests are unanswered, and resumes below the
+ * low marks. The memory a peer that is never read costs is so bounded by what it accepted. */
+#define OUT_HIGH ((size_t)1024 * 1024)
+#define OUT_LOW ((size_t)256 * 1024)
+#define IN_HIGH ((size_t)1024)
+#define IN_LOW ((size_t)512)
+/* A close gives up flushing when no queued write completed for this long: the writes are left to the
+ * stream's owner (closing the stream cancels them) and the close callback runs. */
+#define FLUSH_STALL_MS 1000
 
 /* An outbound request waiting for its answer. */
 typedef struct pending {
@@ -35,7 +45,9 @@ typedef struct pending {
 /* One queued write: the request and the bytes it points at live in one allocation. */
 typedef struct write_req {
   uv_write_t req;
-  ah_rpc_peer *peer;
+  ah_rpc_peer *peer; /* NULL once a close gave up waiting for it (the stream's owner cancels it) */
+  struct write_req *prev;
+  struct write_req *next;
   size_t len;
   char bytes[];
 } write_req;
@@ -60,6 +72,7 @@ struct ah_rpc_peer {
   bool discarding;          /* the current line is dropped up to the next "\n" */
   bool discard_no_memory;   /* ... because its buffer could not grow (else: over max_line) */
   bool reading;             /* reading was started and neither EOF, a read error nor close stopped it */
+  bool paused;              /* reading is paused by backpressure (uv_read_stop) while `reading` holds */
   ah_rpc_peer *next_reader; /* in this thread's list of reading peers */
   ah_rpc_peer *live_prev;   /* in this thread's list of every peer not yet freed */
   ah_rpc_peer *live_next;
@@ -71,17 +84,23 @@ struct ah_rpc_peer {
   pending *pending_tail;
   size_t n_outbound;
   size_t writes_in_flight;
+  write_req *writes; /* the writes in flight, newest first */
+  uint64_t writes_done;
   bool broken; /* a write failed: nothing more can be sent */
 
   /* Inbound requests not yet answered; each holds the peer's memory alive. */
   size_t n_inbound;
 
   /* Closing. */
-  bool closing;        /* ah_rpc_close was called: sends are refused */
-  bool pending_failed; /* the close step that fails outbound requests ran */
-  bool idle_closing;   /* uv_close was called on `idle` */
-  bool closed;         /* the close callback returned: free once no inbound request is left */
-  uv_idle_t idle;      /* gives the close sequence its own loop turns (initialised by ah_rpc_close) */
+  bool closing;           /* ah_rpc_close was called: sends are refused */
+  bool pending_failed;    /* the close step that fails outbound requests ran */
+  bool idle_closing;      /* uv_close was called on `idle` and `flush_timer` */
+  int handles_open;       /* of `idle` and `flush_timer` during the close */
+  bool closed;            /* the close callback returned: free once no inbound request is left */
+  uv_idle_t idle;         /* gives the close sequence its own loop turns (initialised by ah_rpc_close) */
+  uv_timer_t flush_timer; /* bounds the flush of a close (initialised by ah_rpc_close) */
+  bool flush_timer_on;
+  uint64_t flush_seen; /* writes_done at the last tick of flush_timer */
   ah_rpc_closed_fn close_cb;
   void *close_arg;
 };
@@ -215,6 +234,8 @@ static void fail_all_pending(ah_rpc_peer *peer) {
 
 static void on_idle_closed(uv_handle_t *handle) {
   ah_rpc_peer *peer = handle->data;
+  if (--peer->handles_open > 0)
+    return;
   if (peer->close_cb)
     peer->close_cb(peer, peer->close_arg);
   peer->closed = true;
@@ -227,7 +248,42 @@ static void maybe_finish_close(ah_rpc_peer *peer) {
   if (!peer->closing || !peer->pending_failed || peer->writes_in_flight > 0 || peer->idle_closing)
     return;
   peer->idle_closing = true;
+  uv_timer_stop(&peer->flush_timer);
   uv_close((uv_handle_t *)&peer->idle, on_idle_closed);
+  uv_close((uv_handle_t *)&peer->flush_timer, on_idle_closed);
+}
+
+static void write_unlink(ah_rpc_peer *peer, write_req *w) {
+  if (w->prev)
+    w->prev->next = w->next;
+  else
+    peer->writes = w->next;
+  if (w->next)
+    w->next->prev = w->prev;
+  w->prev = w->next = NULL;
+  w->peer = NULL;
+  peer->writes_in_flight--;
+}
+
+/* A tick of a close's flush: while writes keep completing the flush goes on; after FLUSH_STALL_MS without
+ * one the writes still queued are handed to the stream (its owner's close cancels them) and the close ends.
+ */
+static void on_flush_tick(uv_timer_t *t) {
+  ah_rpc_peer *peer = t->data;
+  if (peer->writes_done != peer->flush_seen) {
+    peer->flush_seen = peer->writes_done;
+    return;
+  }
+  size_t n = peer->writes_in_flight, bytes = 0;
+  for (write_req *w = peer->writes; w; w = w->next)
+    bytes += w->len;
+  peer_log(peer,
+           "close: %zu queued write(s) (%zu bytes) not flushed after %d ms without progress: the other side "
+           "is not reading",
+           n, bytes, FLUSH_STALL_MS);
+  while (peer->writes)
+    write_unlink(peer, peer->writes);
+  maybe_finish_close(peer);
 }
 
 static void on_close_idle(uv_idle_t *idle) {
@@ -237,10 +293,17 @@ static void on_close_idle(uv_idle_t *idle) {
    * the caller of close, which may be iterating its own state. */
   fail_all_pending(peer);
   peer->pending_failed = true;
+  if (peer->writes_in_flight > 0 && !peer->flush_timer_on) {
+    peer->flush_timer_on = true;
+    peer->flush_seen = peer->writes_done;
+    uv_timer_start(&peer->flush_timer, on_flush_tick, FLUSH_STALL_MS, FLUSH_STALL_MS);
+  }
   maybe_finish_close(peer);
 }
 
 /* ---- outbound --------------------------------------------------------------------------------------- */
+
+static void maybe_resume(ah_rpc_peer *peer);
 
 static void mark_broken(ah_rpc_peer *peer, int uv_status) {
   if (peer->broken)
@@ -251,17 +314,26 @@ static void mark_broken(ah_rpc_peer *peer, int uv_status) {
    * close the idle step does this on its own turn. */
   if (!peer->closing)
     fail_all_pending(peer);
+  maybe_resume(peer); /* a paused reader reads again, so the end of a vanished client is seen */
 }
 
 static void on_write(uv_write_t *req, int status) {
   write_req *w = (write_req *)req;
   ah_rpc_peer *peer = w->peer;
+  if (!peer) { /* given up by a close: the peer may be gone */
+    free(w);
+    return;
+  }
+  write_unlink(peer, w);
   free(w);
-  peer->writes_in_flight--;
+  peer->writes_done++;
   if (status < 0)
     mark_broken(peer, status);
+  maybe_resume(peer);
   maybe_finish_close(peer);
 }
+
+static void maybe_pause(ah_rpc_peer *peer);
 
 /* Serialise `msg` (stolen) as one compact line and queue it. libuv keeps queued writes in order and
  * writes them as the stream accepts them. */
@@ -299,7 +371,13 @@ static int send_msg(ah_rpc_peer *peer, json_t *msg) {
     mark_broken(peer, rc);
     return AH_ECLOSED;
   }
+  w->prev = NULL;
+  w->next = peer->writes;
+  if (peer->writes)
+    peer->writes->prev = w;
+  peer->writes = w;
   peer->writes_in_flight++;
+  maybe_pause(peer);
   return 0;
 }
 
@@ -441,6 +519,8 @@ static void inbound_free(ah_rpc_inbound *req) {
   json_decref(req->msg);
   free(req);
   peer->n_inbound--;
+  if (!peer->closed)
+    maybe_resume(peer);
   maybe_free(peer);
 }
 
@@ -654,7 +734,9 @@ static ah_rpc_peer *find_reader(const uv_stream_t *in) {
 static void stop_reading(ah_rpc_peer *peer) {
   if (!peer->reading)
     return;
-  uv_read_stop(peer->in);
+  if (!peer->paused)
+    uv_read_stop(peer->in);
+  peer->paused = false;
   peer->reading = false;
   for (ah_rpc_peer **pp = &reading_peers; *pp; pp = &(*pp)->next_reader) {
     if (*pp == peer) {
@@ -663,6 +745,38 @@ static void stop_reading(ah_rpc_peer *peer) {
     }
   }
   peer->next_reader = NULL;
+}
+
+static size_t out_queued(const ah_rpc_peer *peer) {
+  return peer->out->write_queue_size;
+}
+
+/* Backpressure (see OUT_HIGH): pause reading while the other side does not keep up. A broken output never
+ * pauses, so that the EOF of a vanished client is still seen. */
+static void maybe_pause(ah_rpc_peer *peer) {
+  if (!peer->reading || peer->paused || peer->broken || peer->closing)
+    return;
+  if (out_queued(peer) <= OUT_HIGH && peer->n_inbound <= IN_HIGH)
+    return;
+  uv_read_stop(peer->in);
+  peer->paused = true;
+}
+
+static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf);
+static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf);
+
+static void maybe_resume(ah_rpc_peer *peer) {
+  if (!peer->reading || !peer->paused || peer->closing)
+    return;
+  if (!peer->broken && (out_queued(peer) > OUT_LOW || peer->n_inbound > IN_LOW))
+    return;
+  peer->paused = false;
+  if (uv_read_start(peer->in, on_alloc, on_read) < 0) {
+    peer_log(peer, "cannot resume reading");
+    stop_reading(peer);
+    if (peer->opts.on_eof)
+      peer->opts.on_eof(peer, AH_EIO, peer->opts.data);
+  }
 }
 
 static void on_alloc(uv_handle_t *handle, size_t suggested, uv_buf_t *buf) {
@@ -721,6 +835,7 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf) {
     return;
   if (nread > 0) {
     consume(peer, buf->base, (size_t)nread);
+    maybe_pause(peer);
     return;
   }
   stop_reading(peer);
@@ -798,6 +913,9 @@ int ah_rpc_close(ah_rpc_peer *peer, ah_rpc_closed_fn cb, void *arg) {
    * owner closes the output stream (libuv then cancels the writes). */
   uv_idle_init(peer->in->loop, &peer->idle);
   peer->idle.data = peer;
+  uv_timer_init(peer->in->loop, &peer->flush_timer);
+  peer->flush_timer.data = peer;
+  peer->handles_open = 2;
   uv_idle_start(&peer->idle, on_close_idle);
   return 0;
 }

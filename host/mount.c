@@ -406,7 +406,10 @@ static void phase_run(uv_timer_t *t) {
     break;
   case PHASE_REMOVE:
     uv_timer_stop(&m->deadline_timer);
-    ah__services_withdraw(m);
+    if (m->done_called)
+      ah__services_withdraw(m);
+    else
+      ah__services_quiesce(m); /* it still owns them: a late done frees them (plugin_done) */
     bool was_published = m->published;
     ah__registry_remove(&h->reg, m, true);
     ah__list_remove(&m->link);

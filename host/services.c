@@ -581,6 +581,24 @@ static const char *api_runtime_dir(ah_mount *m) {
 
 /* ---- withdraw's clean-up of what the plugin left ---------------------------------------------------- */
 
+/* A plugin that has not reported withdraw done still owns its state and the host objects it points at:
+ * freeing them now would let its later token_free, timer_stop or unsubscribe free them again. So the host
+ * only stops what would call into it on its own (timers, posted tasks; subscriptions are inactive since
+ * the withdraw began; tokens are tripped with the mount's) and leaves every object in place: a late done
+ * runs ah__services_withdraw(), otherwise the module stays a zombie and its objects with it. */
+void ah__services_quiesce(ah_mount *m) {
+  AH__LIST_EACH(it, &m->timers) {
+    ah_timer *t = AH__CONTAINER(it, ah_timer, link);
+    uv_timer_stop(&t->handle);
+  }
+  while (!ah__list_empty(&m->posts)) {
+    ah__post *p = AH__CONTAINER(m->posts.next, ah__post, mount_link);
+    ah__list_remove(&p->mount_link);
+    ah__list_remove(&p->link);
+    free(p);
+  }
+}
+
 void ah__services_withdraw(ah_mount *m) {
   while (!ah__list_empty(&m->timers)) {
     ah_timer *t = AH__CONTAINER(m->timers.next, ah_timer, link);

@@ -53,6 +53,11 @@ struct ah_store {
   bool stop;        /* the writer exits once `queue` is empty (mu) */
 
   uv_async_t async;
+  /* Group commit: the opsets submitted during one loop turn reach the writer together, at the end of the
+   * turn (the prepare handle runs before the loop polls again), not one by one as they are submitted. */
+  store_fifo pending; /* loop thread: submitted this turn, not yet handed to the writer */
+  uv_prepare_t kick;
+  int handles_open; /* async + kick, during the close */
   size_t in_flight; /* loop thread: submitted items whose callback has not run */
   bool closing;     /* loop thread: writes refused with AH_ECLOSED */
   bool finished;    /* loop thread: writer joined, backend closed, async handle closing */
@@ -151,6 +156,8 @@ static void *writer_main(void *arg) {
 
 static void on_async_closed(uv_handle_t *h) {
   ah_store *s = h->data;
+  if (--s->handles_open > 0)
+    return;
   void (*cb)(void *) = s->close_cb;
   void *arg = s->close_arg;
   pthread_cond_destroy(&s->cv);
@@ -173,7 +180,26 @@ static void maybe_finish(ah_store *s) {
   pthread_join(s->thread, NULL);
   s->be->close(s->impl);
   s->impl = NULL;
+  s->handles_open = 2;
   uv_close((uv_handle_t *)&s->async, on_async_closed);
+  uv_close((uv_handle_t *)&s->kick, on_async_closed);
+}
+
+/* End of a loop turn: hand what was submitted during it to the writer as one group. */
+static void on_kick(uv_prepare_t *p) {
+  ah_store *s = p->data;
+  uv_prepare_stop(p);
+  store_item *head = fifo_take(&s->pending);
+  if (!head)
+    return;
+  pthread_mutex_lock(&s->mu);
+  while (head) {
+    store_item *next = head->next;
+    fifo_push(&s->queue, head);
+    head = next;
+  }
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->mu);
 }
 
 static void on_async(uv_async_t *a) {
@@ -253,6 +279,8 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     return AH_EINTERNAL;
   }
   s->async.data = s;
+  uv_prepare_init(loop, &s->kick);
+  s->kick.data = s;
   /* The writer inherits a full signal mask: signals are the loop thread's business (libuv's handlers),
    * and a commit is never interrupted by one. */
   sigset_t all, old;
@@ -267,7 +295,9 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     s->impl = NULL;
     s->closing = true;
     s->finished = true;
+    s->handles_open = 2;
     uv_close((uv_handle_t *)&s->async, on_async_closed);
+    uv_close((uv_handle_t *)&s->kick, on_async_closed);
     set_why(why, "store: cannot start the writer thread");
     return AH_EINTERNAL;
   }
@@ -298,10 +328,9 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
   it->cb = cb;
   it->arg = arg;
   s->in_flight++;
-  pthread_mutex_lock(&s->mu);
-  fifo_push(&s->queue, it);
-  pthread_cond_signal(&s->cv);
-  pthread_mutex_unlock(&s->mu);
+  if (!s->pending.head)
+    uv_prepare_start(&s->kick, on_kick);
+  fifo_push(&s->pending, it);
   return 0;
 }
 

@@ -422,6 +422,33 @@ void ts_stdio_free(ts_stdio *h) {
   memset(h, 0, sizeof *h);
 }
 
+void ts_stdio_check_log(const ts_stdio *h) {
+  char *log = ts_read_file(h->log, NULL);
+  if (!log)
+    return;
+  bool bad = strstr(log, "AddressSanitizer") || strstr(log, "LeakSanitizer") || strstr(log, "runtime error:");
+  char *at = bad ? strstr(log, "Sanitizer") : NULL;
+  if (!at && bad)
+    at = strstr(log, "runtime error:");
+  cr_expect(!bad, "sanitizer report in the host's log: %.2000s", at ? at : "");
+  free(log);
+}
+
+int ts_stdio_stop_unread(ts_stdio *h, const char *how, uint64_t timeout_ms) {
+  if (strcmp(how, "eof") == 0)
+    ts_stdio_close_stdin(h);
+  else
+    kill(h->pid, strcmp(how, "SIGINT") == 0 ? SIGINT : SIGTERM);
+  int status = 0;
+  if (!ts_wait_exit(h->pid, timeout_ms, &status)) {
+    kill(h->pid, SIGKILL);
+    ts_wait_exit(h->pid, 5000, NULL);
+    status = -1;
+  }
+  h->pid = -1;
+  return status;
+}
+
 void ts_stdio_send_raw(ts_stdio *h, const char *bytes, size_t n) {
   while (n) {
     ssize_t w = write(h->in, bytes, n);

@@ -129,6 +129,13 @@ void ts_stdio_send_json(ts_stdio *h, const json_t *msg);
  * line that is not JSON. h->check sees what is returned. */
 json_t *ts_stdio_next_msg(ts_stdio *h, uint64_t timeout_ms);
 
+/* The host's log must hold no sanitizer report (the unit suite also runs under ASan + UBSan). */
+void ts_stdio_check_log(const ts_stdio *h);
+
+/* Stop a host whose stdout is not being read, the way `how` says: "eof" (close stdin), "SIGTERM" or
+ * "SIGINT". Returns the wait status, or -1 when it did not exit within `timeout_ms` (it is then killed). */
+int ts_stdio_stop_unread(ts_stdio *h, const char *how, uint64_t timeout_ms);
+
 /* JSON-RPC 2.0: a response (result or error, no method)? */
 bool ts_rpc_is_response(const json_t *m);
 const char *ts_rpc_method(const json_t *m);

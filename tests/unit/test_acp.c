@@ -56,19 +56,6 @@ static void host_start(acp_host *h) {
   host_start_env(h, NULL);
 }
 
-/* The log must hold no sanitizer report (the suite also runs under ASan+UBSan). */
-static void check_log(const acp_host *h) {
-  char *log = ts_read_file(h->log, NULL);
-  if (!log)
-    return;
-  bool bad = strstr(log, "AddressSanitizer") || strstr(log, "LeakSanitizer") || strstr(log, "runtime error:");
-  char *at = bad ? strstr(log, "Sanitizer") : NULL;
-  if (!at && bad)
-    at = strstr(log, "runtime error:");
-  cr_expect(!bad, "sanitizer report in the host's log: %.2000s", at ? at : "");
-  free(log);
-}
-
 /* End a test: stdin EOF must stop the agent with exit status 0 (ACP-QUIESCE; under ASan a leak would make
  * it non-zero), then the directory is removed. */
 static void host_kill(acp_host *h) {
@@ -82,7 +69,7 @@ static void host_kill(acp_host *h) {
     cr_expect(exited && WIFEXITED(status) && WEXITSTATUS(status) == 0, "exit status %d", status);
   }
   if (h->log)
-    check_log(h);
+    ts_stdio_check_log(h);
   ts_stdio_free(h);
 }
 
@@ -861,4 +848,35 @@ Test(acp_quiesce, eof_idle_exits_zero, .timeout = 60) {
   expect_exit_zero(&h);
   cr_assert(ts_now_ms() - t0 < 2000, "exit took %llu ms", (unsigned long long)(ts_now_ms() - t0));
   host_kill(&h);
+}
+
+/* ---- stopping while stdout is not read (reliability: heap corruption on an ordinary shutdown path) ---- */
+
+static void expect_clean_stop(const char *how) {
+  acp_host h;
+  char sid[64];
+  start_session(&h, sid, sizeof sid);
+  for (int i = 0; i < 200; i++)
+    send_request(
+        &h, 100 + i, "session/prompt",
+        json_pack("{s:s, s:[{s:s, s:s}]}", "sessionId", sid, "prompt", "type", "text", "text", "hello"));
+  usleep(2000 * 1000);
+  int status = ts_stdio_stop_unread(&h, how, 20000);
+  cr_assert_neq(status, -1, "%s: the agent did not exit within 20 s", how);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: exit status %d (signal %d)", how,
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ts_stdio_check_log(&h);
+  ts_stdio_free(&h);
+}
+
+Test(acp, stdin_eof_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("eof");
+}
+
+Test(acp, sigterm_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("SIGTERM");
+}
+
+Test(acp, sigint_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("SIGINT");
 }

@@ -586,3 +586,77 @@ Test(sdk, shutdown_answers_the_requests_in_flight_first, .timeout = 60) {
   cr_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
   host_kill(&h);
 }
+
+/* ---- stopping while stdout is not read (reliability: heap corruption on an ordinary shutdown path) ---- */
+
+/* initialize (read), then `n` prompts whose receipts and events are never read, then 2 s for the output to
+ * back up behind the full pipe. */
+static void flood_unread(sdk_host *h, int n) {
+  host_start(h);
+  initialize(h, false);
+  for (int i = 0; i < n; i++)
+    send_request(h, 100 + i, "session/prompt", json_pack("{s:s}", "text", "hello"));
+  usleep(2000 * 1000);
+}
+
+static void expect_clean_stop(const char *how) {
+  sdk_host h;
+  flood_unread(&h, 200);
+  int status = ts_stdio_stop_unread(&h, how, 20000);
+  cr_assert_neq(status, -1, "%s: the host did not exit within 20 s", how);
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "%s: exit status %d (signal %d)", how,
+            WIFEXITED(status) ? WEXITSTATUS(status) : -1, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  ts_stdio_check_log(&h);
+  host_kill(&h);
+}
+
+Test(sdk, stdin_eof_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("eof");
+}
+
+Test(sdk, sigterm_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("SIGTERM");
+}
+
+Test(sdk, sigint_with_stdout_unread_exits_zero, .timeout = 60) {
+  expect_clean_stop("SIGINT");
+}
+
+/* `shutdown` sent behind unread output is answered once the client reads, and the host exits 0. */
+Test(sdk, shutdown_behind_unread_stdout_is_answered, .timeout = 60) {
+  sdk_host h;
+  flood_unread(&h, 200);
+  send_request(&h, 9999, "shutdown", NULL);
+  bool answered = false;
+  uint64_t end = ts_now_ms() + 20000;
+  json_t *m;
+  while (!answered && ts_now_ms() < end && (m = ts_stdio_next_msg(&h, 2000)) != NULL) {
+    answered =
+        json_integer_value(json_object_get(m, "id")) == 9999 && json_is_object(json_object_get(m, "result"));
+    json_decref(m);
+  }
+  cr_expect(answered, "shutdown was not answered within 20 s");
+  int status = 0;
+  cr_assert(ts_wait_exit(h.pid, 20000, &status), "the host did not exit after shutdown");
+  h.pid = -1;
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+  ts_stdio_check_log(&h);
+  host_kill(&h);
+}
+
+/* `shutdown` whose answer is never read still ends the process, in a bounded time, with status 0. */
+Test(sdk, shutdown_never_read_exits_zero, .timeout = 60) {
+  sdk_host h;
+  flood_unread(&h, 200);
+  send_request(&h, 9999, "shutdown", NULL);
+  int status = 0;
+  bool exited = ts_wait_exit(h.pid, 20000, &status);
+  if (!exited)
+    kill(h.pid, SIGKILL);
+  else
+    h.pid = -1;
+  cr_assert(exited, "the host did not exit within 20 s of shutdown");
+  cr_expect(WIFEXITED(status) && WEXITSTATUS(status) == 0, "status %d", status);
+  ts_stdio_check_log(&h);
+  host_kill(&h);
+}

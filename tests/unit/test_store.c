@@ -248,7 +248,8 @@ static void gate_close(void) {
 }
 
 /* Wait until the writer thread is parked at the gate (it has committed a group and cannot take another). */
-static void gate_wait_holding(void) {
+static void gate_wait_holding(uv_loop_t *loop) {
+  uv_run(loop, UV_RUN_NOWAIT); /* the end of this loop turn hands the opset to the writer */
   pthread_mutex_lock(&gate.mu);
   while (!gate.holding)
     pthread_cond_wait(&gate.cv, &gate.mu);
@@ -784,7 +785,7 @@ Test(store, failing_opset_fails_alone_in_its_group) {
   wres first, w[5];
   memset(&first, 0, sizeof first);
   cr_assert_eq(ah__store_write(f.s, J("[{'op':'session.put','session':{'id':'s2'}}]"), on_write, &first), 0);
-  gate_wait_holding();
+  gate_wait_holding(&f.loop);
   const char *group[5] = {
       "[{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}}]",
       /* its first op is valid, its second repeats seq 1: the whole opset rolls back */
@@ -883,7 +884,7 @@ Test(store, close_drains_queued_writes_then_refuses) {
     memset(&w[i], 0, sizeof w[i]);
     cr_assert_eq(ah__store_write(s, J(text), on_write, &w[i]), 0);
   }
-  gate_wait_holding();
+  gate_wait_holding(&f.loop);
   bool closed = false;
   ah__store_close(s, on_closed_count, &closed);
   cr_expect_eq(ah__store_write(s, J("[]"), on_write, &w[0]), AH_ECLOSED, "a write after close is refused");
@@ -985,7 +986,7 @@ Test(store, write_lock_held_elsewhere_waits_then_fails_whole_group, .timeout = 6
   memset(&a, 0, sizeof a);
   memset(&b, 0, sizeof b);
   cr_assert_eq(ah__store_write(f.s, J("[]"), on_write, &x), 0);
-  gate_wait_holding();
+  gate_wait_holding(&f.loop);
   cr_assert_eq(sqlite3_exec(l.db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
   cr_assert_eq(ah__store_write(f.s,
                                J("[{'op':'event','sessionId':'s','seq':2,'kind':'k','time':'t','data':{}}]"),
