@@ -67,6 +67,7 @@ typedef struct wire {
   bool far_reading;
 
   bool echo;             /* answer every request at once with its params */
+  size_t n_echoed;
   bool close_in_handler; /* close the peer from inside on_request, then answer */
   size_t n_closing_requests;
   got_request reqs[MAX_EVENTS];
@@ -103,6 +104,7 @@ static void on_request(ah_rpc_peer *peer, ah_rpc_inbound *req, const char *metho
     return;
   }
   if (w->echo) {
+    w->n_echoed++;
     cr_assert_eq(ah_rpc_respond(req, params ? json_deep_copy(params) : NULL), 0);
     return;
   }
@@ -1025,4 +1027,77 @@ Test(jsonrpc, api_table) {
   cr_assert_eq(api->inbound_id, ah_rpc_inbound_id);
   cr_assert_eq(api->inbound_peer, ah_rpc_inbound_peer);
   cr_assert_eq(api->close, ah_rpc_close);
+}
+
+/* ---- backpressure and bounded close ------------------------------------------------------------------ */
+
+static bool all_echoed(void *arg) {
+  wire *w = arg;
+  return w->n_echoed == 20000 && w->writes_pending == 0;
+}
+
+/* Reliability finding 2: a client that pipelines requests and never reads the answers does not make the
+ * peer read (and answer into memory) without bound: reading pauses while the output is backed up and
+ * resumes as it drains; nothing is lost. */
+Test(jsonrpc, reading_pauses_while_the_output_is_not_read) {
+  wire *w = wire_open();
+  w->echo = true;
+  uv_read_stop((uv_stream_t *)&w->far); /* the client never reads */
+  w->far_reading = false;
+  char pad[1001];
+  memset(pad, 'x', 1000);
+  pad[1000] = '\0';
+  enum { N = 20000 };
+  for (int i = 0; i < N; i++) {
+    char line[1100];
+    snprintf(line, sizeof line, "{\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"m\",\"params\":[\"%s\"]}\n", i, pad);
+    send_raw(w, line, strlen(line));
+  }
+  uint64_t end = ts_now_ms() + 1500;
+  while (ts_now_ms() < end)
+    uv_run(&w->loop, UV_RUN_NOWAIT);
+  size_t echoed = w->n_echoed;
+  size_t queued = w->near.write_queue_size;
+  cr_expect_lt(echoed, (size_t)N / 2, "%zu of %d requests were read and answered into memory", echoed, N);
+  cr_expect_gt(echoed, 0);
+  cr_expect_leq(queued, (size_t)2 * 1024 * 1024, "%zu bytes queued for a client that does not read", queued);
+  cr_expect_gt(w->writes_pending, 0, "the client's writes should be blocked");
+  /* The client reads again: every request is answered. */
+  cr_assert_eq(uv_read_start((uv_stream_t *)&w->far, far_alloc, far_read), 0);
+  w->far_reading = true;
+  cr_assert(ts_run_until_pred(&w->loop, all_echoed, w, 20000), "%zu of %d answered", w->n_echoed, N);
+  size_t lines = 0;
+  for (size_t i = 0; i < w->rx_len; i++)
+    lines += w->rx[i] == '\n';
+  while (lines < N && ts_run_until_pred(&w->loop, has_line, w, 100)) {
+    lines = 0;
+    for (size_t i = 0; i < w->rx_len; i++)
+      lines += w->rx[i] == '\n';
+    if (lines >= N)
+      break;
+    uv_run(&w->loop, UV_RUN_NOWAIT);
+  }
+  cr_expect_eq(lines, (size_t)N, "every answer arrived");
+  wire_free(w);
+}
+
+/* Reliability finding 1: closing a peer whose other side never reads ends in a bounded time (the flush
+ * gives up after a stall); the queued writes are cancelled by the owner's close of the stream. */
+Test(jsonrpc, close_gives_up_a_stalled_flush) {
+  wire *w = wire_open();
+  uv_read_stop((uv_stream_t *)&w->far);
+  w->far_reading = false;
+  char *big = malloc(64 * 1024 + 1);
+  memset(big, 'y', 64 * 1024);
+  big[64 * 1024] = '\0';
+  for (int i = 0; i < 128; i++) /* 8 MiB: far more than the socket buffers */
+    cr_assert_eq(ah_rpc_notify(w->peer, "n", json_pack("[s]", big)), 0);
+  free(big);
+  uint64_t t0 = ts_now_ms();
+  cr_assert_eq(ah_rpc_close(w->peer, on_closed, w), 0);
+  cr_assert(ts_run_until(&w->loop, &w->closed, 10000), "the close never ended");
+  uint64_t took = ts_now_ms() - t0;
+  cr_expect_geq(took, 900, "gave up before a stall (%llu ms)", (unsigned long long)took);
+  cr_expect(log_contains(w, "not flushed"), "the given-up flush was not logged");
+  wire_free(w); /* closes the stream: libuv cancels the writes left behind */
 }
