@@ -66,7 +66,7 @@ typedef struct wire {
   size_t rx_cap;
   bool far_reading;
 
-  bool echo;             /* answer every request at once with its params */
+  bool echo; /* answer every request at once with its params */
   size_t n_echoed;
   bool close_in_handler; /* close the peer from inside on_request, then answer */
   size_t n_closing_requests;
@@ -1050,7 +1050,8 @@ Test(jsonrpc, reading_pauses_while_the_output_is_not_read) {
   enum { N = 20000 };
   for (int i = 0; i < N; i++) {
     char line[1100];
-    snprintf(line, sizeof line, "{\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"m\",\"params\":[\"%s\"]}\n", i, pad);
+    snprintf(line, sizeof line, "{\"jsonrpc\":\"2.0\",\"id\":%d,\"method\":\"m\",\"params\":[\"%s\"]}\n", i,
+             pad);
     send_raw(w, line, strlen(line));
   }
   uint64_t end = ts_now_ms() + 1500;
