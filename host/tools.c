@@ -8,6 +8,12 @@
  * openat2 (ENOSYS) gets a userspace walk with O_NOFOLLOW on every component that follows relative links
  * only while they stay inside the tree and refuses absolute ones, as RESOLVE_BENEATH does.
  *
+ * A third layer guards the host's own files whatever the cwd (a cwd of $HOME contains the state directory):
+ * what a file tool opens — the file, the directory listed, the directory a file is written in — is
+ * refused when it is the state directory, the runtime directory or below them, or the browser's token
+ * file wherever it lives (compared by device and inode, so a hard link is refused too). The check is on
+ * the opened descriptor, so a symlink swapped in does not get around it.
+ *
  * File work runs on the thread pool through the core mount, so the core's withdraw waits for it (or
  * cancels it before it starts). run_command goes through the process service on the core mount (the
  * environment allowlist, its own process group, the kill that escalates to SIGKILL) and is counted as an
@@ -29,6 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "config.h"
 #include "internal.h"
 #include "tools.h"
 
@@ -506,6 +513,13 @@ typedef struct tool_run {
   char *shown; /* the path as the agent gave it, for messages */
   char *content;
   size_t content_len;
+  /* the host's own files (the guard): paths as configured, resolved on the pool thread */
+  char *guard_dirs[2]; /* state_dir, runtime_dir */
+  char *guard_file;    /* the browser's token file */
+  char *guard_real[2];
+  bool guard_has_file;
+  dev_t guard_dev;
+  ino_t guard_ino;
   /* run_command */
   ah_process *proc;
   ah_timer *timer;
@@ -527,6 +541,11 @@ static void run_free(tool_run *r) {
   free(r->abs_path);
   free(r->shown);
   free(r->content);
+  for (int i = 0; i < 2; i++) {
+    free(r->guard_dirs[i]);
+    free(r->guard_real[i]);
+  }
+  free(r->guard_file);
   free(r->out[0].data);
   free(r->out[1].data);
   free(r);
@@ -593,6 +612,48 @@ static const char *errno_text(int err) {
 
 /* ---- file tools (pool thread) ---------------------------------------------------------------------- */
 
+/* Resolve the guarded paths (pool thread: realpath and stat touch the file system). */
+static void guard_prepare(tool_run *r) {
+  for (int i = 0; i < 2; i++)
+    if (r->guard_dirs[i])
+      r->guard_real[i] = realpath(r->guard_dirs[i], NULL);
+  struct stat st;
+  if (r->guard_file && stat(r->guard_file, &st) == 0) {
+    r->guard_has_file = true;
+    r->guard_dev = st.st_dev;
+    r->guard_ino = st.st_ino;
+  }
+}
+
+/* Whether `fd` (opened by a file tool) is one of the host's own files; sets the error when it is. */
+static bool guarded(tool_run *r, int fd) {
+  struct stat st;
+  if (r->guard_has_file && fstat(fd, &st) == 0 && st.st_dev == r->guard_dev && st.st_ino == r->guard_ino) {
+    set_error(r, "%s: refused: it is the host's access token", r->shown);
+    return true;
+  }
+  char link[64], path[PATH_MAX + 1];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, path, PATH_MAX);
+  if (n <= 0) {
+    set_error(r, "%s: refused: cannot tell where it is (%s)", r->shown, errno_text(errno));
+    return true;
+  }
+  path[n] = '\0';
+  static const char *const what[2] = {"state", "runtime"};
+  for (int i = 0; i < 2; i++) {
+    const char *g = r->guard_real[i];
+    size_t gl = g ? strlen(g) : 0;
+    if (gl == 0)
+      continue;
+    if (gl == 1 || (strncmp(path, g, gl) == 0 && (path[gl] == '\0' || path[gl] == '/'))) {
+      set_error(r, "%s: refused: it is in the host's %s directory", r->shown, what[i]);
+      return true;
+    }
+  }
+  return false;
+}
+
 static void do_read(tool_run *r, int dirfd) {
   int fd = open_beneath(dirfd, r->rel, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
   if (fd < 0) {
@@ -602,6 +663,10 @@ static void do_read(tool_run *r, int dirfd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     set_error(r, "%s is not a regular file", r->shown);
+    close(fd);
+    return;
+  }
+  if (guarded(r, fd)) {
     close(fd);
     return;
   }
@@ -653,8 +718,27 @@ static void do_read(tool_run *r, int dirfd) {
 }
 
 static void do_write(tool_run *r, int dirfd) {
-  int fd =
-      open_beneath(dirfd, r->rel, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+  /* The directory the file goes in is checked before anything is created in it. */
+  char *parent = strdup(r->rel);
+  if (!parent) {
+    set_error(r, "out of memory");
+    return;
+  }
+  char *slash = strrchr(parent, '/');
+  if (slash)
+    *slash = '\0';
+  int pfd = open_beneath(dirfd, slash ? parent : ".", O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+  free(parent);
+  if (pfd < 0) {
+    set_error(r, "cannot open %s for writing: %s", r->shown, errno_text(errno));
+    return;
+  }
+  bool refused = guarded(r, pfd);
+  close(pfd);
+  if (refused)
+    return;
+  /* No O_TRUNC: the file itself is checked (the token by inode) before it is emptied. */
+  int fd = open_beneath(dirfd, r->rel, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
   if (fd < 0) {
     set_error(r, "cannot open %s for writing: %s", r->shown, errno_text(errno));
     return;
@@ -662,6 +746,15 @@ static void do_write(tool_run *r, int dirfd) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     set_error(r, "%s is not a regular file", r->shown);
+    close(fd);
+    return;
+  }
+  if (guarded(r, fd)) {
+    close(fd);
+    return;
+  }
+  if (ftruncate(fd, 0) != 0) {
+    set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
     close(fd);
     return;
   }
@@ -696,6 +789,10 @@ static int entry_cmp(const void *a, const void *b) {
 
 static void do_list(tool_run *r, int cwdfd) {
   int fd = open_beneath(cwdfd, r->rel, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+  if (fd >= 0 && guarded(r, fd)) {
+    close(fd);
+    return;
+  }
   if (fd < 0) {
     set_error(r, "cannot open directory %s: %s", r->shown, errno_text(errno));
     return;
@@ -776,6 +873,7 @@ static void file_work(void *arg) {
     set_error(r, "cannot open the working directory: %s", errno_text(errno));
     return;
   }
+  guard_prepare(r);
   switch (r->kind) {
   case TOOL_READ_FILE:
     do_read(r, dirfd);
@@ -1092,6 +1190,17 @@ int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *ar
   if (!r->shown) {
     run_free(r);
     return AH_ENOMEM;
+  }
+  const ah_config *cfg = ah__host_config(h);
+  if (cfg) {
+    const char *tf =
+        json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
+    r->guard_dirs[0] = ah__strdup(cfg->state_dir);
+    r->guard_dirs[1] = ah__strdup(cfg->runtime_dir);
+    if (tf && *tf)
+      r->guard_file = strdup(tf);
+    else if (cfg->state_dir && asprintf(&r->guard_file, "%s/token", cfg->state_dir) < 0)
+      r->guard_file = NULL;
   }
   if (d->kind == TOOL_WRITE_FILE) {
     json_t *cv = json_object_get(args, "content");

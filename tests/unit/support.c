@@ -344,8 +344,10 @@ void ts_stdio_prepare(ts_stdio *h) {
   h->in = h->out = -1;
   h->dir = ts_mkdtemp();
   cr_assert(h->dir);
-  cr_assert(asprintf(&h->work, "%s/work", h->dir) > 0 && asprintf(&h->log, "%s/host.log", h->dir) > 0);
-  cr_assert_eq(mkdir(h->work, 0700), 0);
+  /* The sessions' cwd is not inside the state directory: the file tools refuse the host's own files. */
+  h->work = ts_mkdtemp();
+  cr_assert(h->work);
+  cr_assert(asprintf(&h->log, "%s/host.log", h->dir) > 0);
   free(ts_write_file(h->dir, "empty.ini", ""));
 }
 
@@ -415,6 +417,8 @@ void ts_stdio_free(ts_stdio *h) {
   ts_stdio_end(h);
   if (h->dir)
     ts_rmtree(h->dir);
+  if (h->work)
+    ts_rmtree(h->work);
   free(h->dir);
   free(h->work);
   free(h->log);

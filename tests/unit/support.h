@@ -82,7 +82,7 @@ typedef struct ts_stdio {
   int in;     /* the host's stdin (we write); -1 once closed */
   int out;    /* the host's stdout (we read) */
   char *dir;  /* --state-dir; also holds run/ (--runtime-dir) and empty.ini (--config) */
-  char *work; /* dir/work, made for sessions' cwd */
+  char *work; /* a directory of its own (outside the state dir), made for sessions' cwd */
   char *log;  /* dir/host.log: the host's stderr */
   char *buf;  /* bytes read from `out` that are not yet a whole line */
   size_t len, cap;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "config.h"
 #include "host_support.h"
 #include "internal.h"
 #include "support.h"
@@ -920,4 +921,126 @@ Test(tools, bad_arguments_einval) {
     uv_run(&f.loop, UV_RUN_NOWAIT);
   cr_expect_eq(t.calls, 0, "the callback ran %d times for refused arguments", t.calls);
   fx_down(&f);
+}
+
+/* ---- the host's own files (reliability finding 6; SECURITY.md: the file tools refuse the state and
+ * runtime directories and the token file, whatever the cwd) ------------------------------------------ */
+
+typedef struct guard_fx {
+  fixture f;
+  ah_config cfg;
+  char *state;
+  char *token;
+} guard_fx;
+
+/* A host whose state directory (with its runtime dir and token) lies inside the session cwd, as with a
+ * cwd of $HOME; `token_file` (may be NULL) is the browser's token_file setting. */
+static void guard_up(guard_fx *g, const char *token_file) {
+  memset(g, 0, sizeof *g);
+  cr_assert_eq(uv_loop_init(&g->f.loop), 0);
+  g->f.cwd = real_tmpdir();
+  g->f.outside = real_tmpdir();
+  g->state = path_in(g->f.cwd, ".state");
+  cr_assert_eq(mkdir(g->state, 0700), 0);
+  g->cfg.state_dir = strdup(g->state);
+  g->cfg.runtime_dir = path_in(g->state, "run");
+  cr_assert_eq(mkdir(g->cfg.runtime_dir, 0700), 0);
+  g->cfg.plugin_dir = strdup(g->f.outside);
+  g->cfg.log_level = AH_LOG_WARN;
+  g->cfg.default_provider = strdup("echo");
+  g->cfg.synchronous = strdup("normal");
+  g->cfg.plugins = token_file ? json_pack("{s:{s:s}}", "browser", "token_file", token_file) : json_object();
+  g->cfg.providers = json_object();
+  g->token = token_file ? strdup(token_file) : path_in(g->state, "token");
+  free(ts_write_file(g->state, "token", "SECRET-TOKEN-IN-STATE"));
+  if (token_file) {
+    FILE *t = fopen(token_file, "w");
+    cr_assert_not_null(t);
+    fputs("SECRET-TOKEN-ELSEWHERE", t);
+    fclose(t);
+  }
+  ah_host_opts opts = {.loop = &g->f.loop, .config = &g->cfg, .mode = "serve", .drain_ms = 0};
+  cr_assert_eq(ah__host_new(&opts, &g->f.h), 0);
+}
+
+static void guard_down(guard_fx *g) {
+  free(g->cfg.state_dir);
+  g->cfg.state_dir = NULL;
+  fx_down(&g->f);
+  free(g->cfg.runtime_dir);
+  free(g->cfg.plugin_dir);
+  free(g->cfg.default_provider);
+  free(g->cfg.synchronous);
+  json_decref(g->cfg.plugins);
+  json_decref(g->cfg.providers);
+  free(g->state);
+  free(g->token);
+}
+
+/* The tool is refused, names why, and shows no secret. */
+static void expect_guarded(guard_fx *g, const char *name, const char *args) {
+  bool is_error = false;
+  json_t *r = tool(&g->f, name, args, &is_error);
+  char *text = json_dumps(r, JSON_COMPACT);
+  cr_expect(is_error, "%s %s was allowed: %s", name, args, text);
+  cr_expect(strstr(errmsg(r), "refused"), "%s %s: %s", name, args, errmsg(r));
+  cr_expect_null(strstr(text, "SECRET"), "%s %s leaked the token: %s", name, args, text);
+  free(text);
+  json_decref(r);
+}
+
+Test(tools, host_files_refused_whatever_the_cwd) {
+  guard_fx g;
+  guard_up(&g, NULL);
+  char *ok = ts_write_file(g.f.cwd, "notes.txt", "plain");
+  expect_guarded(&g, "read_file", "{\"path\":\".state/token\"}");
+  expect_guarded(&g, "read_file", "{\"path\":\"./.state/agenthost.db\"}");
+  expect_guarded(&g, "list_dir", "{\"path\":\".state\"}");
+  expect_guarded(&g, "list_dir", "{\"path\":\".state/run\"}");
+  expect_guarded(&g, "write_file", "{\"path\":\".state/token\",\"content\":\"x\"}");
+  expect_guarded(&g, "write_file", "{\"path\":\".state/run/new.txt\",\"content\":\"x\"}");
+  char *sym = path_in(g.f.cwd, "innocent");
+  cr_assert_eq(symlink(".state/token", sym), 0);
+  expect_guarded(&g, "read_file", "{\"path\":\"innocent\"}");
+  char *hard = path_in(g.f.cwd, "hard");
+  cr_assert_eq(link(g.token, hard), 0);
+  expect_guarded(&g, "read_file", "{\"path\":\"hard\"}");
+  expect_guarded(&g, "write_file", "{\"path\":\"hard\",\"content\":\"x\"}");
+  /* Nothing was written or created. */
+  char *tok = ts_read_file(g.token, NULL);
+  cr_expect_str_eq(tok, "SECRET-TOKEN-IN-STATE");
+  free(tok);
+  char *made = path_in(g.cfg.runtime_dir, "new.txt");
+  cr_expect_neq(access(made, F_OK), 0, "write_file created a file in the runtime directory");
+  /* Everything else in the cwd stays usable. */
+  bool is_error = true;
+  json_t *r = tool(&g.f, "read_file", "{\"path\":\"notes.txt\"}", &is_error);
+  cr_expect_not(is_error, "%s", errmsg(r));
+  json_decref(r);
+  r = tool(&g.f, "list_dir", "{\"path\":\".\"}", &is_error);
+  cr_expect_not(is_error, "%s", errmsg(r));
+  json_decref(r);
+  r = tool(&g.f, "write_file", "{\"path\":\"out.txt\",\"content\":\"y\"}", &is_error);
+  cr_expect_not(is_error, "%s", errmsg(r));
+  json_decref(r);
+  free(made);
+  free(ok);
+  free(sym);
+  free(hard);
+  guard_down(&g);
+}
+
+Test(tools, the_token_file_is_refused_wherever_it_lives) {
+  char *elsewhere = real_tmpdir();
+  char *tf = path_in(elsewhere, "tok");
+  guard_fx g;
+  guard_up(&g, tf);
+  char *hard = path_in(g.f.cwd, "t");
+  cr_assert_eq(link(tf, hard), 0);
+  expect_guarded(&g, "read_file", "{\"path\":\"t\"}");
+  free(hard);
+  guard_down(&g);
+  ts_rmtree(elsewhere);
+  free(elsewhere);
+  free(tf);
 }
