@@ -341,7 +341,10 @@ void bf_decide(const bf_policy *pol, const bf_request *req, bf_decision *d) {
   }
   if (req->upgrade_other)
     return refuse(d, 400, "unsupported upgrade");
-  /* 2. Headers: exactly one Host (T1). */
+  /* 2. Headers: one the fence reads that did not fit is refused, never taken as absent; exactly one Host
+   * (T1). */
+  if (req->oversized)
+    return refuse(d, 431, "request header field too large");
   if (req->host_count != 1 || !req->host)
     return refuse(d, 400, "exactly one Host header is required");
   if (!host_allowed(pol, req->host))

@@ -55,6 +55,7 @@ typedef struct bf_request {
   const char *content_length;    /* NULL when absent */
   const char *transfer_encoding; /* NULL when absent */
   const struct sockaddr *peer;   /* getpeername() of the connection */
+  const char *oversized; /* a header the fence reads that did not fit its buffer (its name), or NULL */
 } bf_request;
 
 typedef struct bf_policy {

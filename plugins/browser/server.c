@@ -421,20 +421,32 @@ void bp_log_refusal(bp_state *st, struct lws *wsi, const char *method, const cha
 
 /* ---- the protocol callback ---------------------------------------------------------------------------- */
 
-static char *hdr(struct lws *wsi, enum lws_token_indexes t, char *buf, size_t cap) {
-  if (lws_hdr_total_length(wsi, t) <= 0)
+/* A header the fence reads, NULL when absent. One that does not fit `buf` is named in *over (the fence
+ * refuses the request: a value that does not fit must never read as a missing header). */
+static char *hdr(struct lws *wsi, enum lws_token_indexes t, char *buf, size_t cap, const char **over) {
+  int len = lws_hdr_total_length(wsi, t);
+  if (len <= 0)
     return NULL;
-  if (lws_hdr_copy(wsi, buf, (int)cap, t) < 0)
+  if ((size_t)len >= cap || lws_hdr_copy(wsi, buf, (int)cap, t) < 0) {
+    if (!*over) {
+      const unsigned char *name = lws_token_to_string(t);
+      *over = name ? (const char *)name : "a header";
+    }
     return NULL;
+  }
   return buf;
 }
 
-static char *custom_hdr(struct lws *wsi, const char *name, char *buf, size_t cap) {
+static char *custom_hdr(struct lws *wsi, const char *name, char *buf, size_t cap, const char **over) {
   int n = (int)strlen(name);
-  if (lws_hdr_custom_length(wsi, name, n) < 0)
+  int len = lws_hdr_custom_length(wsi, name, n);
+  if (len < 0)
     return NULL;
-  if (lws_hdr_custom_copy(wsi, buf, (int)cap, name, n) < 0)
+  if ((size_t)len >= cap || lws_hdr_custom_copy(wsi, buf, (int)cap, name, n) < 0) {
+    if (!*over)
+      *over = name;
     return NULL;
+  }
   return buf;
 }
 
@@ -493,24 +505,25 @@ static void gather(bp_state *st, struct lws *wsi, const char *method, const char
   if (r->path_len >= sizeof h->path)
     r->path_len = sizeof h->path - 1;
   r->upgrade = upgrade;
-  char *up = hdr(wsi, WSI_TOKEN_UPGRADE, h->upgrade, sizeof h->upgrade);
+  const char **over = &r->oversized;
+  char *up = hdr(wsi, WSI_TOKEN_UPGRADE, h->upgrade, sizeof h->upgrade, over);
   if (up && strcasecmp(up, "websocket") != 0)
     r->upgrade_other = up;
   else if (up && !upgrade)
     r->upgrade = true;
-  r->host = hdr(wsi, WSI_TOKEN_HOST, h->host, sizeof h->host);
+  r->host = hdr(wsi, WSI_TOKEN_HOST, h->host, sizeof h->host, over);
   r->host_count = r->host ? 1 : 0;
   char extra[8];
   if (r->host && lws_hdr_copy_fragment(wsi, extra, sizeof extra, WSI_TOKEN_HOST, 1) >= 0)
     r->host_count = 2;
-  r->origin = hdr(wsi, WSI_TOKEN_ORIGIN, h->origin, sizeof h->origin);
-  r->sec_fetch_site = custom_hdr(wsi, "sec-fetch-site:", h->sfs, sizeof h->sfs);
-  r->sec_fetch_mode = custom_hdr(wsi, "sec-fetch-mode:", h->sfm, sizeof h->sfm);
-  r->authorization = hdr(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, h->auth, sizeof h->auth);
-  r->ws_protocol = hdr(wsi, WSI_TOKEN_PROTOCOL, h->proto, sizeof h->proto);
-  r->content_type = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, h->ctype, sizeof h->ctype);
-  r->content_length = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, h->clen, sizeof h->clen);
-  r->transfer_encoding = hdr(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, h->te, sizeof h->te);
+  r->origin = hdr(wsi, WSI_TOKEN_ORIGIN, h->origin, sizeof h->origin, over);
+  r->sec_fetch_site = custom_hdr(wsi, "sec-fetch-site:", h->sfs, sizeof h->sfs, over);
+  r->sec_fetch_mode = custom_hdr(wsi, "sec-fetch-mode:", h->sfm, sizeof h->sfm, over);
+  r->authorization = hdr(wsi, WSI_TOKEN_HTTP_AUTHORIZATION, h->auth, sizeof h->auth, over);
+  r->ws_protocol = hdr(wsi, WSI_TOKEN_PROTOCOL, h->proto, sizeof h->proto, over);
+  r->content_type = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, h->ctype, sizeof h->ctype, over);
+  r->content_length = hdr(wsi, WSI_TOKEN_HTTP_CONTENT_LENGTH, h->clen, sizeof h->clen, over);
+  r->transfer_encoding = hdr(wsi, WSI_TOKEN_HTTP_TRANSFER_ENCODING, h->te, sizeof h->te, over);
   socklen_t sl = sizeof *peer;
   memset(peer, 0, sizeof *peer);
   int fd = lws_get_socket_fd(wsi);

@@ -1155,3 +1155,50 @@ Test(browser_http, token_rotate_closes_generations_and_retires_the_old_token) {
   free(tp);
   stop(&d);
 }
+
+/* Reliability finding 10: a header the fence reads whose value does not fit its buffer is refused (431),
+ * never taken as absent — with a valid token and Host each of these was a 200 before. */
+static int post_with_header(daemon_t *d, const char *extra, tc_resp *r) {
+  const char *body =
+      "{\"kind\":\"client-request\",\"rpcId\":\"x\",\"method\":\"host.describe\",\"payload\":{}}";
+  char *head = NULL;
+  cr_assert(
+      asprintf(&head,
+               "POST /api/host.describe HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\nAuthorization: Bearer %s\r\n"
+               "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+               d->port, extra, d->token, strlen(body), body) > 0);
+  int fd = tc_connect(d->port, 0);
+  cr_assert(fd >= 0);
+  cr_assert(tc_send_str(fd, head));
+  free(head);
+  int st = tc_read_response(fd, r, 5000);
+  close(fd);
+  return st;
+}
+
+Test(browser_http, over_long_fence_headers_are_refused_not_ignored) {
+  daemon_t d;
+  start(&d, NULL);
+  char pad[700];
+  memset(pad, 'a', sizeof pad - 1);
+  pad[sizeof pad - 1] = '\0';
+  char spaces[200];
+  memset(spaces, ' ', sizeof spaces - 1);
+  spaces[sizeof spaces - 1] = '\0';
+  char *cases[3];
+  cr_assert(asprintf(&cases[0], "Origin: https://evil.example/%s", pad) > 0);
+  cr_assert(asprintf(&cases[1], "Sec-Fetch-Site: cross-site%s.", spaces) > 0);
+  cr_assert(asprintf(&cases[2], "Transfer-Encoding: chunked%s, identity", spaces) > 0);
+  for (int i = 0; i < 3; i++) {
+    tc_resp r;
+    int st = post_with_header(&d, cases[i], &r);
+    cr_expect(st == 431 || st == 400, "%.40s...: %d (must be refused)", cases[i], st);
+    tc_resp_free(&r);
+    free(cases[i]);
+  }
+  /* The same request with headers that fit is served. */
+  tc_resp r;
+  cr_expect_eq(post_with_header(&d, "Sec-Fetch-Site: same-origin", &r), 200);
+  tc_resp_free(&r);
+  stop(&d);
+}
