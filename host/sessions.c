@@ -90,6 +90,8 @@ struct ah_session {
   int pending_writes;     /* store writes in flight for this session (it is freed after the last) */
   int holds;              /* remote calls running with this session (ah__session_hold) */
   bool disposed;
+  bool fenced; /* its lease is held: every write carries the fence (the store checks the owner) */
+  bool lost;   /* a fenced write found the lease taken by another process: it runs here no more */
   ah__link link;
 };
 
@@ -221,10 +223,21 @@ static void session_free(session *s) {
   free(s);
 }
 
+/* A disposed session's memory goes after its last write and hold, and after its turn ended. */
+static bool session_unused(const session *s) {
+  return s->disposed && s->pending_writes == 0 && s->holds == 0 && !s->turn;
+}
+
+static void lease_lost(session *s, const char *why);
+
 static void write_done(int status, const json_t *results, void *arg) {
   write_ctx *w = arg;
   session *s = w->s;
-  if (w->event) {
+  if (status == AH_EAGENTBUSY && s->fenced)
+    lease_lost(s, "a write was refused by the store's fence");
+  if (w->event && s->lost) {
+    /* Logged once by lease_lost: the events of a session that runs elsewhere now are not stored here. */
+  } else if (w->event) {
     if (status == 0) {
       json_object_set(w->event, "cursor", json_array_get(results, json_array_size(results) - 1));
       emit(s->m, "session.event", json_pack("{s:s, s:O}", "sessionId", s->id, "event", w->event));
@@ -239,7 +252,7 @@ static void write_done(int status, const json_t *results, void *arg) {
   json_decref(w->event);
   free(w);
   s->pending_writes--;
-  if (s->disposed && s->pending_writes == 0 && s->holds == 0) {
+  if (session_unused(s)) {
     ah_sessions *m = s->m;
     session_free(s);
     check_stopped(m);
@@ -250,16 +263,19 @@ static void write_done(int status, const json_t *results, void *arg) {
  * opset. The event gets the session's next seq now. `cb` (may be NULL) runs after the commit. */
 static void write_ops(session *s, json_t *ops, const char *kind, const char *turn_id, const char *message_id,
                       json_t *data, written_fn cb, void *arg) {
-  write_ctx *w = calloc(1, sizeof *w);
+  write_ctx *w = s->lost ? NULL : calloc(1, sizeof *w);
   if (!ops)
     ops = json_array();
   if (!w) {
     json_decref(ops);
     json_decref(data);
     if (cb)
-      cb(s, AH_ENOMEM, NULL, arg);
+      cb(s, s->lost ? AH_EAGENTBUSY : AH_ENOMEM, NULL, arg);
     return;
   }
+  if (s->fenced) /* first: nothing of the opset is written unless this process still holds the lease */
+    json_array_insert_new(ops, 0,
+                          json_pack("{s:s, s:s, s:s}", "op", "fence", "id", s->id, "owner", s->m->owner));
   w->s = s;
   w->cb = cb;
   w->arg = arg;
@@ -398,10 +414,37 @@ static void session_dispose(session *s) {
   s->disposed = true;
   ah__list_remove(&s->link);
   s->m->nlive--;
-  if (s->pending_writes == 0 && s->holds == 0) {
+  if (session_unused(s)) {
     ah_sessions *m = s->m;
     session_free(s);
     check_stopped(m);
+  }
+}
+
+/* Another process holds the session's lease now (this one was stopped past the lease's TTL and the session
+ * was taken over): it stops here at once — its turn is cancelled (nothing of it is written: every write is
+ * fenced), prompts waiting in memory are dropped (they are in the store's inbox for the owner), and the
+ * next call for the session loads it afresh, which is refused while the other process holds it. */
+static void lease_lost(session *s, const char *why) {
+  if (s->lost)
+    return;
+  s->lost = true;
+  json_t *row = ah__store_get_session(store_of(s->m), s->id);
+  AH_LOG_W(LOG, "session %s: this process lost its lease (%s; held by %s now): it no longer runs here", s->id,
+           why, row && str(row, "leaseOwner") ? str(row, "leaseOwner") : "no process");
+  json_decref(row);
+  while (!ah__list_empty(&s->queue)) {
+    queued *q = AH__CONTAINER(s->queue.next, queued, link);
+    ah__list_remove(&q->link);
+    free(q->message_id);
+    json_decref(q->content);
+    free(q);
+  }
+  if (s->turn && s->turn->cancel)
+    ah__cancel_trip(s->turn->cancel);
+  if (!s->disposed) {
+    wake_waiters(s, AH_EAGENTBUSY);
+    session_dispose(s);
   }
 }
 
@@ -464,6 +507,7 @@ static void load_written(int status, const json_t *results, void *arg) {
     return;
   }
   json_object_set_new(s->row, "leaseOwner", json_string(s->m->owner));
+  s->fenced = true;
   recover_after_load(s);
   s->ready = true;
   s->m->loads++;
@@ -743,6 +787,14 @@ static void turn_end_now(turn *t, const char *reason, json_t *usage, const char 
     notify_parent(s, t->message_id, reason, t->last_text);
   /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
   ah__api_table.post(s->m->core, (ah_task_fn)turn_free, t);
+  if (s->lost) { /* nothing more runs here; the memory goes once nothing uses it */
+    if (session_unused(s)) {
+      ah_sessions *m = s->m;
+      session_free(s);
+      check_stopped(m);
+    }
+    return;
+  }
   if (s->closing) {
     finish_close(s);
     return;
@@ -1037,6 +1089,7 @@ static void created_written(int status, const json_t *results, void *arg) {
     return;
   }
   s->ready = true;
+  s->fenced = true;
   emit(s->m, "session.created", json_pack("{s:o}", "session", public_row(s->row, "idle")));
   wake_waiters(s, 0);
 }
@@ -2096,7 +2149,7 @@ void ah__session_hold(ah_session *s) {
 
 void ah__session_release(ah_session *s) {
   s->holds--;
-  if (s->disposed && s->pending_writes == 0 && s->holds == 0) {
+  if (session_unused(s)) {
     ah_sessions *m = s->m;
     session_free(s);
     check_stopped(m);

@@ -125,6 +125,7 @@ typedef enum stmt_id {
   W_REQUEST_EXISTS,
   W_LEASE,
   W_LEASE_RELEASE,
+  W_FENCE,
   /* reader */
   R_SESSION,
   R_SESSIONS,
@@ -175,6 +176,7 @@ static const char *const stmt_sql[STMT_COUNT] = {
         "OR lease_owner = ?2 OR lease_until < ?4 OR lease_owner = ?5)",
     [W_LEASE_RELEASE] =
         "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = ?1 AND lease_owner = ?2",
+    [W_FENCE] = "SELECT lease_owner FROM sessions WHERE id = ?1",
     [R_SESSION] = "SELECT " SESSION_COLS " FROM sessions WHERE id = ?1",
     [R_SESSIONS] = "SELECT " SESSION_COLS " FROM sessions ORDER BY id LIMIT ?1",
     [R_SESSIONS_AFTER] = "SELECT " SESSION_COLS " FROM sessions WHERE id > ?2 ORDER BY id LIMIT ?1",
@@ -833,10 +835,44 @@ static int op_lease_release(sq_store *q, const json_t *op, json_t *res) {
   return rc;
 }
 
+/* The fence of every write a live session makes: inside the transaction, the session's lease must still
+ * be held by `owner` (a process's owner id, unique per process: "host:pid:nonce", so it is the fencing
+ * token of the lease it took). Another owner, or none, fails the opset with AH_EAGENTBUSY — whether or not
+ * the lease has expired — so a process that lost its lease (stopped past the TTL, its session taken over)
+ * can never write over the events of the process that took it. */
+static int op_fence(sq_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  if (!id || !owner) {
+    set_err(q, "fence needs id and owner (strings)");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_FENCE);
+  int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_step(st);
+  if (rc != SQLITE_ROW) {
+    int out = rc == SQLITE_DONE ? AH_ENOENT : map_rc(rc);
+    set_err(q, "fence: session %s: %s", id, rc == SQLITE_DONE ? "no such session" : sqlite3_errmsg(q->w.db));
+    done(st);
+    return out;
+  }
+  const char *holder = (const char *)sqlite3_column_text(st, 0);
+  bool mine = holder && strcmp(holder, owner) == 0;
+  if (!mine)
+    set_err(q, "fence: session %s is owned by %s, not by this process", id, holder ? holder : "no process");
+  done(st);
+  if (!mine)
+    return AH_EAGENTBUSY;
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
 static const struct {
   const char *name;
   int (*fn)(sq_store *q, const json_t *op, json_t *res);
 } ops[] = {
+    {"fence", op_fence},
     {"event", op_event},
     {"session.put", op_session_put},
     {"session.update", op_session_update},

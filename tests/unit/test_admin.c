@@ -845,3 +845,116 @@ Test(admin, remote_stubs_print_typescript_for_the_mounted_descriptors, .timeout 
   free(fixture);
   assert_clean_exit(d, d_stop(d));
 }
+
+/* ---- fenced ownership (reliability finding 3) ------------------------------------------------------------
+ */
+
+static const char *event_kind_of(const json_t *m) {
+  return json_string_value(json_object_get(json_object_get(json_object_get(m, "params"), "event"), "kind"));
+}
+
+/* `serve` (A) creates S and is stopped past the lease's TTL; an `sdk` process (B) prompts S and gets a
+ * receipt; A resumes and is prompted for S. A must detect that it lost the lease and write nothing more
+ * of S (every write is fenced), its prompt refused as agent-busy (not acknowledged); B's turn completes
+ * and is stored whole; the event log of S stays gap-free and free of duplicates. */
+Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *work = ts_mkdtemp();
+  json_t *created = d_call_ok(d, "session.create", json_pack("{s:s}", "cwd", work));
+  const char *sid_v = json_string_value(json_object_get(created, "sessionId"));
+  cr_assert(sid_v);
+  char sid[64];
+  snprintf(sid, sizeof sid, "%s", sid_v);
+  json_decref(created);
+
+  cr_assert_eq(kill(d->pid, SIGSTOP), 0);
+  sleep(33); /* past the 30 s lease */
+
+  ts_stdio b;
+  ts_stdio_prepare(&b);
+  ts_rmtree(b.dir);
+  free(b.dir);
+  b.dir = strdup(d->state);
+  free(b.log);
+  b.log = join(d->dir, "b.log");
+  free(ts_write_file(b.dir, "empty.ini", "")); /* B's --config; its --runtime-dir is state/run, not A's */
+  ts_stdio_spawn(&b, "sdk", NULL);
+  json_t *msg =
+      json_pack("{s:s, s:i, s:s, s:{s:s, s:{s:s}, s:i}}", "jsonrpc", "2.0", "id", 1, "method", "initialize",
+                "params", "cwd", work, "clientInfo", "name", "b", "protocolVersion", 1);
+  ts_stdio_send_json(&b, msg);
+  json_decref(msg);
+  json_decref(ts_stdio_answer(&b, 1, "initialize"));
+  msg = json_pack("{s:s, s:i, s:s, s:{s:s, s:s}}", "jsonrpc", "2.0", "id", 2, "method", "session/prompt",
+                  "params", "sessionId", sid, "text", "/sleep 3000");
+  ts_stdio_send_json(&b, msg);
+  json_decref(msg);
+  json_t *receipt = ts_stdio_answer(&b, 2, "session/prompt");
+  const char *b_mid = json_string_value(json_object_get(json_object_get(receipt, "result"), "messageId"));
+  cr_assert(b_mid, "B's prompt was not acknowledged");
+  char b_message[64];
+  snprintf(b_message, sizeof b_message, "%s", b_mid);
+  json_decref(receipt);
+
+  cr_assert_eq(kill(d->pid, SIGCONT), 0);
+  json_t *result = NULL, *error = NULL;
+  int rc =
+      ah__admin_call(d->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "from A"),
+                     10000, &result, &error);
+  char *etext = error ? json_dumps(error, JSON_COMPACT) : NULL;
+  cr_expect_neq(rc, 0, "A acknowledged a prompt for a session it no longer owns");
+  cr_expect(etext && strstr(etext, "agent-busy"), "A's refusal: %s", etext ? etext : "(none)");
+  free(etext);
+  json_decref(result);
+  json_decref(error);
+
+  /* B's turn ends normally. */
+  bool ended = false;
+  uint64_t end = ts_now_ms() + 15000;
+  while (!ended && ts_now_ms() < end) {
+    json_t *m = ts_stdio_next_msg(&b, 1000);
+    if (!m)
+      continue;
+    const char *k = event_kind_of(m);
+    if (k && strcmp(k, "turn/ended") == 0) {
+      json_t *ev = json_object_get(json_object_get(m, "params"), "event");
+      ended = json_is_string(json_object_get(ev, "messageId")) &&
+              strcmp(json_string_value(json_object_get(ev, "messageId")), b_message) == 0;
+      cr_expect_str_eq(json_string_value(json_object_get(json_object_get(ev, "data"), "reason")), "end");
+    }
+    json_decref(m);
+  }
+  cr_expect(ended, "B's turn/ended was not seen");
+  cr_expect(d_log_wait(d, "lost its lease", 5000), "A did not notice it lost the lease:\n%s", d_log(d));
+
+  /* The stored log of S: contiguous seqs, no duplicate, B's turn whole, nothing from A after the stop. */
+  json_t *hist = d_call_ok(d, "session.history", json_pack("{s:s, s:i}", "sessionId", sid, "limit", 1000));
+  json_t *events = json_object_get(hist, "events");
+  size_t i = 0;
+  json_t *ev = NULL;
+  bool committed = false, b_ended = false;
+  json_array_foreach(events, i, ev) {
+    cr_expect_eq(json_integer_value(json_object_get(ev, "seq")), (json_int_t)i + 1,
+                 "seq gap or duplicate at %zu", i);
+    const char *k = json_string_value(json_object_get(ev, "kind"));
+    committed = committed || (k && strcmp(k, "message/committed") == 0);
+    const char *mid = json_string_value(json_object_get(ev, "messageId"));
+    b_ended = b_ended || (k && strcmp(k, "turn/ended") == 0 && mid && strcmp(mid, b_message) == 0);
+    cr_expect(!(k && strcmp(k, "message/user") == 0 && strstr(json_dumps(ev, 0), "from A")),
+              "A's prompt was stored");
+  }
+  cr_expect(committed && b_ended, "B's turn is not stored whole");
+  json_decref(hist);
+
+  ts_stdio_close_stdin(&b);
+  int st = 0;
+  cr_expect(ts_wait_exit(b.pid, 15000, &st) && WIFEXITED(st) && WEXITSTATUS(st) == 0, "B: status %d", st);
+  b.pid = -1;
+  free(b.dir);
+  b.dir = NULL;
+  ts_stdio_free(&b);
+  assert_clean_exit(d, d_stop(d));
+  ts_rmtree(work);
+  free(work);
+}
