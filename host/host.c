@@ -279,10 +279,16 @@ static json_t *describe_mount(const ah_mount *m) {
 }
 
 json_t *ah__host_describe(ah_host *h) {
-  /* Built once per change of what is mounted: it is asked for often (every client's handshake) and costs
-   * a few hundred JSON nodes. Callers get a reference and must not modify it. */
-  if (h->describe_cache && h->describe_gen == h->reg.gen)
+  /* Built once per change of what is mounted or of the store's health: it is asked for often (every
+   * client's handshake) and costs a few hundred JSON nodes. Callers get a reference and must not modify
+   * it. */
+  json_t *store = h->sessions ? ah__sessions_store_health(h->sessions) : NULL;
+  json_t *cached_store = h->describe_cache ? json_object_get(h->describe_cache, "store") : NULL;
+  if (h->describe_cache && h->describe_gen == h->reg.gen &&
+      ((!store && !cached_store) || json_equal(store, cached_store))) {
+    json_decref(store);
     return json_incref(h->describe_cache);
+  }
   json_t *plugins = json_array();
   AH__LIST_EACH(it, &h->mounts) {
     const ah_mount *m = AH__CONTAINER(it, ah_mount, link);
@@ -292,6 +298,8 @@ json_t *ah__host_describe(ah_host *h) {
   json_t *d = json_pack("{s:s, s:s, s:i, s:{s:i, s:i}, s:s, s:o}", "name", "agenthost", "version", AH_VERSION,
                         "protocol", AH_PROTOCOL_VERSION, "abi", "major", AH_ABI_MAJOR, "minor", AH_ABI_MINOR,
                         "mode", h->mode, "plugins", plugins);
+  if (store)
+    json_object_set_new(d, "store", store);
   json_decref(h->describe_cache);
   h->describe_cache = json_incref(d);
   h->describe_gen = h->reg.gen;

@@ -1404,6 +1404,20 @@ static bool store_ready(ah_call *call, void *data) {
   return false;
 }
 
+/* After a read that returned NULL: true (and the call answered AH_EIO) when the read failed, false when
+ * the NULL only means "not found". A failed read is never answered as an empty or null success. */
+static bool read_failed(ah_call *call, ah_sessions *m) {
+  if (ah__store_read_status(store_of(m)) == 0)
+    return false;
+  char detail[300];
+  int h = ah__store_health(store_of(m), detail, sizeof detail);
+  char msg[400];
+  snprintf(msg, sizeof msg, "the store could not be read%s%s", h != AH_STORE_OK ? ": " : "",
+           h != AH_STORE_OK ? detail : "");
+  ah__call_error(call, AH_EIO, msg, NULL);
+  return true;
+}
+
 static bool absolute_dir(const char *p) {
   struct stat st;
   return p && p[0] == '/' && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -1504,6 +1518,8 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
     return;
   }
   json_t *rows = ah__store_list_sessions(store_of(m), json_string_value(cursor), limit + 1);
+  if (!rows && read_failed(call, m))
+    return;
   json_t *out = json_array();
   size_t i = 0;
   json_t *row = NULL;
@@ -1519,6 +1535,8 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
 /* The stored row of params.sessionId, or NULL after answering the call (missing id or no such session). */
 static json_t *stored_row(ah_call *call, ah_sessions *m, const char *id) {
   json_t *row = id ? ah__store_get_session(store_of(m), id) : NULL;
+  if (!row && id && read_failed(call, m))
+    return NULL;
   if (!row)
     ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
                    NULL);
@@ -1551,13 +1569,16 @@ static void m_history(ah_call *call, const json_t *p, void *data) {
                    NULL);
     return;
   }
-  json_t *row = ah__store_get_session(store_of(m), id);
-  if (!row) {
-    ah__call_error(call, AH_ENOENT, "no such session", NULL);
+  json_t *row = stored_row(call, m, id);
+  if (!row)
     return;
-  }
   json_decref(row);
   json_t *events = ah__store_events(store_of(m), id, after ? json_integer_value(after) : 0, limit + 1);
+  if (!events) {
+    if (!read_failed(call, m))
+      ah__call_error(call, AH_EIO, "the store could not be read", NULL);
+    return;
+  }
   json_t *next = NULL;
   if (json_array_size(events) > limit) {
     json_array_remove(events, limit);
@@ -1581,6 +1602,12 @@ static void m_export(ah_call *call, const json_t *p, void *data) {
   int64_t after = 0;
   for (bool more = true; more && buf;) {
     json_t *page = ah__store_events(store_of(m), id, after, 1000);
+    if (!page) {
+      free(buf);
+      if (!read_failed(call, m))
+        ah__call_error(call, AH_EIO, "the store could not be read", NULL);
+      return;
+    }
     more = json_array_size(page) == 1000;
     size_t i = 0;
     json_t *ev = NULL;
@@ -1695,6 +1722,14 @@ static void m_prompt(ah_call *call, const json_t *p, void *data) {
   if (!store_ready(call, data))
     return;
   ah_sessions *m = SM(data);
+  /* A store found damaged takes no more work it may not keep: the prompt is refused, not acknowledged. */
+  char detail[300];
+  if (ah__store_health(store_of(m), detail, sizeof detail) == AH_STORE_DAMAGED) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "the store is damaged (%s): prompts are refused until it is repaired", detail);
+    ah__call_error(call, AH_EUNAVAILABLE, msg, NULL);
+    return;
+  }
   const char *id = str(p, "sessionId");
   const char *why = NULL;
   json_t *content = id ? prompt_content(p, &why) : NULL;
@@ -2128,6 +2163,15 @@ size_t ah__sessions_live(ah_sessions *m) {
 size_t ah__sessions_loads(ah_sessions *m) {
   return m->loads;
 }
+json_t *ah__sessions_store_health(ah_sessions *m) {
+  if (!m->store && !m->store_failed)
+    return NULL; /* a stdio child's store is opened at its first session call, not to describe it */
+  char detail[300] = "";
+  int h = ah__store_health(m->store, detail, sizeof detail);
+  return json_pack("{s:s, s:s?}", "health", ah__store_health_name(h), "detail",
+                   h != AH_STORE_OK ? detail : NULL);
+}
+
 const char *ah__sessions_owner(ah_sessions *m) {
   return m->owner;
 }

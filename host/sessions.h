@@ -78,5 +78,8 @@ ah_store *ah__sessions_store(ah_sessions *s);
 size_t ah__sessions_live(ah_sessions *s);
 size_t ah__sessions_loads(ah_sessions *s); /* cold resumes performed (coalesced ones count once) */
 const char *ah__sessions_owner(ah_sessions *s);
+/* The store's health as host.describe shows it: {"health": "ok"|"full"|"damaged", "detail"?}; NULL while a
+ * lazily opened store was not opened yet. */
+json_t *ah__sessions_store_health(ah_sessions *s);
 
 #endif

@@ -366,6 +366,30 @@ json_t *ah__store_sessions_to_recover(ah_store *s) {
   return s && s->impl ? s->be->sessions_to_recover(s->impl) : NULL;
 }
 
+int ah__store_health(ah_store *s, char *detail, size_t cap) {
+  if (!s || !s->impl) {
+    if (detail && cap)
+      snprintf(detail, cap, "the store cannot be opened");
+    return AH_STORE_DAMAGED;
+  }
+  if (!s->be->health) {
+    if (detail && cap)
+      detail[0] = '\0';
+    return AH_STORE_OK;
+  }
+  return s->be->health(s->impl, detail, cap);
+}
+
+int ah__store_read_status(ah_store *s) {
+  if (!s || !s->impl)
+    return AH_EIO;
+  return s->be->read_failed && s->be->read_failed(s->impl) ? AH_EIO : 0;
+}
+
+const char *ah__store_health_name(int health) {
+  return health == AH_STORE_OK ? "ok" : health == AH_STORE_FULL ? "full" : "damaged";
+}
+
 uint64_t ah__store_commits(const ah_store *s) {
   return s ? atomic_load(&((ah_store *)s)->commits) : 0;
 }

@@ -84,7 +84,17 @@ typedef struct ah_store_backend {
   json_t *(*get_request)(void *impl, const char *id);
   /* Sessions not closed that have open inbox rows or status "running" (to recover after a restart). */
   json_t *(*sessions_to_recover)(void *impl);
+  /* Any thread: AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED, with a description in `detail`. */
+  int (*health)(void *impl, char *detail, size_t cap);
+  /* Loop thread: whether the last read failed (a NULL from a read is then an error, not "not found"). */
+  bool (*read_failed)(void *impl);
 } ah_store_backend;
+
+enum {
+  AH_STORE_OK = 0,
+  AH_STORE_FULL = 1,    /* writes fail for lack of space; cleared by the next commit */
+  AH_STORE_DAMAGED = 2, /* corruption or an I/O error was reported: it stays so until a restart */
+};
 
 extern const ah_store_backend ah__store_sqlite;
 
@@ -107,6 +117,13 @@ json_t *ah__store_inbox_open(ah_store *s, const char *session_id);
 json_t *ah__store_requests_pending(ah_store *s, const char *session_id);
 json_t *ah__store_get_request(ah_store *s, const char *id);
 json_t *ah__store_sessions_to_recover(ah_store *s);
+
+/* Health (see the backend's health): AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED; `detail` (may be
+ * NULL) receives a description. A NULL store is AH_STORE_DAMAGED ("the store cannot be opened"). */
+int ah__store_health(ah_store *s, char *detail, size_t cap);
+/* 0, or AH_EIO when the last read on the loop thread failed (its NULL was an error, not "not found"). */
+int ah__store_read_status(ah_store *s);
+const char *ah__store_health_name(int health);
 
 /* Counters: commits (transactions) and opsets written since open. */
 uint64_t ah__store_commits(const ah_store *s);

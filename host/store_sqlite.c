@@ -213,7 +213,58 @@ typedef struct sq_store {
   pthread_mutex_t ckpt_mu;
   pthread_cond_t ckpt_cv;
   bool ckpt_stop;
+  /* Health (both threads): FULL while writes fail for lack of space (cleared by the next commit), DAMAGED
+   * for good once SQLite reported corruption or an I/O error; the first such error is kept as the detail. */
+  pthread_mutex_t health_mu;
+  int health;
+  char health_detail[300];
+  bool read_failed; /* loop thread: the last read failed */
 } sq_store;
+
+/* Note what an SQLite error says about the store's health. */
+static void note_health(sq_store *q, sqlite3 *db, int rc) {
+  int prim = rc & 0xff;
+  int h =
+      prim == SQLITE_FULL ? AH_STORE_FULL
+      : (prim == SQLITE_CORRUPT || prim == SQLITE_NOTADB || prim == SQLITE_IOERR || prim == SQLITE_CANTOPEN)
+          ? AH_STORE_DAMAGED
+          : AH_STORE_OK;
+  if (h == AH_STORE_OK)
+    return;
+  pthread_mutex_lock(&q->health_mu);
+  if (q->health != AH_STORE_DAMAGED && h > q->health) {
+    q->health = h;
+    snprintf(q->health_detail, sizeof q->health_detail, "%s (%s)",
+             db ? sqlite3_errmsg(db) : sqlite3_errstr(rc), sqlite3_errstr(rc));
+    AH_LOG_E(COMP, "%s: the store is %s: %s", q->path, h == AH_STORE_FULL ? "full" : "damaged",
+             q->health_detail);
+  }
+  pthread_mutex_unlock(&q->health_mu);
+}
+
+static void note_commit(sq_store *q) {
+  pthread_mutex_lock(&q->health_mu);
+  if (q->health == AH_STORE_FULL) {
+    q->health = AH_STORE_OK;
+    q->health_detail[0] = '\0';
+    AH_LOG_I(COMP, "%s: writes succeed again", q->path);
+  }
+  pthread_mutex_unlock(&q->health_mu);
+}
+
+static int sq_health(void *impl, char *detail, size_t cap) {
+  sq_store *q = impl;
+  pthread_mutex_lock(&q->health_mu);
+  int h = q->health;
+  if (detail && cap)
+    snprintf(detail, cap, "%s", q->health_detail);
+  pthread_mutex_unlock(&q->health_mu);
+  return h;
+}
+
+static bool sq_read_failed(void *impl) {
+  return ((sq_store *)impl)->read_failed;
+}
 
 static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_why(char **why, const char *fmt, ...) {
@@ -925,6 +976,7 @@ static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     return;
   }
   if (run(q, &q->w, W_BEGIN) != SQLITE_OK) {
+    note_health(q, q->w.db, sqlite3_extended_errcode(q->w.db));
     AH_LOG_E(COMP, "%s: cannot begin a transaction (%zu opsets fail): %s", q->path, n, q->err);
     fail_all(results, statuses, n, AH_EIO);
     return;
@@ -946,6 +998,8 @@ static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     }
     json_decref(res);
     statuses[i] = rc;
+    if (rc == AH_EIO)
+      note_health(q, q->w.db, sqlite3_extended_errcode(q->w.db));
     AH_LOG_W(COMP, "opset failed at operation %zu (%s): %s", at, ah_err_name(rc), q->err);
     /* Some errors (I/O, disk full, out of memory) make SQLite roll the whole transaction back: then
      * nothing of this group was written. */
@@ -954,9 +1008,12 @@ static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     if (run(q, &q->w, W_ROLLBACK_TO) != SQLITE_OK || run(q, &q->w, W_RELEASE) != SQLITE_OK)
       goto abort;
   }
-  if (run(q, &q->w, W_COMMIT) == SQLITE_OK)
+  if (run(q, &q->w, W_COMMIT) == SQLITE_OK) {
+    note_commit(q);
     return;
+  }
 abort:
+  note_health(q, q->w.db, sqlite3_extended_errcode(q->w.db));
   AH_LOG_E(COMP, "%s: transaction failed, %zu opsets not written: %s", q->path, n, q->err);
   if (!sqlite3_get_autocommit(q->w.db))
     run(q, &q->w, W_ROLLBACK);
@@ -975,6 +1032,7 @@ static json_t *collect(sq_store *q, sqlite3_stmt *st, int bind_rc, json_t *(*row
                        bool single) {
   json_t *out = single ? NULL : json_array();
   int rc = bind_rc;
+  q->read_failed = false;
   if (rc == SQLITE_OK && (single || out)) {
     while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
       json_t *o = row(st);
@@ -989,6 +1047,8 @@ static json_t *collect(sq_store *q, sqlite3_stmt *st, int bind_rc, json_t *(*row
   }
   if (rc != SQLITE_OK) {
     AH_LOG_E(COMP, "%s: read failed: %s", q->path, sqlite3_errmsg(q->r.db));
+    note_health(q, q->r.db, sqlite3_extended_errcode(q->r.db));
+    q->read_failed = true;
     json_decref(out);
     out = NULL;
   }
@@ -998,8 +1058,10 @@ static json_t *collect(sq_store *q, sqlite3_stmt *st, int bind_rc, json_t *(*row
 
 #define READ_STMT(q, st, id)          \
   sqlite3_stmt *st = stmt(&q->r, id); \
-  if (!st)                            \
-    return NULL;
+  if (!st) {                          \
+    q->read_failed = true;            \
+    return NULL;                      \
+  }
 
 static json_t *sq_get_session(void *impl, const char *id) {
   sq_store *q = impl;
@@ -1132,6 +1194,7 @@ static void sq_close(void *impl) {
    * it, which a read-only connection cannot do. */
   conn_close(&q->r);
   conn_close(&q->w);
+  pthread_mutex_destroy(&q->health_mu);
   free(q->path);
   free(q);
 }
@@ -1297,6 +1360,7 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
     set_why(why, "store: out of memory");
     return AH_ENOMEM;
   }
+  pthread_mutex_init(&q->health_mu, NULL);
   int rc = 0;
   if (opts->read_only) {
     struct stat st;
@@ -1360,4 +1424,6 @@ const ah_store_backend ah__store_sqlite = {
     .requests_pending = sq_requests_pending,
     .get_request = sq_get_request,
     .sessions_to_recover = sq_sessions_to_recover,
+    .health = sq_health,
+    .read_failed = sq_read_failed,
 };

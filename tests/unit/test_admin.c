@@ -958,3 +958,78 @@ Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .
   ts_rmtree(work);
   free(work);
 }
+
+/* ---- a damaged store (reliability finding 8) --------------------------------------------------------------
+ */
+
+static void damage_file(const char *path) {
+  int fd = open(path, O_WRONLY);
+  cr_assert_geq(fd, 0, "cannot open %s: %s", path, strerror(errno));
+  struct stat st;
+  cr_assert_eq(fstat(fd, &st), 0);
+  char junk[4096];
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (char)(0xA5 ^ (i * 31));
+  for (off_t off = 32; off < st.st_size; off += (off_t)sizeof junk)
+    cr_assert_gt(pwrite(fd, junk, sizeof junk, off), 0);
+  close(fd);
+}
+
+/* A failed read is an error, never `null` or an empty export; a store found damaged refuses prompts (they
+ * are not acknowledged) and says so in host.describe. */
+Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  d_start(d);
+  char *work = ts_mkdtemp();
+  json_t *created = d_call_ok(d, "session.create", json_pack("{s:s}", "cwd", work));
+  char sid[64];
+  snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(created, "sessionId")));
+  json_decref(created);
+  for (int i = 0; i < 3; i++)
+    json_decref(d_call_ok(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "hello")));
+  usleep(500 * 1000);
+  json_t *desc = d_call_ok(d, "host.describe", NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(desc, "store"), "health")), "ok");
+  json_decref(desc);
+
+  char *wal = join(d->state, "agenthost.db-wal");
+  char *db = join(d->state, "agenthost.db");
+  damage_file(wal);
+  damage_file(db);
+
+  json_t *result = NULL, *error = NULL;
+  int rc =
+      ah__admin_call(d->run, "session.history", json_pack("{s:s}", "sessionId", sid), 10000, &result, &error);
+  char *text = json_dumps(result ? result : error, JSON_COMPACT | JSON_ENCODE_ANY);
+  cr_expect_neq(rc, 0, "history of a damaged store answered %s", text);
+  free(text);
+  json_decref(result);
+  json_decref(error);
+  rc = ah__admin_call(d->run, "session.export", json_pack("{s:s}", "sessionId", sid), 10000, &result, &error);
+  text = json_dumps(result ? result : error, JSON_COMPACT | JSON_ENCODE_ANY);
+  cr_expect_neq(rc, 0, "export of a damaged store answered %s", text);
+  free(text);
+  json_decref(result);
+  json_decref(error);
+
+  desc = d_call_ok(d, "host.describe", NULL);
+  json_t *store = json_object_get(desc, "store");
+  cr_expect_str_eq(json_string_value(json_object_get(store, "health")), "damaged");
+  cr_expect(json_is_string(json_object_get(store, "detail")));
+  json_decref(desc);
+  rc = ah__admin_call(d->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "lost?"),
+                      10000, &result, &error);
+  text = json_dumps(result ? result : error, JSON_COMPACT | JSON_ENCODE_ANY);
+  cr_expect_neq(rc, 0, "a damaged store acknowledged a prompt: %s", text);
+  cr_expect(error && strstr(text, "damaged"), "the refusal does not say why: %s", text);
+  free(text);
+  json_decref(result);
+  json_decref(error);
+  kill(d->pid, SIGKILL);
+  ts_wait_exit(d->pid, 5000, NULL);
+  d->pid = 0;
+  free(wal);
+  free(db);
+  ts_rmtree(work);
+  free(work);
+}
