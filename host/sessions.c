@@ -70,6 +70,10 @@ struct ah_sessions {
   char *store_path; /* the store is opened on first use when opts.lazy_store */
   ah_store_sync store_sync;
   bool store_failed;
+  /* Sessions whose writes failed (disk full, I/O error): reloaded from the store once writes succeed,
+   * which records their interrupted turn. {id: true} */
+  json_t *retry;
+  ah_timer *retry_timer;
 };
 
 struct ah_session {
@@ -92,6 +96,7 @@ struct ah_session {
   bool disposed;
   bool fenced; /* its lease is held: every write carries the fence (the store checks the owner) */
   bool lost;   /* a fenced write found the lease taken by another process: it runs here no more */
+  bool broken; /* a write failed (disk full, I/O error): it runs no more until reloaded (m->retry) */
   ah__link link;
 };
 
@@ -229,13 +234,16 @@ static bool session_unused(const session *s) {
 }
 
 static void lease_lost(session *s, const char *why);
+static void session_broken(session *s, int status);
 
 static void write_done(int status, const json_t *results, void *arg) {
   write_ctx *w = arg;
   session *s = w->s;
   if (status == AH_EAGENTBUSY && s->fenced)
     lease_lost(s, "a write was refused by the store's fence");
-  if (w->event && s->lost) {
+  else if ((status == AH_EIO || status == AH_EBUSY) && s->fenced)
+    session_broken(s, status);
+  if (w->event && (s->lost || s->broken) && status != 0) {
     /* Logged once by lease_lost: the events of a session that runs elsewhere now are not stored here. */
   } else if (w->event) {
     if (status == 0) {
@@ -263,14 +271,14 @@ static void write_done(int status, const json_t *results, void *arg) {
  * opset. The event gets the session's next seq now. `cb` (may be NULL) runs after the commit. */
 static void write_ops(session *s, json_t *ops, const char *kind, const char *turn_id, const char *message_id,
                       json_t *data, written_fn cb, void *arg) {
-  write_ctx *w = s->lost ? NULL : calloc(1, sizeof *w);
+  write_ctx *w = s->lost || s->broken ? NULL : calloc(1, sizeof *w);
   if (!ops)
     ops = json_array();
   if (!w) {
     json_decref(ops);
     json_decref(data);
     if (cb)
-      cb(s, s->lost ? AH_EAGENTBUSY : AH_ENOMEM, NULL, arg);
+      cb(s, s->lost ? AH_EAGENTBUSY : s->broken ? AH_EIO : AH_ENOMEM, NULL, arg);
     return;
   }
   if (s->fenced) /* first: nothing of the opset is written unless this process still holds the lease */
@@ -425,14 +433,47 @@ static void session_dispose(session *s) {
  * was taken over): it stops here at once — its turn is cancelled (nothing of it is written: every write is
  * fenced), prompts waiting in memory are dropped (they are in the store's inbox for the owner), and the
  * next call for the session loads it afresh, which is refused while the other process holds it. */
+static void stop_here(session *s, int status);
+static void retry_tick(ah_timer *t, void *arg);
+static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
+
 static void lease_lost(session *s, const char *why) {
-  if (s->lost)
+  if (s->lost || s->broken)
     return;
   s->lost = true;
   json_t *row = ah__store_get_session(store_of(s->m), s->id);
   AH_LOG_W(LOG, "session %s: this process lost its lease (%s; held by %s now): it no longer runs here", s->id,
            why, row && str(row, "leaseOwner") ? str(row, "leaseOwner") : "no process");
   json_decref(row);
+  stop_here(s, AH_EAGENTBUSY);
+}
+
+/* A write of a live session failed (disk full, I/O error): what it did since can no longer be recorded in
+ * order, so it stops here — its turn is cancelled, nothing more of it is written — and it is reloaded from
+ * the store once writes succeed again: the load records the interrupted turn (turn/ended "error", its
+ * prompt done) and runs the prompts still queued. Meanwhile prompts for it are refused (not acknowledged). */
+static void session_broken(session *s, int status) {
+  if (s->lost || s->broken)
+    return;
+  s->broken = true;
+  ah_sessions *m = s->m;
+  char detail[300] = "";
+  ah__store_health(store_of(m), detail, sizeof detail);
+  AH_LOG_E(LOG,
+           "session %s: a write failed (%s%s%s): its turn is cancelled and the session is reloaded once the "
+           "store takes writes again",
+           s->id, ah_strerror(status), detail[0] ? ": " : "", detail);
+  if (!m->retry)
+    m->retry = json_object();
+  json_object_set_new(m->retry, s->id, json_true());
+  if (!m->retry_timer && !m->stopping)
+    m->api->timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
+  stop_here(s, AH_EIO);
+}
+
+/* The session runs here no more: prompts waiting in memory are dropped (they are in the store's inbox),
+ * its turn is cancelled, and it leaves the live sessions (its memory goes once nothing uses it). */
+static void stop_here(session *s, int status) {
   while (!ah__list_empty(&s->queue)) {
     queued *q = AH__CONTAINER(s->queue.next, queued, link);
     ah__list_remove(&q->link);
@@ -443,13 +484,50 @@ static void lease_lost(session *s, const char *why) {
   if (s->turn && s->turn->cancel)
     ah__cancel_trip(s->turn->cancel);
   if (!s->disposed) {
-    wake_waiters(s, AH_EAGENTBUSY);
+    wake_waiters(s, status);
     session_dispose(s);
+  }
+}
+
+static void retry_loaded(int status, session *s, void *arg) {
+  (void)s;
+  char *id = arg;
+  (void)status; /* a load that succeeded took the id out of m->retry (recover_after_load) */
+  free(id);
+}
+
+/* Reload the sessions whose writes failed: a load is one write (the lease), so it succeeds once the store
+ * takes writes again. */
+static void retry_tick(ah_timer *t, void *arg) {
+  (void)t;
+  ah_sessions *m = arg;
+  if (json_object_size(m->retry) == 0 || m->stopping) {
+    if (m->retry_timer)
+      m->api->timer_stop(m->retry_timer);
+    m->retry_timer = NULL;
+    return;
+  }
+  const char *id = NULL;
+  json_t *v = NULL;
+  void *tmp = NULL;
+  json_object_foreach_safe(m->retry, tmp, id, v) {
+    if (find_live(m, id))
+      continue; /* a load is in progress */
+    char *copy = strdup(id);
+    if (copy)
+      lookup(m, copy, retry_loaded, copy);
   }
 }
 
 static void recover_after_load(session *s) {
   ah_sessions *m = s->m;
+  bool retried = json_object_get(m->retry, s->id) != NULL;
+  const char *why = retried ? "interrupted: the store could not record this turn (disk full or I/O error)"
+                            : "interrupted: the host stopped during this turn";
+  if (retried) {
+    json_object_del(m->retry, s->id);
+    AH_LOG_I(LOG, "session %s: reloaded after a failed write; its interrupted turn is recorded", s->id);
+  }
   /* Prompts acknowledged before a restart: a claimed one was interrupted (its turn is recorded as ended
    * with an error, attributed to its own message), queued ones are run in order. */
   json_t *open = ah__store_inbox_open(store_of(m), s->id);
@@ -462,7 +540,7 @@ static void recover_after_load(session *s) {
       json_t *ops = json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "done");
       write_ops(s, ops, "turn/ended", tid, mid,
                 json_pack("{s:s, s:{s:i, s:i}, s:s}", "reason", "error", "usage", "inputTokens", 0,
-                          "outputTokens", 0, "error", "interrupted: the host stopped during this turn"),
+                          "outputTokens", 0, "error", why),
                 NULL, NULL);
     } else {
       queued *q = calloc(1, sizeof *q);
@@ -787,7 +865,7 @@ static void turn_end_now(turn *t, const char *reason, json_t *usage, const char 
     notify_parent(s, t->message_id, reason, t->last_text);
   /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
   ah__api_table.post(s->m->core, (ah_task_fn)turn_free, t);
-  if (s->lost) { /* nothing more runs here; the memory goes once nothing uses it */
+  if (s->lost || s->broken) { /* nothing more runs here; the memory goes once nothing uses it */
     if (session_unused(s)) {
       ah_sessions *m = s->m;
       session_free(s);
@@ -2102,6 +2180,10 @@ static void check_stopped(ah_sessions *m) {
     m->api->timer_stop(m->lease_timer);
     m->lease_timer = NULL;
   }
+  if (m->retry_timer) { /* what is left is recovered at the next start (an interrupted turn) */
+    m->api->timer_stop(m->retry_timer);
+    m->retry_timer = NULL;
+  }
   if (m->stop_deadline) {
     m->api->timer_stop(m->stop_deadline);
     m->stop_deadline = NULL;
@@ -2149,6 +2231,7 @@ void ah__sessions_free(ah_sessions *m) {
     request_free(AH__CONTAINER(m->requests.next, request, link));
   json_decref(m->resolved);
   json_decref(m->resolved_order);
+  json_decref(m->retry);
   ah__echo_provider_free(m->echo);
   free(m->store_path);
   free(m);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -44,6 +45,7 @@ static void cleanup(void) {
     test_daemon *d = live[i];
     if (!d)
       continue;
+    umount2(d->state, MNT_DETACH); /* the full-disk test's tmpfs, if a failed assertion left it mounted */
     ts_rmtree(d->dir);
     free(d->dir);
     free(d->state);
@@ -1030,6 +1032,103 @@ Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fin
   d->pid = 0;
   free(wal);
   free(db);
+  ts_rmtree(work);
+  free(work);
+}
+
+/* ---- a full disk (reliability finding 9)
+ * ------------------------------------------------------------------- */
+
+static bool stored_turn_end(test_daemon *d, const char *sid, const char *mid, char *reason, size_t cap) {
+  json_t *hist = d_call_ok(d, "session.history", json_pack("{s:s, s:i}", "sessionId", sid, "limit", 1000));
+  bool found = false;
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(json_object_get(hist, "events"), i, ev) {
+    const char *k = json_string_value(json_object_get(ev, "kind"));
+    const char *m = json_string_value(json_object_get(ev, "messageId"));
+    if (k && m && strcmp(k, "turn/ended") == 0 && strcmp(m, mid) == 0) {
+      found = true;
+      snprintf(reason, cap, "%s", json_string_value(json_object_get(json_object_get(ev, "data"), "reason")));
+    }
+  }
+  json_decref(hist);
+  return found;
+}
+
+static const char *store_health(test_daemon *d) {
+  static char h[32];
+  json_t *desc = d_call_ok(d, "host.describe", NULL);
+  snprintf(h, sizeof h, "%s", json_string_value(json_object_get(json_object_get(desc, "store"), "health")));
+  json_decref(desc);
+  return h;
+}
+
+/* An acknowledged prompt whose turn cannot be written (the disk filled up) is not stranded: the store says
+ * it is full, and once space returns the turn's outcome is recorded and the session runs prompts again.
+ * Needs root (a small tmpfs as the state directory). */
+Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  cr_assert_eq(mkdir(d->state, 0700), 0);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=3m,mode=0700 agenthost-test %s 2>/dev/null", d->state);
+  if (geteuid() != 0 || system(cmd) != 0)
+    cr_skip_test("needs root to mount a small tmpfs as the state directory");
+  d_start(d);
+  char *work = ts_mkdtemp();
+  json_t *created = d_call_ok(d, "session.create", json_pack("{s:s}", "cwd", work));
+  char sid[64];
+  snprintf(sid, sizeof sid, "%s", json_string_value(json_object_get(created, "sessionId")));
+  json_decref(created);
+  /* 400 KB of text: the echo of it cannot fit once the disk is full. */
+  size_t n = 400 * 1024;
+  char *text = malloc(n + 32);
+  strcpy(text, "/sleep 1500\n");
+  memset(text + strlen(text), 'z', n);
+  text[12 + n] = '\0';
+  json_t *r = d_call_ok(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", text));
+  char mid[64];
+  snprintf(mid, sizeof mid, "%s", json_string_value(json_object_get(r, "messageId")));
+  json_decref(r);
+  free(text);
+  usleep(300 * 1000);
+  char *filler = join(d->state, "filler");
+  snprintf(cmd, sizeof cmd, "dd if=/dev/zero of=%s bs=64k 2>/dev/null", filler);
+  cr_expect_neq(system(cmd), 0, "dd should end with a full disk");
+  uint64_t end = ts_now_ms() + 10000;
+  while (strcmp(store_health(d), "full") != 0 && ts_now_ms() < end)
+    usleep(100 * 1000);
+  cr_assert_str_eq(store_health(d), "full", "the turn's writes did not fail: the test did not fill the disk");
+  char reason[32] = "";
+  cr_expect_not(stored_turn_end(d, sid, mid, reason, sizeof reason), "a turn end was stored on a full disk?");
+  /* A prompt now is refused, not acknowledged. */
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(d->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "more"),
+                          10000, &result, &error);
+  cr_expect_neq(rc, 0, "a prompt was acknowledged on a full disk");
+  json_decref(result);
+  json_decref(error);
+
+  cr_assert_eq(unlink(filler), 0);
+  end = ts_now_ms() + 15000;
+  bool recorded = false;
+  while (!(recorded = stored_turn_end(d, sid, mid, reason, sizeof reason)) && ts_now_ms() < end)
+    usleep(200 * 1000);
+  cr_expect(recorded, "the interrupted turn was never recorded once space returned:\n%s", d_log(d));
+  cr_expect_str_eq(reason, "error");
+  cr_expect_str_eq(store_health(d), "ok");
+  /* The session takes and runs prompts again. */
+  r = d_call_ok(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "after"));
+  snprintf(mid, sizeof mid, "%s", json_string_value(json_object_get(r, "messageId")));
+  json_decref(r);
+  end = ts_now_ms() + 10000;
+  while (!(recorded = stored_turn_end(d, sid, mid, reason, sizeof reason)) && ts_now_ms() < end)
+    usleep(100 * 1000);
+  cr_expect(recorded && strcmp(reason, "end") == 0, "the next prompt did not run (%s)", reason);
+  assert_clean_exit(d, d_stop(d));
+  snprintf(cmd, sizeof cmd, "umount %s", d->state);
+  cr_expect_eq(system(cmd), 0);
+  free(filler);
   ts_rmtree(work);
   free(work);
 }
