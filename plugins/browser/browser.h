@@ -125,6 +125,7 @@ struct bp_ws {
   int64_t sent_cursor;
   bool replaying;
   bool replay_dropped;             /* live frames were dropped during the replay: read the store again */
+  int replay_limit;                /* events asked per page: fewer when large events filled the queue */
   bp_frame *live_head, *live_tail; /* live frames held during the replay */
   size_t live_queued;
   /* host: pending requests first */

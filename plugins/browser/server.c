@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "browser.h"
@@ -717,7 +718,17 @@ static int start_lws(bp_state *st) {
   info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
   info.foreign_loops = loops;
   info.pcontext = &st->ctx;
-  info.fd_limit_per_thread = 1024;
+  /* Every descriptor the process may open is a possible connection: lws sizes its descriptor table from
+   * this (its entries are indexed by fd) and takes one header table per connection still sending its
+   * headers, so a pool smaller than the connections lets idle sockets stall everyone (finding 4: 64 idle
+   * connections held the whole pool for the 10 s header deadline). */
+  struct rlimit nofile = {0};
+  rlim_t fds = getrlimit(RLIMIT_NOFILE, &nofile) == 0 ? nofile.rlim_cur : 1024;
+  if (fds == RLIM_INFINITY || fds > 65536)
+    fds = 65536;
+  if (fds < 256)
+    fds = 256;
+  info.fd_limit_per_thread = (unsigned int)fds;
   info.port = CONTEXT_PORT_NO_LISTEN;
   info.protocols = st->protocols;
   info.user = st;
@@ -726,7 +737,7 @@ static int start_lws(bp_state *st) {
   info.timeout_secs_ah_idle = st->header_timeout_s;
   info.keepalive_timeout = 60;
   info.max_http_header_data = 16384;
-  info.max_http_header_pool = 64;
+  info.max_http_header_pool = (unsigned short)(fds > 65535 ? 65535 : fds);
   st->ctx = lws_create_context(&info);
   if (!st->ctx) {
     st->api->log(st->m, AH_PLOG_ERROR,

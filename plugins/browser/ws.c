@@ -289,10 +289,18 @@ static void on_page(const ah_outcome *o, void *arg) {
                (unsigned long long)w->id, (long long)w->sent_cursor, json_array_size(events));
   size_t i = 0;
   json_t *ev = NULL;
+  bool cut = false; /* the queue is full: the rest of the page comes again, after sent_cursor */
   json_array_foreach(events, i, ev) {
     int64_t cursor = json_integer_value(json_object_get(ev, "cursor"));
     if (cursor <= w->sent_cursor)
       continue;
+    /* Bounded like live frames (finding 7: a page is 500 events of any size): at most ws_queue_bytes are
+     * queued for the socket; the next page is read when it has drained (SERVER_WRITEABLE). */
+    if (w->queued > 0 && w->queued >= st->ws_queue_max / 2) {
+      cut = true;
+      w->replay_limit = i < 1 ? 1 : (int)i; /* what fits: the next pages are read no larger */
+      break;
+    }
     json_t *payload = json_pack("{s:O?, s:O}", "sessionId", json_object_get(ev, "sessionId"), "event", ev);
     char *text = frame_text(st, "session.event", payload, false, NULL, cursor,
                             json_integer_value(json_object_get(ev, "seq")));
@@ -302,7 +310,8 @@ static void on_page(const ah_outcome *o, void *arg) {
     if (f)
       send_frame(w, f, false);
   }
-  if (json_array_size(events) >= REPLAY_PAGE || w->replay_dropped) {
+  int asked = w->replay_limit > 0 && w->replay_limit < REPLAY_PAGE ? w->replay_limit : REPLAY_PAGE;
+  if (cut || json_array_size(events) >= (size_t)asked || w->replay_dropped) {
     w->replay_dropped = false;
     /* Paced: the next page when the queue has drained (SERVER_WRITEABLE), at once when it is short. */
     if (w->queued < st->ws_queue_max / 2)
@@ -320,7 +329,8 @@ static void fetch_page(bp_ws *w) {
   if (w->calls > 0 || !w->replaying || w->closing)
     return;
   ah_caller c;
-  json_t *params = json_pack("{s:I, s:i}", "after", (json_int_t)w->sent_cursor, "limit", REPLAY_PAGE);
+  int limit = w->replay_limit > 0 && w->replay_limit < REPLAY_PAGE ? w->replay_limit : REPLAY_PAGE;
+  json_t *params = json_pack("{s:I, s:i}", "after", (json_int_t)w->sent_cursor, "limit", limit);
   int rc = st->api->dispatch(st->m, bp_caller(&c, false, w->id), "session.events", params, NULL, on_page, w);
   if (rc) {
     stream_error(w, "session.events", rc, NULL);
