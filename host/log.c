@@ -144,7 +144,11 @@ static size_t escape_token(const unsigned char *in, size_t n, char tok[8], size_
   *consumed = len;
   /* C1 controls (a terminal may read U+009B as CSI) and the Unicode line and paragraph separators (a
    * viewer may break the line there) are escaped too, so that one record stays one line. */
-  if (cp <= 0x9f || cp == 0x2028 || cp == 0x2029)
+  /* So are the bidirectional controls (U+061C, U+200E/F, U+202A..E, U+2066..9): a title or a value that
+   * carries one would reorder what a terminal shows after it ("Trojan Source"). */
+  bool bidi = cp == 0x061c || cp == 0x200e || cp == 0x200f || (cp >= 0x202a && cp <= 0x202e) ||
+              (cp >= 0x2066 && cp <= 0x2069);
+  if (cp <= 0x9f || cp == 0x2028 || cp == 0x2029 || bidi)
     return (size_t)snprintf(tok, 8, "\\u%04x", (unsigned)cp);
   memcpy(tok, in, len);
   return len;

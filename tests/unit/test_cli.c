@@ -841,3 +841,25 @@ Test(cli, a_same_uid_sibling_cannot_read_the_daemons_environment, .timeout = 60,
   free(state);
   free(runtime);
 }
+
+/* Reliability finding 12: a title with a bidirectional control (U+202E RIGHT-TO-LEFT OVERRIDE, "Trojan
+ * Source") is shown escaped by `sessions list`, never raw. */
+Test(cli, sessions_list_escapes_bidi_controls, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  json_t *r =
+      sess_call(&e, "session.create",
+                json_pack("{s:s, s:s}", "cwd", test_dir(), "title", "safe\xe2\x80\xaetxt.exe\xe2\x81\xa6x"));
+  cr_assert_not_null(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  sess_stop(&e);
+  char *out = NULL;
+  char *err = NULL;
+  int code = sess_cli(&e, &out, &err, "sessions", "list", NULL);
+  cr_assert_eq(code, 0, "sessions list exited %d: %s", code, err);
+  cr_expect_null(strstr(out, "\xe2\x80\xae"), "U+202E printed raw: %s", out);
+  cr_expect_null(strstr(out, "\xe2\x81\xa6"), "U+2066 printed raw: %s", out);
+  cr_expect(strstr(out, "safe\\u202etxt.exe\\u2066x"), "not escaped as \\u202e: %s", out);
+  free(out);
+  free(err);
+}
