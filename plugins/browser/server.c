@@ -377,6 +377,8 @@ int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason,
   char extra[128] = "";
   if (allow)
     snprintf(extra, sizeof extra, "allow:%s\n", allow);
+  else if (status == 426)
+    snprintf(extra, sizeof extra, "sec-websocket-version:13\n");
   else if (www_auth)
     snprintf(extra, sizeof extra, "www-authenticate:Bearer realm=\"agenthost\"\n");
   bp_out out = {0};
@@ -626,6 +628,13 @@ static int on_confirm_upgrade(bp_state *st, struct lws *wsi) {
   if (d.status == 0 && st->nws >= st->max_ws) {
     d.status = 503;
     d.reason = "too many WebSockets";
+  }
+  /* RFC 6455 4.4: only version 13 is spoken; another is answered 426 naming it. */
+  char version[16];
+  if (d.status == 0 &&
+      (lws_hdr_copy(wsi, version, sizeof version, WSI_TOKEN_VERSION) <= 0 || strcmp(version, "13") != 0)) {
+    d.status = 426;
+    d.reason = "Sec-WebSocket-Version 13 is required";
   }
   if (d.status) {
     /* T3: refused before 101, never after. */

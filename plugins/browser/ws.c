@@ -16,6 +16,7 @@
  * plugin and session lifecycle events, and the remote plugin's forwarded events as host/remote-event
  * {name, args}. A source that fails sends `stream/error` and the socket closes (1011).
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,8 +415,10 @@ int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d) {
       v = lws_get_urlarg_by_name(wsi, "after", buf, sizeof buf);
     if (v) {
       char *end = NULL;
+      errno = 0;
       long long after = strtoll(v, &end, 10);
-      if (!*v || *end || after < 0) {
+      if (!*v || *end || after < 0 ||
+          errno == ERANGE) { /* an overflow would be a stream that never delivers */
         free(w);
         bp_refuse_now(st, wsi, 400, "after: a cursor (integer >= 0) is required", NULL, false, true);
         return 1;

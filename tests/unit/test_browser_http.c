@@ -1307,3 +1307,32 @@ Test(browser_http, mux_replay_to_sockets_that_never_read_is_bounded, .timeout = 
   free(sid);
   stop(&d);
 }
+
+/* Reliability finding 11: a WebSocket version other than 13 is answered 426 naming 13 (RFC 6455 4.4), and
+ * a mux cursor that overflows is a 400, not a stream that never delivers. */
+Test(browser_http, websocket_version_426_and_overflowing_cursor_400) {
+  daemon_t d;
+  start(&d, NULL);
+  char auth[256];
+  ws_auth(&d, "", auth, sizeof auth);
+  char req[1024];
+  snprintf(req, sizeof req,
+           "GET /api/ws/mux HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 8\r\n%s\r\n",
+           d.port, auth);
+  int fd = tc_connect(d.port, 0);
+  cr_assert(tc_send_str(fd, req));
+  tc_resp r;
+  cr_expect_eq(tc_read_response(fd, &r, 5000), 426);
+  char v[32];
+  cr_expect(tc_header(r.head, "sec-websocket-version", v, sizeof v) && strcmp(v, "13") == 0,
+            "426 without Sec-WebSocket-Version: 13: %s", r.head);
+  tc_resp_free(&r);
+  close(fd);
+  tc_resp hs;
+  cr_expect_lt(tc_ws_open(d.port, "/api/ws/mux?after=99999999999999999999999", auth, &hs, 0), 0,
+               "an overflowing cursor was accepted");
+  cr_expect_eq(hs.status, 400, "status %d", hs.status);
+  tc_resp_free(&hs);
+  stop(&d);
+}
