@@ -369,11 +369,11 @@ typedef struct run {
   uint64_t first_ns, last_ns; /* first and last delta read, any client */
 } run;
 
-static int open_mux(const daemon_ctl *d, int rcvbuf) {
+static int open_mux_at(const daemon_ctl *d, const char *path, int rcvbuf) {
   char extra[512];
   snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", d->token);
   tc_resp hs = {0};
-  int fd = tc_ws_open(d->port, "/api/ws/mux", extra, &hs, rcvbuf);
+  int fd = tc_ws_open(d->port, path, extra, &hs, rcvbuf);
   if (fd < 0 && hs.head)
     fprintf(stderr, "browser fanout: the mux upgrade was refused: %.*s\n", (int)strcspn(hs.head, "\r\n"),
             hs.head);
@@ -381,6 +381,10 @@ static int open_mux(const daemon_ctl *d, int rcvbuf) {
   if (fd >= 0)
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   return fd;
+}
+
+static int open_mux(const daemon_ctl *d, int rcvbuf) {
+  return open_mux_at(d, "/api/ws/mux", rcvbuf);
 }
 
 /* The send queue of the daemon's side of the TCP connection whose client end is `fd` (IPv4 loopback). */
@@ -678,15 +682,120 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
 /* ---- main -----------------------------------------------------------------------------------------------
  */
 
+static const char *verdict(bool met) {
+  return met ? "met" : "NOT met";
+}
+
+/* ---- abuse: idle connections, replay to sockets that never read (reliability findings 4 and 7) ----------
+ */
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* `n` host.describe calls one after another: p50 and max in ms (p99 of so few is the max). */
+static bool api_latency(const daemon_ctl *d, int n, double *p50, double *max) {
+  double *ms = calloc((size_t)n, sizeof *ms);
+  if (!ms)
+    return false;
+  for (int i = 0; i < n; i++) {
+    uint64_t t0 = mono_ns();
+    json_t *v = api_call(d, "host.describe", json_object());
+    ms[i] = (double)(mono_ns() - t0) / 1e6;
+    if (!v) {
+      free(ms);
+      return false;
+    }
+    json_decref(v);
+  }
+  qsort(ms, (size_t)n, sizeof *ms, cmp_double);
+  *p50 = ms[n / 2];
+  *max = ms[n - 1];
+  free(ms);
+  return true;
+}
+
+static int run_abuse(const daemon_ctl *d, int idle_n) {
+  double b50 = 0, bmax = 0, i50 = 0, imax = 0;
+  if (!api_latency(d, 50, &b50, &bmax))
+    return 1;
+  int *idle = calloc((size_t)idle_n, sizeof *idle);
+  int opened = 0;
+  while (idle && opened < idle_n && (idle[opened] = tc_connect(d->port, 0)) >= 0)
+    opened++;
+  usleep(300000);
+  bool ok = api_latency(d, 50, &i50, &imax);
+  for (int i = 0; i < opened; i++)
+    close(idle[i]);
+  free(idle);
+  if (!ok)
+    return 1;
+  printf("idle connections (finding 4): host.describe, 50 calls each, one after another\n");
+  printf("   no idle connection (baseline)   p50 %7.2f ms  max %7.2f ms\n", b50, bmax);
+  printf("   %4d idle connections           p50 %7.2f ms  max %7.2f ms  (p50 %.2fx the baseline)\n", opened,
+         i50, imax, i50 / b50);
+  printf("   target: every call < 100 ms with 1000 idle connections open: %s\n\n",
+         verdict(opened >= idle_n && imax < 100));
+
+  /* Replay: ~24 MB of history, 30 mux sockets with after=0 that never read. */
+  json_t *created = api_call(d, "session.create", json_pack("{s:s, s:s}", "cwd", d->dir, "provider", "echo"));
+  const char *sid = json_string_value(json_object_get(created, "sessionId"));
+  if (!sid) {
+    json_decref(created);
+    return 1;
+  }
+  size_t n = 400 * 1024;
+  char *text = malloc(n + 1);
+  memset(text, 'r', n);
+  text[n] = '\0';
+  for (int i = 0; i < 30; i++)
+    json_decref(api_call(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", text)));
+  free(text);
+  json_decref(created);
+  int ended = 0;
+  for (int tries = 0; tries < 600 && ended < 30; tries++) {
+    usleep(50000);
+    json_t *v = api_call(d, "session.events", json_pack("{s:i, s:i}", "after", 0, "limit", 1000));
+    ended = 0;
+    size_t k = 0;
+    json_t *e = NULL;
+    json_array_foreach(json_object_get(v, "events"), k, e) {
+      ended += strcmp(json_string_value(json_object_get(e, "kind")), "turn/ended") == 0;
+    }
+    json_decref(v);
+  }
+  usleep(500000);
+  long before = rss_kib(d->rss_pid), peak = before;
+  int socks[30];
+  int nsocks = 0;
+  for (; nsocks < 30; nsocks++)
+    if ((socks[nsocks] = open_mux_at(d, "/api/ws/mux?after=0", 4096)) < 0)
+      break;
+  for (int t = 0; t < 40; t++) {
+    usleep(100000);
+    long r = rss_kib(d->rss_pid);
+    if (r > peak)
+      peak = r;
+  }
+  for (int i = 0; i < nsocks; i++)
+    close(socks[i]);
+  printf("mux replay (finding 7): 30 turns of 400 KB (~24 MB of history), %d sockets on /api/ws/mux?after=0 "
+         "that never read (4 KiB receive buffers), ws_queue_bytes 1 MiB\n",
+         nsocks);
+  printf("   daemon RSS before %6.1f MB, peak over 4 s %6.1f MB: +%.1f MB (%.2f MB per socket)\n",
+         (double)before / 1024, (double)peak / 1024, (double)(peak - before) / 1024,
+         (double)(peak - before) / 1024 / (nsocks ? nsocks : 1));
+  printf("   target: bounded like live frames (at most about the queue cap per socket): %s\n",
+         verdict(nsocks == 30 && (peak - before) / 1024 <= 30 * 2 + 16));
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]\n"
                   "       bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]\n"
                   "options: --clients N  --rates R1,R2,...  --seconds S  --settle S  --queue-bytes B  "
                   "--target-ms MS\n");
-}
-
-static const char *verdict(bool met) {
-  return met ? "met" : "NOT met";
 }
 
 int main(int argc, char **argv) {
@@ -697,6 +806,7 @@ int main(int argc, char **argv) {
   int nc = 100;
   pid_t given_pid = 0;
   double secs = 5, settle = 3, target_ms = 5;
+  int abuse = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -722,6 +832,8 @@ int main(int argc, char **argv) {
       queue = argv[++i];
     else if (strcmp(a, "--target-ms") == 0)
       target_ms = atof(argv[++i]);
+    else if (strcmp(a, "--abuse") == 0)
+      abuse = atoi(argv[++i]);
     else if (a[0] == '-' || npos == 3) {
       usage();
       return 1;
@@ -748,6 +860,12 @@ int main(int argc, char **argv) {
     return 1;
   }
 
+  if (abuse > 0) { /* the daemon inherits the limit: room for the idle connections */
+    struct rlimit rl = {(rlim_t)abuse + 512, (rlim_t)abuse + 512};
+    setrlimit(RLIMIT_NOFILE, &rl);
+    if (!queue)
+      queue = "1048576";
+  }
   daemon_ctl d = {.out_fd = -1, .provider = provider};
   if (url) {
     if (!parse_url(url, &d.port, d.token, sizeof d.token)) {
@@ -761,6 +879,11 @@ int main(int argc, char **argv) {
       stop_daemon(&d);
       return 77;
     }
+  }
+  if (abuse > 0) {
+    int rc = run_abuse(&d, abuse);
+    stop_daemon(&d);
+    return rc;
   }
   /* The queue the slow client must fill: the one configured here, else the plugin's default. */
   size_t queue_bytes = queue ? (size_t)strtoull(queue, NULL, 10) : (size_t)8 << 20;
