@@ -148,6 +148,15 @@ struct bp_state {
   size_t nlisten;
   size_t nports;
   struct lws_vhost *vhosts[BP_MAX_LISTEN];
+  /* The listening sockets are the plugin's own (accept, then lws_adopt_socket_vhost): out of descriptors,
+   * accepting pauses instead of spinning on EMFILE (finding 5). */
+  int listen_fd[BP_MAX_LISTEN]; /* -1 when not listening */
+  uv_poll_t listen_poll[BP_MAX_LISTEN];
+  bool listen_polling[BP_MAX_LISTEN];
+  int listeners_open; /* polls whose close callback has not run */
+  bool accept_paused;
+  uint64_t accept_refused; /* connections left waiting in the backlog during the current episode */
+  ah_timer *accept_timer;
   char vhost_names[BP_MAX_LISTEN][8]; /* libwebsockets keeps the pointer, not a copy */
   char **hosts;
   size_t nhosts;

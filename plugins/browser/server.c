@@ -709,6 +709,137 @@ static int bp_callback(struct lws *wsi, enum lws_callback_reasons reason, void *
   }
 }
 
+/* ---- listening -------------------------------------------------------------------------------------- */
+
+/* Out of descriptors (EMFILE/ENFILE): accepting pauses for ACCEPT_PAUSE_MS and is tried again; the waiting
+ * connections stay in the kernel's backlog. One log line when an episode starts and one when it ends. */
+#define ACCEPT_PAUSE_MS 250
+
+static void listen_poll_cb(uv_poll_t *p, int status, int events);
+
+static void accept_resume(ah_timer *t, void *arg) {
+  (void)t;
+  bp_state *st = arg;
+  st->accept_timer = NULL;
+  if (st->withdrawing)
+    return;
+  for (size_t i = 0; i < st->nlisten; i++)
+    if (st->listen_fd[i] >= 0 && !st->listen_polling[i] &&
+        uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb) == 0)
+      st->listen_polling[i] = true;
+}
+
+static void accept_pause(bp_state *st, int err) {
+  for (size_t i = 0; i < st->nlisten; i++)
+    if (st->listen_polling[i]) {
+      uv_poll_stop(&st->listen_poll[i]);
+      st->listen_polling[i] = false;
+    }
+  if (!st->accept_paused) {
+    st->accept_paused = true;
+    st->accept_refused = 0;
+    st->api->log(st->m, AH_PLOG_WARN,
+                 "cannot accept connections: %s; accepting pauses and is retried every %d ms", strerror(err),
+                 ACCEPT_PAUSE_MS);
+  }
+  st->accept_refused++;
+  if (!st->accept_timer)
+    st->api->timer_start(st->m, ACCEPT_PAUSE_MS, 0, accept_resume, st, &st->accept_timer);
+}
+
+static void listen_poll_cb(uv_poll_t *p, int status, int events) {
+  (void)events;
+  bp_state *st = p->data;
+  size_t i = (size_t)(p - st->listen_poll);
+  if (status < 0 || st->withdrawing)
+    return;
+  for (int n = 0; n < 64; n++) { /* a bounded batch per wake-up: the loop serves the others in between */
+    int fd = accept4(st->listen_fd[i], NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED)
+        continue;
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        accept_pause(st, errno);
+      else if (errno != EAGAIN && errno != EWOULDBLOCK)
+        st->api->log(st->m, AH_PLOG_WARN, "accept: %s", strerror(errno));
+      return;
+    }
+    if (st->accept_paused) {
+      st->accept_paused = false;
+      st->api->log(st->m, AH_PLOG_INFO, "accepting connections again (paused %llu time(s))",
+                   (unsigned long long)st->accept_refused);
+    }
+    if (!lws_adopt_socket_vhost(st->vhosts[i], fd))
+      close(fd); /* lws refused it (no room in its table): the peer sees the connection closed */
+  }
+}
+
+/* Bind and listen on listener `i` (the probe bound it a moment ago); the bound port is returned. */
+static int listen_on(bp_state *st, size_t i) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  socklen_t sl = 0;
+  int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
+  if (af == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)st->listen_port[i]);
+    inet_pton(AF_INET, st->listen_addr[i], &in->sin_addr);
+    sl = sizeof *in;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons((uint16_t)st->listen_port[i]);
+    inet_pton(AF_INET6, st->listen_addr[i], &in6->sin6_addr);
+    sl = sizeof *in6;
+  }
+  int fd = socket(af, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  int one = 1;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+      (af == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+      bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, SOMAXCONN) != 0 ||
+      getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+    int err = errno;
+    if (fd >= 0)
+      close(fd);
+    errno = err;
+    return -1;
+  }
+  st->listen_fd[i] = fd;
+  if (uv_poll_init(st->loop, &st->listen_poll[i], fd) != 0) {
+    close(fd);
+    st->listen_fd[i] = -1;
+    errno = EIO;
+    return -1;
+  }
+  st->listen_poll[i].data = st;
+  st->listeners_open++;
+  if (uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb) == 0)
+    st->listen_polling[i] = true;
+  return af == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                       : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+}
+
+static void listener_closed(uv_handle_t *h) {
+  bp_state *st = h->data;
+  st->listeners_open--;
+}
+
+/* Withdraw: stop accepting (the polls are the plugin's handles: closed before it reports done). */
+static void stop_listening(bp_state *st) {
+  if (st->accept_timer)
+    st->api->timer_stop(st->accept_timer);
+  st->accept_timer = NULL;
+  for (size_t i = 0; i < st->nlisten; i++) {
+    if (st->listen_fd[i] < 0)
+      continue;
+    uv_close((uv_handle_t *)&st->listen_poll[i], listener_closed);
+    close(st->listen_fd[i]);
+    st->listen_fd[i] = -1;
+    st->listen_polling[i] = false;
+  }
+}
+
 /* ---- the context -------------------------------------------------------------------------------------- */
 
 static int start_lws(bp_state *st) {
@@ -760,8 +891,7 @@ static int start_lws(bp_state *st) {
     snprintf(name, sizeof st->vhost_names[i], "bp%u", (unsigned)(i % BP_MAX_LISTEN));
     bool v6 = strchr(st->listen_addr[i], ':') != NULL;
     vi.vhost_name = name;
-    vi.port = st->listen_port[i];
-    vi.iface = st->listen_addr[i];
+    vi.port = CONTEXT_PORT_NO_LISTEN_SERVER; /* the plugin listens and adopts what it accepts */
     vi.protocols = st->protocols;
     vi.options = LWS_SERVER_OPTION_LIBUV |
                  (v6 ? LWS_SERVER_OPTION_IPV6_V6ONLY_MODIFY | LWS_SERVER_OPTION_IPV6_V6ONLY_VALUE
@@ -780,7 +910,12 @@ static int start_lws(bp_state *st) {
                    v6 ? "]" : "", st->listen_port[i]);
       continue;
     }
-    int port = lws_get_vhost_listen_port(st->vhosts[i]);
+    int port = listen_on(st, i);
+    if (port < 0) {
+      st->api->log(st->m, AH_PLOG_ERROR, "cannot listen on %s%s%s:%d: %s", v6 ? "[" : "", st->listen_addr[i],
+                   v6 ? "]" : "", st->listen_port[i], strerror(errno));
+      continue;
+    }
     st->ports[st->nports++] = port;
     if (strcmp(st->listen_addr[i], "0.0.0.0") == 0 || strcmp(st->listen_addr[i], "::") == 0)
       st->any_ip = true;
@@ -844,6 +979,8 @@ static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, v
   st->api = api;
   st->loop = api->loop(m);
   st->ui_fd = -1;
+  for (size_t i = 0; i < BP_MAX_LISTEN; i++)
+    st->listen_fd[i] = -1;
   const char *listen = json_string_value(json_object_get(config, "listen"));
   int rc = load_config(st, config);
   if (rc == 0)
@@ -968,7 +1105,7 @@ static void wd_tick(ah_timer *t, void *arg) {
     st->wd_phase = 2;
     return;
   default: /* the core calls made for requests and sockets were cancelled: wait for their replies */
-    if ((st->describe_calls > 0 || st->outstanding > 0) && st->wd_ticks < 300)
+    if ((st->describe_calls > 0 || st->outstanding > 0 || st->listeners_open > 0) && st->wd_ticks < 300)
       return;
     if (st->describe_calls > 0 || st->outstanding > 0)
       st->api->log(st->m, AH_PLOG_WARN, "withdraw: %d call(s) still unanswered",
@@ -994,6 +1131,7 @@ static void bp_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
   for (bp_req *r = st->reqs; r; r = r->next)
     if (r->token)
       st->api->token_trip(r->token);
+  stop_listening(st);
   bp_ws_close_all(st, 1001, "the server is going away");
   if (st->api->timer_start(st->m, 10, 10, wd_tick, st, &st->wd_timer) != 0) {
     st->api->log(st->m, AH_PLOG_ERROR, "withdraw: no timer; libwebsockets is left running");

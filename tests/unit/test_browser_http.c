@@ -1336,3 +1336,64 @@ Test(browser_http, websocket_version_426_and_overflowing_cursor_400) {
   tc_resp_free(&hs);
   stop(&d);
 }
+
+static double cpu_seconds(pid_t pid) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char *p = strrchr(buf, ')');
+  unsigned long ut = 0, stt = 0;
+  if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stt) != 2)
+    return -1;
+  return (double)(ut + stt) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int count_in(const char *text, const char *needle) {
+  int n = 0;
+  for (const char *p = text; p && (p = strstr(p, needle)) != NULL; p += strlen(needle))
+    n++;
+  return n;
+}
+
+/* Reliability finding 5: out of file descriptors, accepting pauses instead of spinning (a full core and a
+ * log line per failed accept); one log line per episode; once descriptors are free it accepts again. */
+Test(browser_http, out_of_descriptors_accepting_pauses_and_resumes, .timeout = 120) {
+  struct rlimit low = {512, 4096}, high = {4096, 4096};
+  if (setrlimit(RLIMIT_NOFILE, &high) != 0)
+    cr_skip_test("cannot raise RLIMIT_NOFILE to 4096 (not root?)");
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+  daemon_t d;
+  start(&d, NULL); /* the daemon inherits the limit of 512 */
+  cr_assert_eq(setrlimit(RLIMIT_NOFILE, &high), 0);
+  enum { N = 600 };
+  static int conns[N];
+  for (int i = 0; i < N; i++)
+    conns[i] = tc_connect(d.port, 0); /* the kernel completes them; the daemon cannot take them all */
+  usleep(500 * 1000);
+  double c0 = cpu_seconds(d.pid);
+  usleep(3000 * 1000);
+  double used = cpu_seconds(d.pid) - c0;
+  cr_expect_lt(used, 1.0, "the daemon used %.2f s of CPU in 3 s while out of descriptors", used);
+  char *log = log_text(&d);
+  int lines = count_in(log, "cannot accept connections");
+  cr_expect(lines >= 1 && lines <= 2, "%d log lines about accepting (one per episode expected)", lines);
+  int accepts = count_in(log, "accept");
+  cr_expect_leq(accepts, 4, "%d log lines mention accept (a line per failed accept?)", accepts);
+  free(log);
+  for (int i = 0; i < N; i++)
+    if (conns[i] >= 0)
+      close(conns[i]);
+  usleep(1000 * 1000);
+  json_t *v = call(&d, "host.describe", "{}");
+  cr_expect_not_null(v, "no answer once descriptors were free again");
+  json_decref(v);
+  log = log_text(&d);
+  cr_expect(strstr(log, "accepting connections again"), "the end of the episode was not logged");
+  free(log);
+  stop(&d);
+}
