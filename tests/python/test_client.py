@@ -116,8 +116,9 @@ class RealHostTest(TmpDirCase):
         super().setUp()
         self.config = os.path.join(self.tmp, "empty.ini")
         open(self.config, "w").close()
-        self.work = os.path.join(self.tmp, "work")
-        os.mkdir(self.work)
+        # The sessions' cwd lies outside the state directory: the file tools refuse the host's own files.
+        self.work = tempfile.mkdtemp(prefix="ah-py-work-")
+        self.addCleanup(shutil.rmtree, self.work, True)
 
     def client(self, requests: bool = False, initialize: bool = True, **kw) -> Client:
         c = self.track(Client(AGENTHOST, args=["--state-dir", self.tmp, "--runtime-dir",
