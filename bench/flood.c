@@ -78,6 +78,31 @@ static int write_all(int fd, const char *s) {
   return 0;
 }
 
+/* The requests being written: the current line and how much of it went out. */
+typedef struct flood {
+  int fd;
+  char line[128];
+  size_t sent, off, len;
+} flood;
+
+/* One non-blocking write of the next request (or of the rest of the current one): 1 when bytes went out,
+ * 0 when the pipe is full, -1 on an error (errno). */
+static int flood_step(flood *f) {
+  if (f->off == f->len) {
+    f->len = (size_t)snprintf(f->line, sizeof f->line,
+                              "{\"jsonrpc\":\"2.0\",\"id\":%zu,\"method\":\"bench/noop\"}\n", f->sent + 1);
+    f->off = 0;
+  }
+  ssize_t w = write(f->fd, f->line + f->off, f->len - f->off);
+  if (w > 0) {
+    f->off += (size_t)w;
+    if (f->off == f->len)
+      f->sent++;
+    return 1;
+  }
+  return w < 0 && errno != EAGAIN && errno != EINTR ? -1 : 0;
+}
+
 int main(int argc, char **argv) {
   bench_prog = "bench_flood";
   if (argc < 3) {
@@ -122,8 +147,7 @@ int main(int argc, char **argv) {
 
   /* The flood, stdout unread. */
   fcntl(p.to_fd, F_SETFL, fcntl(p.to_fd, F_GETFL) | O_NONBLOCK);
-  char line[128];
-  size_t sent = 0, off = 0, len = 0;
+  flood fl = {.fd = p.to_fd};
   uint64_t t0 = bench_now_ns(), flood_end = t0 + FLOOD_S * 1000000000ull;
   uint64_t hold_end = flood_end + HOLD_S * 1000000000ull, next_sample = 0;
   while (!errors && bench_now_ns() < hold_end) {
@@ -132,50 +156,30 @@ int main(int argc, char **argv) {
       sample(p.pid);
       next_sample = now + 50000000ull;
     }
-    if (now >= flood_end || sent == requests) {
+    if (now >= flood_end || fl.sent == requests) {
       usleep(20 * 1000);
       continue;
     }
-    if (off == len) {
-      len = (size_t)snprintf(line, sizeof line,
-                             "{\"jsonrpc\":\"2.0\",\"id\":%zu,\"method\":\"bench/noop\"}\n", sent + 1);
-      off = 0;
-    }
-    ssize_t w = write(p.to_fd, line + off, len - off);
-    if (w > 0) {
-      off += (size_t)w;
-      if (off == len)
-        sent++;
-    } else if (w < 0 && errno != EAGAIN && errno != EINTR) {
+    int w = flood_step(&fl);
+    if (w < 0) {
       bench_fail(&p, "write: %s", strerror(errno));
       errors++;
-    } else {
+    } else if (w == 0) {
       struct pollfd q = {.fd = p.to_fd, .events = POLLOUT};
       poll(&q, 1, 20);
     }
   }
-  size_t sent_unread = sent;
+  size_t sent_unread = fl.sent;
   long peak_unread = peak_kib;
 
   /* The client reads again: the rest is written, every answer must arrive. */
   uint64_t drain_end = bench_now_ns() + DRAIN_S * 1000000000ull;
   size_t answered = 0;
   while (!errors && answered < requests && bench_now_ns() < drain_end) {
-    if (sent < requests) {
-      if (off == len) {
-        len = (size_t)snprintf(line, sizeof line,
-                               "{\"jsonrpc\":\"2.0\",\"id\":%zu,\"method\":\"bench/noop\"}\n", sent + 1);
-        off = 0;
-      }
-      ssize_t w = write(p.to_fd, line + off, len - off);
-      if (w > 0) {
-        off += (size_t)w;
-        if (off == len)
-          sent++;
-      }
-    }
-    answered += read_lines(p.from_fd, sent < requests ? 1 : requests - answered, bench_now_ns() + 5000000ull,
-                           NULL, 0);
+    if (fl.sent < requests)
+      (void)flood_step(&fl);
+    answered += read_lines(p.from_fd, fl.sent < requests ? 1 : requests - answered,
+                           bench_now_ns() + 5000000ull, NULL, 0);
     sample(p.pid);
   }
   if (!errors && answered != requests) {

@@ -214,7 +214,8 @@ typedef struct write_ctx {
   void *arg;
 } write_ctx;
 
-static void session_free(session *s) {
+/* Forget the prompts queued in memory (their inbox rows stay in the store). */
+static void drop_queue(session *s) {
   while (!ah__list_empty(&s->queue)) {
     queued *q = AH__CONTAINER(s->queue.next, queued, link);
     ah__list_remove(&q->link);
@@ -222,6 +223,10 @@ static void session_free(session *s) {
     json_decref(q->content);
     free(q);
   }
+}
+
+static void session_free(session *s) {
+  drop_queue(s);
   json_decref(s->row);
   free(s->parent_message);
   free(s->id);
@@ -474,13 +479,7 @@ static void session_broken(session *s, int status) {
 /* The session runs here no more: prompts waiting in memory are dropped (they are in the store's inbox),
  * its turn is cancelled, and it leaves the live sessions (its memory goes once nothing uses it). */
 static void stop_here(session *s, int status) {
-  while (!ah__list_empty(&s->queue)) {
-    queued *q = AH__CONTAINER(s->queue.next, queued, link);
-    ah__list_remove(&q->link);
-    free(q->message_id);
-    json_decref(q->content);
-    free(q);
-  }
+  drop_queue(s);
   if (s->turn && s->turn->cancel)
     ah__cancel_trip(s->turn->cancel);
   if (!s->disposed) {

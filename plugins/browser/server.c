@@ -164,36 +164,46 @@ static int load_config(bp_state *st, const json_t *config) {
   return 0;
 }
 
+/* A socket of listener `i` bound to its address (SO_REUSEADDR, IPv6 only for an IPv6 address), with
+ * `flags` added to its type; -1 with errno. */
+static int bound_socket(bp_state *st, size_t i, int flags) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof ss);
+  socklen_t sl = 0;
+  int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
+  if (af == AF_INET) {
+    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
+    in->sin_family = AF_INET;
+    in->sin_port = htons((uint16_t)st->listen_port[i]);
+    inet_pton(AF_INET, st->listen_addr[i], &in->sin_addr);
+    sl = sizeof *in;
+  } else {
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons((uint16_t)st->listen_port[i]);
+    inet_pton(AF_INET6, st->listen_addr[i], &in6->sin6_addr);
+    sl = sizeof *in6;
+  }
+  int fd = socket(af, SOCK_STREAM | SOCK_CLOEXEC | flags, 0);
+  int one = 1;
+  if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+                  (af == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+                  bind(fd, (struct sockaddr *)&ss, sl) != 0)) {
+    int err = errno;
+    close(fd);
+    errno = err;
+    return -1;
+  }
+  return fd;
+}
+
 /* Bind each listener once with a plain socket first: a port in use is a clear error before libwebsockets
  * exists (STACK-NOTES: a listen failure inside lws_create_context() leaves a half-destroyed context). */
 static int probe_listeners(bp_state *st, bool defaulted_v6_optional) {
   for (size_t i = 0; i < st->nlisten; i++) {
-    struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof ss);
-    socklen_t sl = 0;
     int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
-    if (af == AF_INET) {
-      struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-      in->sin_family = AF_INET;
-      in->sin_port = htons((uint16_t)st->listen_port[i]);
-      inet_pton(AF_INET, st->listen_addr[i], &in->sin_addr);
-      sl = sizeof *in;
-    } else {
-      struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-      in6->sin6_family = AF_INET6;
-      in6->sin6_port = htons((uint16_t)st->listen_port[i]);
-      inet_pton(AF_INET6, st->listen_addr[i], &in6->sin6_addr);
-      sl = sizeof *in6;
-    }
-    int fd = socket(af, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    int err = 0;
-    if (fd < 0)
-      err = errno;
-    else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-             (af == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
-             bind(fd, (struct sockaddr *)&ss, sl) != 0)
-      err = errno;
+    int fd = bound_socket(st, i, 0);
+    int err = fd < 0 ? errno : 0;
     if (fd >= 0)
       close(fd);
     if (!err)
@@ -777,28 +787,9 @@ static void listen_poll_cb(uv_poll_t *p, int status, int events) {
 /* Bind and listen on listener `i` (the probe bound it a moment ago); the bound port is returned. */
 static int listen_on(bp_state *st, size_t i) {
   struct sockaddr_storage ss;
-  memset(&ss, 0, sizeof ss);
-  socklen_t sl = 0;
-  int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
-  if (af == AF_INET) {
-    struct sockaddr_in *in = (struct sockaddr_in *)&ss;
-    in->sin_family = AF_INET;
-    in->sin_port = htons((uint16_t)st->listen_port[i]);
-    inet_pton(AF_INET, st->listen_addr[i], &in->sin_addr);
-    sl = sizeof *in;
-  } else {
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons((uint16_t)st->listen_port[i]);
-    inet_pton(AF_INET6, st->listen_addr[i], &in6->sin6_addr);
-    sl = sizeof *in6;
-  }
-  int fd = socket(af, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  int one = 1;
-  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-      (af == AF_INET6 && setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
-      bind(fd, (struct sockaddr *)&ss, sl) != 0 || listen(fd, SOMAXCONN) != 0 ||
-      getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+  socklen_t sl = sizeof ss;
+  int fd = bound_socket(st, i, SOCK_NONBLOCK);
+  if (fd < 0 || listen(fd, SOMAXCONN) != 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
     int err = errno;
     if (fd >= 0)
       close(fd);
@@ -816,8 +807,8 @@ static int listen_on(bp_state *st, size_t i) {
   st->listeners_open++;
   if (uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb) == 0)
     st->listen_polling[i] = true;
-  return af == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
-                       : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+  return ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
+                                 : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
 
 static void listener_closed(uv_handle_t *h) {
