@@ -716,6 +716,72 @@ static bool api_latency(const daemon_ctl *d, int n, double *p50, double *max) {
   return true;
 }
 
+/* A prompt of `mib` MiB (finding 12): the daemon's peak RSS against its RSS before, and the longest
+ * host.describe another client waited for meanwhile. The prompt is sent by a child process; this one
+ * samples and calls until the child has its answer and the turn has ended. */
+static int run_big_prompt(const daemon_ctl *d, int mib) {
+  json_t *created = api_call(d, "session.create", json_pack("{s:s, s:s}", "cwd", d->dir, "provider", "echo"));
+  const char *sid_v = json_string_value(json_object_get(created, "sessionId"));
+  if (!sid_v) {
+    json_decref(created);
+    return 1;
+  }
+  char sid[64];
+  snprintf(sid, sizeof sid, "%s", sid_v);
+  json_decref(created);
+  usleep(300000);
+  long before = rss_kib(d->rss_pid), peak = before;
+  size_t n = (size_t)mib << 20;
+  pid_t child = fork();
+  if (child == 0) {
+    char *text = malloc(n + 1);
+    if (!text)
+      _exit(1);
+    memset(text, 'p', n);
+    text[n] = '\0';
+    json_t *v = api_call(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", text));
+    _exit(v ? 0 : 1);
+  }
+  double worst = 0;
+  int calls = 0, status = 0;
+  uint64_t end = mono_ns() + 120000000000ull;
+  bool sent = false, ended = false;
+  while (mono_ns() < end && !(sent && ended)) {
+    uint64_t t0 = mono_ns();
+    json_t *v = api_call(d, "host.describe", json_object());
+    double ms = (double)(mono_ns() - t0) / 1e6;
+    json_decref(v);
+    calls++;
+    if (ms > worst)
+      worst = ms;
+    long r = rss_kib(d->rss_pid);
+    if (r > peak)
+      peak = r;
+    if (!sent && waitpid(child, &status, WNOHANG) == child)
+      sent = true;
+    if (sent) {
+      json_t *st = api_call(d, "session.get", json_pack("{s:s}", "sessionId", sid));
+      ended = strcmp(json_string_value(json_object_get(json_object_get(st, "session"), "status")) ?: "",
+                     "idle") == 0;
+      json_decref(st);
+    }
+    usleep(20000);
+  }
+  if (!sent) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+  }
+  double grew = (double)(peak - before) / 1024;
+  printf("a %d MiB prompt (finding 12), POST session.prompt, the echo provider answering it\n", mib);
+  printf("   daemon RSS before %7.1f MB, peak %7.1f MB: +%.1f MB = %.2fx the body\n", (double)before / 1024,
+         (double)peak / 1024, grew, grew / mib);
+  printf("   longest host.describe of another client meanwhile: %.1f ms (%d calls)\n", worst, calls);
+  printf("   the prompt %s; targets: peak <= 2x the body: %s, no call stalled >= 100 ms: %s\n",
+         sent && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "was acknowledged" : "FAILED",
+         verdict(grew / mib <= 2), verdict(worst < 100));
+  return 0;
+}
+
 static int run_abuse(const daemon_ctl *d, int idle_n) {
   double b50 = 0, bmax = 0, i50 = 0, imax = 0;
   if (!api_latency(d, 50, &b50, &bmax))
@@ -786,9 +852,9 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
   printf("   daemon RSS before %6.1f MB, peak over 4 s %6.1f MB: +%.1f MB (%.2f MB per socket)\n",
          (double)before / 1024, (double)peak / 1024, (double)(peak - before) / 1024,
          (double)(peak - before) / 1024 / (nsocks ? nsocks : 1));
-  printf("   target: bounded like live frames (at most about the queue cap per socket): %s\n",
+  printf("   target: bounded like live frames (at most about the queue cap per socket): %s\n\n",
          verdict(nsocks == 30 && (peak - before) / 1024 <= 30 * 2 + 16));
-  return 0;
+  return run_big_prompt(d, 150);
 }
 
 static void usage(void) {
