@@ -257,3 +257,30 @@ Test(withdraw, stop_waits_for_a_failed_mount_being_torn_down, .timeout = 30) {
   cr_assert_eq(th_load(h, "fails-midway", NULL), AH_EIO);
   cr_assert_eq(th_host_stop_free(&loop, h), 0);
 }
+
+static void late_unload_done(int status, void *arg) {
+  *(int *)arg = status;
+}
+
+static bool past(void *arg) {
+  return ts_now_ms() >= *(uint64_t *)arg;
+}
+
+/* Reliability finding 1, the host's side: a plugin that reports done only after the deadline still owns
+ * its token and timer; when it frees them itself, nothing is freed twice (ASan: no double free), and the
+ * module stays a zombie. */
+Test(withdraw, a_late_done_frees_its_own_objects_without_a_double_free, .timeout = 30) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  ah_host *h = th_host_new(&loop, 200);
+  cr_assert_eq(th_load(h, "late-done", json_pack("{s:i}", "late_ms", 900)), 0);
+  int status = 1;
+  cr_assert_eq(ah__host_unload(h, "late-done", late_unload_done, &status), 0);
+  cr_assert(ts_run_until_pred(&loop, unloaded, &status, 5000));
+  cr_assert_eq(status, 0);
+  cr_expect_eq(ah__host_zombie_count(h), 1, "a plugin that did not report done in time is a zombie");
+  /* Its late done runs now, after the deadline: it frees its token and stops its timer itself. */
+  uint64_t until = ts_now_ms() + 1500;
+  ts_run_until_pred(&loop, past, &until, 3000);
+  cr_assert_eq(th_host_stop_free(&loop, h), 0);
+}
