@@ -33,6 +33,7 @@ static const char usage[] =
     "  plugins reload NAME       withdraw a plugin and mount it again\n"
     "  remote stubs              print TypeScript declarations of the daemon's remote services\n"
     "  url                       print the browser launch URL of the running daemon\n"
+    "  status [--json]           the running daemon: mode, plugins, the store's health (exit 3: unhealthy)\n"
     "  version                   print the version\n"
     "\n"
     "options:\n"
@@ -684,6 +685,59 @@ static const char *jstr(const json_t *o, const char *k) {
   return json_string_value(json_object_get(o, k));
 }
 
+/* `agenthost status [--json]`: the running daemon as host.describe reports it. Exit 0 when the store is
+ * healthy, 3 when it is full or damaged (for monitoring), 1 without a daemon, 2 for bad arguments. */
+static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
+  bool as_json = argc == 1 && strcmp(argv[0], "--json") == 0;
+  if (argc > 1 || (argc == 1 && !as_json)) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  ah_config cfg;
+  if (load_config(&cfg, cli) != 0)
+    return 2;
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, "host.describe", NULL, 30000, &result, &error);
+  ah__config_free(&cfg);
+  if (rc) {
+    print_error("status", rc, error);
+    json_decref(error);
+    return 1;
+  }
+  json_t *store = json_object_get(result, "store");
+  const char *health = jstr(store, "health");
+  if (as_json) {
+    char *text = json_dumps(result, JSON_INDENT(2));
+    puts(text ? text : "null");
+    free(text);
+  } else {
+    json_t *abi = json_object_get(result, "abi");
+    printf("agenthost %s running in %s mode (protocol %lld, plugin ABI %lld.%lld)\n", jstr(result, "version"),
+           jstr(result, "mode"), (long long)json_integer_value(json_object_get(result, "protocol")),
+           (long long)json_integer_value(json_object_get(abi, "major")),
+           (long long)json_integer_value(json_object_get(abi, "minor")));
+    char *detail = esc(jstr(store, "detail"), 200);
+    printf("store: %s%s%s%s\n", health ? health : "unknown", detail[0] ? " (" : "", detail,
+           detail[0] ? ")" : "");
+    free(detail);
+    size_t i = 0;
+    json_t *p = NULL;
+    printf("plugins:");
+    json_array_foreach(json_object_get(result, "plugins"), i, p) {
+      char *name = esc(jstr(p, "name"), 64);
+      char *version = esc(jstr(p, "version"), 32);
+      printf("%s %s %s", i ? "," : "", name, version);
+      free(name);
+      free(version);
+    }
+    printf("\n");
+  }
+  int code = health && strcmp(health, "ok") == 0 ? 0 : 3;
+  json_decref(result);
+  return code;
+}
+
 /* The row as the CLI shows it: without the lease internals, status "closed" for a closed session. */
 static json_t *cli_row(const json_t *row) {
   json_t *r = json_deep_copy(row);
@@ -1087,6 +1141,8 @@ int main(int argc, char **argv) {
     return cmd_remote(&cli, rest, rest_argv);
   if (strcmp(cmd, "url") == 0 && rest == 0)
     return cmd_url(&cli);
+  if (strcmp(cmd, "status") == 0)
+    return cmd_status(&cli, rest, rest_argv);
   if (strcmp(cmd, "token") == 0)
     return cmd_token(&cli, rest, rest_argv);
   fprintf(stderr, "agenthost: unknown command or arguments: %s\n\n%s", cmd, usage);

@@ -993,6 +993,12 @@ Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fin
   json_t *desc = d_call_ok(d, "host.describe", NULL);
   cr_expect_str_eq(json_string_value(json_object_get(json_object_get(desc, "store"), "health")), "ok");
   json_decref(desc);
+  char *out = NULL, *err = NULL;
+  int code = d_cli(d, &out, &err, "status", NULL);
+  cr_expect_eq(code, 0, "status of a healthy daemon exited %d: %s", code, err);
+  cr_expect(strstr(out, "running in serve mode") && strstr(out, "store: ok"), "%s", out);
+  free(out);
+  free(err);
 
   char *wal = join(d->state, "agenthost.db-wal");
   char *db = join(d->state, "agenthost.db");
@@ -1019,6 +1025,11 @@ Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fin
   cr_expect_str_eq(json_string_value(json_object_get(store, "health")), "damaged");
   cr_expect(json_is_string(json_object_get(store, "detail")));
   json_decref(desc);
+  code = d_cli(d, &out, &err, "status", NULL);
+  cr_expect_eq(code, 3, "status of a damaged store exited %d", code);
+  cr_expect(strstr(out, "store: damaged ("), "%s", out);
+  free(out);
+  free(err);
   rc = ah__admin_call(d->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "lost?"),
                       10000, &result, &error);
   text = json_dumps(result ? result : error, JSON_COMPACT | JSON_ENCODE_ANY);
