@@ -488,11 +488,21 @@ static void stop_here(session *s, int status) {
   }
 }
 
+typedef struct retry_ctx {
+  ah_sessions *m;
+  char id[40];
+} retry_ctx;
+
 static void retry_loaded(int status, session *s, void *arg) {
   (void)s;
-  char *id = arg;
-  (void)status; /* a load that succeeded took the id out of m->retry (recover_after_load) */
-  free(id);
+  retry_ctx *r = arg;
+  /* A load that succeeded took the id out of m->retry (recover_after_load). One that cannot succeed any
+   * more stops the retries: the session was closed or deleted, or another process holds it now. */
+  if (status == AH_ENOENT || status == AH_ECLOSED || status == AH_EAGENTBUSY) {
+    AH_LOG_I(LOG, "session %s: no longer reloaded here (%s)", r->id, ah_strerror(status));
+    json_object_del(r->m->retry, r->id);
+  }
+  free(r);
 }
 
 /* Reload the sessions whose writes failed: a load is one write (the lease), so it succeeds once the store
@@ -512,9 +522,12 @@ static void retry_tick(ah_timer *t, void *arg) {
   json_object_foreach_safe(m->retry, tmp, id, v) {
     if (find_live(m, id))
       continue; /* a load is in progress */
-    char *copy = strdup(id);
-    if (copy)
-      lookup(m, copy, retry_loaded, copy);
+    retry_ctx *r = calloc(1, sizeof *r);
+    if (!r)
+      continue;
+    r->m = m;
+    snprintf(r->id, sizeof r->id, "%s", id);
+    lookup(m, r->id, retry_loaded, r);
   }
 }
 
