@@ -282,13 +282,10 @@ json_t *ah__host_describe(ah_host *h) {
   /* Built once per change of what is mounted or of the store's health: it is asked for often (every
    * client's handshake) and costs a few hundred JSON nodes. Callers get a reference and must not modify
    * it. */
-  json_t *store = h->sessions ? ah__sessions_store_health(h->sessions) : NULL;
-  json_t *cached_store = h->describe_cache ? json_object_get(h->describe_cache, "store") : NULL;
-  if (h->describe_cache && h->describe_gen == h->reg.gen &&
-      ((!store && !cached_store) || json_equal(store, cached_store))) {
-    json_decref(store);
+  int store_state = h->sessions ? ah__sessions_store_state(h->sessions) : -1;
+  if (h->describe_cache && h->describe_gen == h->reg.gen && h->describe_store == store_state)
     return json_incref(h->describe_cache);
-  }
+  json_t *store = store_state >= 0 ? ah__sessions_store_health(h->sessions) : NULL;
   json_t *plugins = json_array();
   AH__LIST_EACH(it, &h->mounts) {
     const ah_mount *m = AH__CONTAINER(it, ah_mount, link);
@@ -303,6 +300,7 @@ json_t *ah__host_describe(ah_host *h) {
   json_decref(h->describe_cache);
   h->describe_cache = json_incref(d);
   h->describe_gen = h->reg.gen;
+  h->describe_store = store_state;
   return d;
 }
 

@@ -363,6 +363,7 @@ struct ah_host {
   uint64_t bus_pass;
   json_t *describe_cache; /* host.describe, valid while reg.gen == describe_gen (read-only for callers) */
   uint64_t describe_gen;
+  int describe_store;           /* the store state the cache was built with (ah__sessions_store_state) */
   int audit_fd;                 /* state_dir/audit.log, append-only; -1 without a configuration */
   struct ah_sessions *sessions; /* NULL without a state directory */
   /* stdio for a stdio surface (api->stdio) */

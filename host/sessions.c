@@ -2258,6 +2258,12 @@ size_t ah__sessions_live(ah_sessions *m) {
 size_t ah__sessions_loads(ah_sessions *m) {
   return m->loads;
 }
+int ah__sessions_store_state(ah_sessions *m) {
+  if (!m->store && !m->store_failed)
+    return -1;
+  return ah__store_health(m->store, NULL, 0);
+}
+
 json_t *ah__sessions_store_health(ah_sessions *m) {
   if (!m->store && !m->store_failed)
     return NULL; /* a stdio child's store is opened at its first session call, not to describe it */

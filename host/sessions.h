@@ -81,5 +81,7 @@ const char *ah__sessions_owner(ah_sessions *s);
 /* The store's health as host.describe shows it: {"health": "ok"|"full"|"damaged", "detail"?}; NULL while a
  * lazily opened store was not opened yet. */
 json_t *ah__sessions_store_health(ah_sessions *s);
+/* The same as a number, cheaply: -1 (not opened yet), AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED. */
+int ah__sessions_store_state(ah_sessions *s);
 
 #endif
