@@ -234,8 +234,12 @@ static void session_free(session *s) {
 }
 
 /* A disposed session's memory goes after its last write and hold, and after its turn ended. */
-static bool session_unused(const session *s) {
-  return s->disposed && s->pending_writes == 0 && s->holds == 0 && !s->turn;
+static void free_if_unused(session *s) {
+  if (!s->disposed || s->pending_writes > 0 || s->holds > 0 || s->turn)
+    return;
+  ah_sessions *m = s->m;
+  session_free(s);
+  check_stopped(m);
 }
 
 static void lease_lost(session *s, const char *why);
@@ -248,28 +252,20 @@ static void write_done(int status, const json_t *results, void *arg) {
     lease_lost(s, "a write was refused by the store's fence");
   else if ((status == AH_EIO || status == AH_EBUSY) && s->fenced)
     session_broken(s, status);
-  if (w->event && (s->lost || s->broken) && status != 0) {
-    /* Logged once by lease_lost: the events of a session that runs elsewhere now are not stored here. */
-  } else if (w->event) {
-    if (status == 0) {
-      json_object_set(w->event, "cursor", json_array_get(results, json_array_size(results) - 1));
-      emit(s->m, "session.event", json_pack("{s:s, s:O}", "sessionId", s->id, "event", w->event));
-    } else {
-      AH_LOG_E(LOG, "session %s: event seq %lld (%s) could not be stored: %s", s->id,
-               (long long)json_integer_value(json_object_get(w->event, "seq")), str(w->event, "kind"),
-               ah_strerror(status));
-    }
+  if (w->event && status == 0) {
+    json_object_set(w->event, "cursor", json_array_get(results, json_array_size(results) - 1));
+    emit(s->m, "session.event", json_pack("{s:s, s:O}", "sessionId", s->id, "event", w->event));
+  } else if (w->event && !s->lost && !s->broken) { /* a lost or broken session logged why, once */
+    AH_LOG_E(LOG, "session %s: event seq %lld (%s) could not be stored: %s", s->id,
+             (long long)json_integer_value(json_object_get(w->event, "seq")), str(w->event, "kind"),
+             ah_strerror(status));
   }
   if (w->cb)
     w->cb(s, status, w->event, w->arg);
   json_decref(w->event);
   free(w);
   s->pending_writes--;
-  if (session_unused(s)) {
-    ah_sessions *m = s->m;
-    session_free(s);
-    check_stopped(m);
-  }
+  free_if_unused(s);
 }
 
 /* Write `ops` (stolen; may be NULL) and, when `kind` is set, append one event after them in the same
@@ -427,21 +423,17 @@ static void session_dispose(session *s) {
   s->disposed = true;
   ah__list_remove(&s->link);
   s->m->nlive--;
-  if (session_unused(s)) {
-    ah_sessions *m = s->m;
-    session_free(s);
-    check_stopped(m);
-  }
+  free_if_unused(s);
 }
+
+static void stop_here(session *s, int status);
+static void retry_tick(ah_timer *t, void *arg);
+static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
 
 /* Another process holds the session's lease now (this one was stopped past the lease's TTL and the session
  * was taken over): it stops here at once — its turn is cancelled (nothing of it is written: every write is
  * fenced), prompts waiting in memory are dropped (they are in the store's inbox for the owner), and the
  * next call for the session loads it afresh, which is refused while the other process holds it. */
-static void stop_here(session *s, int status);
-static void retry_tick(ah_timer *t, void *arg);
-static void lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
-
 static void lease_lost(session *s, const char *why) {
   if (s->lost || s->broken)
     return;
@@ -878,11 +870,7 @@ static void turn_end_now(turn *t, const char *reason, json_t *usage, const char 
   /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
   ah__api_table.post(s->m->core, (ah_task_fn)turn_free, t);
   if (s->lost || s->broken) { /* nothing more runs here; the memory goes once nothing uses it */
-    if (session_unused(s)) {
-      ah_sessions *m = s->m;
-      session_free(s);
-      check_stopped(m);
-    }
+    free_if_unused(s);
     return;
   }
   if (s->closing) {
@@ -1494,17 +1482,23 @@ static bool store_ready(ah_call *call, void *data) {
   return false;
 }
 
-/* After a read that returned NULL: true (and the call answered AH_EIO) when the read failed, false when
- * the NULL only means "not found". A failed read is never answered as an empty or null success. */
-static bool read_failed(ah_call *call, ah_sessions *m) {
-  if (ah__store_read_status(store_of(m)) == 0)
-    return false;
+/* A failed read is answered as an error (AH_EIO with the store's health), never as an empty or null
+ * success. */
+static void answer_read_error(ah_call *call, ah_sessions *m) {
   char detail[300];
   int h = ah__store_health(store_of(m), detail, sizeof detail);
   char msg[400];
   snprintf(msg, sizeof msg, "the store could not be read%s%s", h != AH_STORE_OK ? ": " : "",
            h != AH_STORE_OK ? detail : "");
   ah__call_error(call, AH_EIO, msg, NULL);
+}
+
+/* After a read that returned NULL: true (and the call answered) when the read failed, false when the NULL
+ * only means "not found". */
+static bool read_failed(ah_call *call, ah_sessions *m) {
+  if (ah__store_read_status(store_of(m)) == 0)
+    return false;
+  answer_read_error(call, m);
   return true;
 }
 
@@ -1664,9 +1658,8 @@ static void m_history(ah_call *call, const json_t *p, void *data) {
     return;
   json_decref(row);
   json_t *events = ah__store_events(store_of(m), id, after ? json_integer_value(after) : 0, limit + 1);
-  if (!events) {
-    if (!read_failed(call, m))
-      ah__call_error(call, AH_EIO, "the store could not be read", NULL);
+  if (!events) { /* an array, empty or not, unless the read failed */
+    answer_read_error(call, m);
     return;
   }
   json_t *next = NULL;
@@ -1694,8 +1687,7 @@ static void m_export(ah_call *call, const json_t *p, void *data) {
     json_t *page = ah__store_events(store_of(m), id, after, 1000);
     if (!page) {
       free(buf);
-      if (!read_failed(call, m))
-        ah__call_error(call, AH_EIO, "the store could not be read", NULL);
+      answer_read_error(call, m);
       return;
     }
     more = json_array_size(page) == 1000;
@@ -2294,11 +2286,7 @@ void ah__session_hold(ah_session *s) {
 
 void ah__session_release(ah_session *s) {
   s->holds--;
-  if (session_unused(s)) {
-    ah_sessions *m = s->m;
-    session_free(s);
-    check_stopped(m);
-  }
+  free_if_unused(s);
 }
 
 const char *ah__session_id(const ah_session *s) {
