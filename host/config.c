@@ -1111,3 +1111,11 @@ json_t *ah__config_plugins_for_mode(const ah_config *cfg, const char *mode) {
   }
   return out;
 }
+
+void ah__config_token_path(const ah_config *cfg, char *path, size_t cap) {
+  const char *tf = json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
+  if (tf && *tf)
+    snprintf(path, cap, "%s", tf);
+  else
+    snprintf(path, cap, "%s/token", cfg->state_dir ? cfg->state_dir : "");
+}

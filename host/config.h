@@ -87,6 +87,9 @@ int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *en
 
 void ah__config_free(ah_config *cfg);
 
+/* The browser's token file: [plugin.browser] token_file (as given), else STATE_DIR/token. */
+void ah__config_token_path(const ah_config *cfg, char *path, size_t cap);
+
 /* The plugins to mount in `mode` ("serve", "sdk", "acp"): every plugin with enabled = true whose modes
  * contain `mode`. A plugin's default modes are "serve" (DECISIONS.md). Then, in every mode, the plugin
  * named by the type of each configured provider other than echo (type acp → plugin acp). Returns a new

@@ -114,11 +114,7 @@ static char *launch_url(const ah_config *cfg, long want_pid, const char **why) {
     json_decref(j);
     return NULL;
   }
-  const char *tf = json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
-  if (tf && *tf)
-    snprintf(path, sizeof path, "%s", tf);
-  else
-    snprintf(path, sizeof path, "%s/token", cfg->state_dir);
+  ah__config_token_path(cfg, path, sizeof path);
   char *token = read_small(path, 128);
   size_t n = token ? strcspn(token, "\r\n ") : 0;
   bool ok = n == 43;
@@ -156,15 +152,6 @@ static int cmd_url(const ah_cli_overrides *cli) {
   explicit_bzero(u, strlen(u));
   free(u);
   return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
-}
-
-/* The token file of the configuration ([plugin.browser] token_file, else state_dir/token). */
-static void token_path(const ah_config *cfg, char *path, size_t cap) {
-  const char *tf = json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
-  if (tf && *tf)
-    snprintf(path, cap, "%s", tf);
-  else
-    snprintf(path, cap, "%s/token", cfg->state_dir);
 }
 
 /* Without a daemon: a new token file (32 random bytes, base64url, 0600), renamed over the old one. */
@@ -222,7 +209,7 @@ static int cmd_token(const ah_cli_overrides *cli, int argc, char **argv) {
   int code = 0;
   if (rc == AH_ECLOSED) {
     char path[4200];
-    token_path(&cfg, path, sizeof path);
+    ah__config_token_path(&cfg, path, sizeof path);
     if (rotate_offline(path) != 0) {
       fprintf(stderr, "agenthost: token rotate: cannot replace %s\n", path);
       code = 1;

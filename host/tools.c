@@ -1193,14 +1193,11 @@ int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *ar
   }
   const ah_config *cfg = ah__host_config(h);
   if (cfg) {
-    const char *tf =
-        json_string_value(json_object_get(json_object_get(cfg->plugins, "browser"), "token_file"));
+    char token[PATH_MAX];
+    ah__config_token_path(cfg, token, sizeof token);
     r->guard_dirs[0] = ah__strdup(cfg->state_dir);
     r->guard_dirs[1] = ah__strdup(cfg->runtime_dir);
-    if (tf && *tf)
-      r->guard_file = strdup(tf);
-    else if (cfg->state_dir && asprintf(&r->guard_file, "%s/token", cfg->state_dir) < 0)
-      r->guard_file = NULL;
+    r->guard_file = strdup(token);
   }
   if (d->kind == TOOL_WRITE_FILE) {
     json_t *cv = json_object_get(args, "content");
