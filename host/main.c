@@ -446,14 +446,34 @@ static void print_error(const char *what, int rc, json_t *error) {
     fprintf(stderr, "agenthost: %s: %s\n", what, msg ? msg : ah_strerror(rc));
 }
 
+/* One request to the running daemon over the admin socket (`params` stolen): its result, or NULL after the
+ * error was printed, with *code the exit status (2: the configuration, 1: no daemon or the call failed). */
+static json_t *daemon_call(const ah_cli_overrides *cli, const char *what, const char *method, json_t *params,
+                           int *code) {
+  ah_config cfg;
+  if (load_config(&cfg, cli) != 0) {
+    json_decref(params);
+    *code = 2;
+    return NULL;
+  }
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, method, params, 30000, &result, &error);
+  ah__config_free(&cfg);
+  if (rc) {
+    print_error(what, rc, error);
+    json_decref(error);
+    *code = 1;
+    return NULL;
+  }
+  return result;
+}
+
 static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
   if (argc < 1) {
     fputs(usage, stderr);
     return 2;
   }
-  ah_config cfg;
-  if (load_config(&cfg, cli) != 0)
-    return 2;
   const char *sub = argv[0];
   const char *method = NULL;
   json_t *params = NULL;
@@ -467,7 +487,6 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
     char *abs = realpath(argv[1], NULL);
     if (!abs) {
       fprintf(stderr, "agenthost: plugins load: %s: no such file\n", argv[1]);
-      ah__config_free(&cfg);
       return 1;
     }
     method = "plugin.load";
@@ -479,20 +498,14 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
   }
   if (!method) {
     fputs(usage, stderr);
-    ah__config_free(&cfg);
     return 2;
   }
-  json_t *result = NULL;
-  json_t *error = NULL;
-  int rc = ah__admin_call(cfg.runtime_dir, method, params, 30000, &result, &error);
-  ah__config_free(&cfg);
-  if (rc) {
-    char what[64];
-    snprintf(what, sizeof what, "plugins %s", sub);
-    print_error(what, rc, error);
-    json_decref(error);
-    return 1;
-  }
+  char what[64];
+  snprintf(what, sizeof what, "plugins %s", sub);
+  int code = 0;
+  json_t *result = daemon_call(cli, what, method, params, &code);
+  if (!result)
+    return code;
   if (strcmp(sub, "list") == 0) {
     if (as_json) {
       char *text = json_dumps(result, JSON_INDENT(2));
@@ -527,18 +540,10 @@ static int cmd_remote(const ah_cli_overrides *cli, int argc, char **argv) {
     fputs(usage, stderr);
     return 2;
   }
-  ah_config cfg;
-  if (load_config(&cfg, cli) != 0)
-    return 2;
-  json_t *result = NULL;
-  json_t *error = NULL;
-  int rc = ah__admin_call(cfg.runtime_dir, "remote.describe", NULL, 30000, &result, &error);
-  ah__config_free(&cfg);
-  if (rc) {
-    print_error("remote stubs", rc, error);
-    json_decref(error);
-    return 1;
-  }
+  int code = 0;
+  json_t *result = daemon_call(cli, "remote stubs", "remote.describe", NULL, &code);
+  if (!result)
+    return code;
   char *ts = ah__remote_stubs_ts(json_object_get(result, "descriptors"));
   json_decref(result);
   if (!ts) {
@@ -680,18 +685,10 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
     fputs(usage, stderr);
     return 2;
   }
-  ah_config cfg;
-  if (load_config(&cfg, cli) != 0)
-    return 2;
-  json_t *result = NULL;
-  json_t *error = NULL;
-  int rc = ah__admin_call(cfg.runtime_dir, "host.describe", NULL, 30000, &result, &error);
-  ah__config_free(&cfg);
-  if (rc) {
-    print_error("status", rc, error);
-    json_decref(error);
-    return 1;
-  }
+  int code = 0;
+  json_t *result = daemon_call(cli, "status", "host.describe", NULL, &code);
+  if (!result)
+    return code;
   json_t *store = json_object_get(result, "store");
   const char *health = jstr(store, "health");
   if (as_json) {
@@ -720,7 +717,7 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
     }
     printf("\n");
   }
-  int code = health && strcmp(health, "ok") == 0 ? 0 : 3;
+  code = health && strcmp(health, "ok") == 0 ? 0 : 3;
   json_decref(result);
   return code;
 }
