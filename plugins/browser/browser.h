@@ -124,8 +124,8 @@ struct bp_ws {
   int64_t after; /* the client's cursor */
   int64_t sent_cursor;
   bool replaying;
-  bool replay_dropped;             /* live frames were dropped during the replay: read the store again */
-  int replay_limit;                /* events asked per page: fewer when large events filled the queue */
+  bool replay_dropped; /* live frames were dropped during the replay: read the store again */
+  int replay_limit;    /* events asked per page (REPLAY_PAGE, fewer once large events filled the queue) */
   bp_frame *live_head, *live_tail; /* live frames held during the replay */
   size_t live_queued;
   /* host: pending requests first */
@@ -150,9 +150,8 @@ struct bp_state {
   struct lws_vhost *vhosts[BP_MAX_LISTEN];
   /* The listening sockets are the plugin's own (accept, then lws_adopt_socket_vhost): out of descriptors,
    * accepting pauses instead of spinning on EMFILE (finding 5). */
-  int listen_fd[BP_MAX_LISTEN]; /* -1 when not listening */
+  int listen_fd[BP_MAX_LISTEN]; /* bound at mount, listened on and watched once lws exists; -1: none */
   uv_poll_t listen_poll[BP_MAX_LISTEN];
-  bool listen_polling[BP_MAX_LISTEN];
   int listeners_open; /* polls whose close callback has not run */
   bool accept_paused;
   uint64_t accept_refused; /* connections left waiting in the backlog during the current episode */

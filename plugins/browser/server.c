@@ -192,17 +192,17 @@ static int bound_socket(bp_state *st, size_t i, int flags) {
   return fd;
 }
 
-/* Bind each listener once with a plain socket first: a port in use is a clear error before libwebsockets
- * exists (STACK-NOTES: a listen failure inside lws_create_context() leaves a half-destroyed context). */
-static int probe_listeners(bp_state *st, bool defaulted_v6_optional) {
+/* Bind every listener before libwebsockets exists, so that a port in use is a clear error at mount; the
+ * bound sockets are kept (listen_fd) and listened on by listen_on(). */
+static int bind_listeners(bp_state *st, bool defaulted_v6_optional) {
   for (size_t i = 0; i < st->nlisten; i++) {
     int af = strchr(st->listen_addr[i], ':') ? AF_INET6 : AF_INET;
-    int fd = bound_socket(st, i, 0);
-    int err = fd < 0 ? errno : 0;
-    if (fd >= 0)
-      close(fd);
-    if (!err)
+    int fd = bound_socket(st, i, SOCK_NONBLOCK);
+    if (fd >= 0) {
+      st->listen_fd[i] = fd; /* listened on once libwebsockets exists (listen_on) */
       continue;
+    }
+    int err = errno;
     if (af == AF_INET6 && defaulted_v6_optional && err != EADDRINUSE) {
       st->api->log(st->m, AH_PLOG_WARN, "not listening on [%s]:%d: %s", st->listen_addr[i],
                    st->listen_port[i], strerror(err));
@@ -570,17 +570,14 @@ static void accept_resume(ah_timer *t, void *arg) {
   if (st->withdrawing)
     return;
   for (size_t i = 0; i < st->nlisten; i++)
-    if (st->listen_fd[i] >= 0 && !st->listen_polling[i] &&
-        uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb) == 0)
-      st->listen_polling[i] = true;
+    if (st->listen_fd[i] >= 0)
+      uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb);
 }
 
 static void accept_pause(bp_state *st, int err) {
   for (size_t i = 0; i < st->nlisten; i++)
-    if (st->listen_polling[i]) {
+    if (st->listen_fd[i] >= 0)
       uv_poll_stop(&st->listen_poll[i]);
-      st->listen_polling[i] = false;
-    }
   if (!st->accept_paused) {
     st->accept_paused = true;
     st->accept_refused = 0;
@@ -620,29 +617,23 @@ static void listen_poll_cb(uv_poll_t *p, int status, int events) {
   }
 }
 
-/* Bind and listen on listener `i` (the probe bound it a moment ago); the bound port is returned. */
+/* Listen on listener `i` (bound by bind_listeners) and watch it for connections; the bound port is
+ * returned, or -1 with errno (the socket is closed then). */
 static int listen_on(bp_state *st, size_t i) {
   struct sockaddr_storage ss;
   socklen_t sl = sizeof ss;
-  int fd = bound_socket(st, i, SOCK_NONBLOCK);
-  if (fd < 0 || listen(fd, SOMAXCONN) != 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
-    int err = errno;
-    if (fd >= 0)
-      close(fd);
-    errno = err;
-    return -1;
-  }
-  st->listen_fd[i] = fd;
-  if (uv_poll_init(st->loop, &st->listen_poll[i], fd) != 0) {
+  int fd = st->listen_fd[i];
+  if (listen(fd, SOMAXCONN) != 0 || getsockname(fd, (struct sockaddr *)&ss, &sl) != 0 ||
+      uv_poll_init(st->loop, &st->listen_poll[i], fd) != 0) {
+    int err = errno ? errno : EIO;
     close(fd);
     st->listen_fd[i] = -1;
-    errno = EIO;
+    errno = err;
     return -1;
   }
   st->listen_poll[i].data = st;
   st->listeners_open++;
-  if (uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb) == 0)
-    st->listen_polling[i] = true;
+  uv_poll_start(&st->listen_poll[i], UV_READABLE, listen_poll_cb);
   return ss.ss_family == AF_INET ? ntohs(((struct sockaddr_in *)&ss)->sin_port)
                                  : ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
 }
@@ -663,7 +654,6 @@ static void stop_listening(bp_state *st) {
     uv_close((uv_handle_t *)&st->listen_poll[i], listener_closed);
     close(st->listen_fd[i]);
     st->listen_fd[i] = -1;
-    st->listen_polling[i] = false;
   }
 }
 
@@ -731,10 +721,12 @@ static int start_lws(bp_state *st) {
     vi.timeout_secs_ah_idle = st->header_timeout_s;
     st->vhosts[i] = lws_create_vhost(st->ctx, &vi);
     if (!st->vhosts[i]) {
-      /* Rare (the probe bound it a moment ago): the context is kept and destroyed by withdraw, on later
-       * loop turns, as STACK-NOTES requires. */
+      /* Rare: the context is kept and destroyed by withdraw, on later loop turns, as STACK-NOTES
+       * requires. */
       st->api->log(st->m, AH_PLOG_ERROR, "cannot listen on %s%s%s:%d", v6 ? "[" : "", st->listen_addr[i],
                    v6 ? "]" : "", st->listen_port[i]);
+      close(st->listen_fd[i]);
+      st->listen_fd[i] = -1;
       continue;
     }
     int port = listen_on(st, i);
@@ -780,8 +772,12 @@ static void m_rotate(ah_call *call, const json_t *params, void *data) {
 /* ---- mount and withdraw -------------------------------------------------------------------------------- */
 
 static void state_free(bp_state *st) {
-  for (size_t i = 0; i < st->nlisten; i++)
+  /* Sockets still bound here were never watched (a mount that failed): withdraw closed the others. */
+  for (size_t i = 0; i < st->nlisten; i++) {
+    if (st->listen_fd[i] >= 0)
+      close(st->listen_fd[i]);
     free(st->listen_addr[i]);
+  }
   free_list(st->hosts, st->nhosts);
   free_list(st->origins, st->norigins);
   free(st->ui_dir);
@@ -815,7 +811,7 @@ static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, v
   if (rc == 0)
     rc = bp_ui_open(st, config);
   if (rc == 0)
-    rc = probe_listeners(st, !listen || !*listen);
+    rc = bind_listeners(st, !listen || !*listen);
   if (rc == 0)
     rc = api->subscribe(m, "*", on_event, st, &st->sub);
   if (rc == 0) {

@@ -311,8 +311,7 @@ static void on_page(const ah_outcome *o, void *arg) {
     if (f)
       send_frame(w, f, false);
   }
-  int asked = w->replay_limit > 0 && w->replay_limit < REPLAY_PAGE ? w->replay_limit : REPLAY_PAGE;
-  if (cut || json_array_size(events) >= (size_t)asked || w->replay_dropped) {
+  if (cut || json_array_size(events) >= (size_t)w->replay_limit || w->replay_dropped) {
     w->replay_dropped = false;
     /* Paced: the next page when the queue has drained (SERVER_WRITEABLE), at once when it is short. */
     if (w->queued < st->ws_queue_max / 2)
@@ -330,8 +329,7 @@ static void fetch_page(bp_ws *w) {
   if (w->calls > 0 || !w->replaying || w->closing)
     return;
   ah_caller c;
-  int limit = w->replay_limit > 0 && w->replay_limit < REPLAY_PAGE ? w->replay_limit : REPLAY_PAGE;
-  json_t *params = json_pack("{s:I, s:i}", "after", (json_int_t)w->sent_cursor, "limit", limit);
+  json_t *params = json_pack("{s:I, s:i}", "after", (json_int_t)w->sent_cursor, "limit", w->replay_limit);
   int rc = st->api->dispatch(st->m, bp_caller(&c, false, w->id), "session.events", params, NULL, on_page, w);
   if (rc) {
     stream_error(w, "session.events", rc, NULL);
@@ -450,6 +448,7 @@ static int on_established(bp_state *st, struct lws *wsi) {
   if (w->kind == BP_WS_MUX) {
     if (w->has_after) {
       w->replaying = true;
+      w->replay_limit = REPLAY_PAGE;
       w->sent_cursor = w->after;
       fetch_page(w);
     }
