@@ -851,6 +851,7 @@ Test(acp_quiesce, eof_idle_exits_zero, .timeout = 60) {
 }
 
 /* ---- stopping while stdout is not read (reliability: heap corruption on an ordinary shutdown path) ---- */
+/* ACP-QUIESCE: a connection close settles every prompt and the agent exits 0, whatever its stdout. */
 
 static void expect_clean_stop(const char *how) {
   acp_host h;

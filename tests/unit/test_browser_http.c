@@ -1157,8 +1157,8 @@ Test(browser_http, token_rotate_closes_generations_and_retires_the_old_token) {
   stop(&d);
 }
 
-/* Reliability finding 10: a header the fence reads whose value does not fit its buffer is refused (431),
- * never taken as absent — with a valid token and Host each of these was a 200 before. */
+/* API-TRUST-FENCE, reliability finding 10: a header the fence reads whose value does not fit its buffer is
+ * refused (431), never taken as absent — with a valid token and Host each of these was a 200 before. */
 static int post_with_header(daemon_t *d, const char *extra, tc_resp *r) {
   const char *body =
       "{\"kind\":\"client-request\",\"rpcId\":\"x\",\"method\":\"host.describe\",\"payload\":{}}";
@@ -1204,9 +1204,9 @@ Test(browser_http, over_long_fence_headers_are_refused_not_ignored) {
   stop(&d);
 }
 
-/* Reliability finding 4: idle connections that send nothing cannot starve the others (64 used to hold
- * every header table for the 10 s deadline). With 1000 of them open an API call is answered at once (the
- * target is < 100 ms, bench browser-abuse; the bound here is 10x that). */
+/* API-HTTP-BRIDGE, reliability finding 4: idle connections that send nothing cannot starve the others (64
+ * used to hold every header table for the 10 s deadline). With 1000 of them open an API call is answered at
+ * once (the target is < 100 ms, bench browser-abuse; the bound here is 10x that). */
 Test(browser_http, a_thousand_idle_connections_do_not_stall_the_api, .timeout = 120) {
   struct rlimit rl = {4096, 4096};
   if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
@@ -1247,9 +1247,9 @@ static long vm_rss_kib(pid_t pid) {
   return kib;
 }
 
-/* Reliability finding 7: a replay is bounded like live frames — about 24 MB of history, 30 mux sockets with
- * after=0 that never read: the daemon queues at most about the queue cap for each (here 1 MiB), not the
- * whole history (it took ~750 MB). */
+/* API-WS-HOST (slow consumers have a bounded queue), reliability finding 7: a replay is bounded like live
+ * frames — about 24 MB of history, 30 mux sockets with after=0 that never read: the daemon queues at most
+ * about the queue cap for each (here 1 MiB), not the whole history (it took ~750 MB). */
 Test(browser_http, mux_replay_to_sockets_that_never_read_is_bounded, .timeout = 120) {
   daemon_t d;
   start(&d, "ws_queue_bytes = 1048576\n");
@@ -1308,8 +1308,8 @@ Test(browser_http, mux_replay_to_sockets_that_never_read_is_bounded, .timeout = 
   stop(&d);
 }
 
-/* Reliability finding 11: a WebSocket version other than 13 is answered 426 naming 13 (RFC 6455 4.4), and
- * a mux cursor that overflows is a 400, not a stream that never delivers. */
+/* API-WS-HOST, reliability finding 11: a WebSocket version other than 13 is answered 426 naming 13 (RFC
+ * 6455 4.4), and a mux cursor that overflows is a 400, not a stream that never delivers. */
 Test(browser_http, websocket_version_426_and_overflowing_cursor_400) {
   daemon_t d;
   start(&d, NULL);
@@ -1360,8 +1360,9 @@ static int count_in(const char *text, const char *needle) {
   return n;
 }
 
-/* Reliability finding 5: out of file descriptors, accepting pauses instead of spinning (a full core and a
- * log line per failed accept); one log line per episode; once descriptors are free it accepts again. */
+/* API-HTTP-BRIDGE, reliability finding 5: out of file descriptors, accepting pauses instead of spinning (a
+ * full core and a log line per failed accept); one log line per episode; once descriptors are free it accepts
+ * again. */
 Test(browser_http, out_of_descriptors_accepting_pauses_and_resumes, .timeout = 120) {
   struct rlimit low = {512, 4096}, high = {4096, 4096};
   if (setrlimit(RLIMIT_NOFILE, &high) != 0)

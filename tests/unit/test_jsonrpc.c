@@ -1036,9 +1036,9 @@ static bool all_echoed(void *arg) {
   return w->n_echoed == 20000 && w->writes_pending == 0;
 }
 
-/* Reliability finding 2: a client that pipelines requests and never reads the answers does not make the
- * peer read (and answer into memory) without bound: reading pauses while the output is backed up and
- * resumes as it drains; nothing is lost. */
+/* SDK-JSONL-TRANSPORT, reliability finding 2: a client that pipelines requests and never reads the answers
+ * does not make the peer read (and answer into memory) without bound: reading pauses while the output is
+ * backed up and resumes as it drains; nothing is lost. */
 Test(jsonrpc, reading_pauses_while_the_output_is_not_read) {
   wire *w = wire_open();
   w->echo = true;

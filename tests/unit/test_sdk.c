@@ -588,6 +588,7 @@ Test(sdk, shutdown_answers_the_requests_in_flight_first, .timeout = 60) {
 }
 
 /* ---- stopping while stdout is not read (reliability: heap corruption on an ordinary shutdown path) ---- */
+/* SDK-SERVER-SHUTDOWN (teardown always closes the transport, exit 0) and SDK-JSONL-TRANSPORT. */
 
 /* initialize (read), then `n` prompts whose receipts and events are never read, then 2 s for the output to
  * back up behind the full pipe. */
