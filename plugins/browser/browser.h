@@ -52,6 +52,13 @@ struct bp_http {
   uint64_t conn_id;
   bp_req *req; /* the request of this transaction (body being read or call in flight) */
   bp_out out;
+  /* Reading is held from the moment an answer is awaited until it is written: a pipelined request waits in
+   * libwebsockets' buffer and the end of a half-closed connection in the kernel (read, either would end the
+   * transaction or the connection before the answer exists). While reading is held libwebsockets gives no
+   * HTTP_WRITEABLE, so the answer is written from a host timer (`flush`), outside its callbacks. */
+  bool rx_held;
+  ah_timer *flush;
+  struct lws *wsi; /* while `flush` runs */
 };
 
 typedef enum bp_req_kind {
@@ -72,7 +79,8 @@ struct bp_req {
   bool loopback;
   uint64_t conn_id;
   uint64_t content_length;
-  bool budgeted; /* content_length counted in st->body_in_flight */
+  bool budgeted;    /* content_length counted in st->body_in_flight */
+  bool close_after; /* the answer closes the connection */
   unsigned char *body;
   size_t got;
   char *rpc_id;
@@ -204,15 +212,29 @@ struct bp_state {
   int wd_ticks;
 };
 
-/* server.c */
+/* response.c */
 void bp_log_refusal(bp_state *st, struct lws *wsi, const char *method, const char *path, int status,
                     const char *reason);
 /* Build a response: status, content type (NULL = none), extra header lines ("name: value\r\n", may be NULL),
  * body (may be NULL). Hardening headers are added to every response. Returns 0 or -1. */
 int bp_build_response(struct lws *wsi, bp_out *out, int status, const char *ctype, const char *extra,
                       const void *body, size_t len, bool is_api, bool close_after);
-/* Queue `out` for HTTP_WRITEABLE on the connection. */
+/* The hardening headers of the pages libwebsockets writes itself (the vhosts' `headers`). */
+const struct lws_protocol_vhost_options *bp_own_page_headers(void);
+/* A connection libwebsockets turned raw (a CONNECT): a complete 405 with the hardening headers. */
+void bp_refuse_raw(struct lws *wsi);
+/* Hold reading on the connection until its answer is written (see bp_http.rx_held). */
+void bp_hold_input(bp_http *h, struct lws *wsi);
+/* Write h->out (built by bp_build_response) on the next loop turn, then resume reading and end the
+ * transaction (or close the connection when the answer says so). */
 void bp_send_later(bp_http *h, struct lws *wsi);
+/* Inside a callback of a connection about to close: write a pending answer now (libwebsockets flushes it
+ * before the close). */
+void bp_http_write_now(bp_http *h, struct lws *wsi);
+/* HTTP_WRITEABLE: write a pending answer; -1 when the connection is to close. */
+int bp_http_writeable(bp_http *h, struct lws *wsi);
+/* The connection is closing: forget a pending write. */
+void bp_http_closed(bp_http *h);
 /* Write a refusal now (header time, inside the HTTP callback) and tell whether the connection must close. */
 int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason, const char *allow,
                   bool www_auth, bool close_after);

@@ -29,6 +29,75 @@ const ah_caller *bp_caller(ah_caller *c, bool loopback, uint64_t conn_id) {
 
 /* ---- responses ---------------------------------------------------------------------------------------- */
 
+/* G8 on the pages libwebsockets writes itself (a method or target it does not serve: TRACE, OPTIONS *, an
+ * absolute-form target...): the strict API values, as vhost headers. Those are added by
+ * lws_add_http_header_status, which the plugin's own responses do not use (their CSP and cache policy differ
+ * by route), so each response carries each header once. */
+static const struct lws_protocol_vhost_options own_page_headers[] = {
+    {&own_page_headers[1], NULL, "x-content-type-options:", "nosniff"},
+    {&own_page_headers[2], NULL, "content-security-policy:", csp_api},
+    {&own_page_headers[3], NULL, "x-frame-options:", "DENY"},
+    {&own_page_headers[4], NULL, "cache-control:", "no-store"},
+    {&own_page_headers[5], NULL, "cross-origin-resource-policy:", "same-origin"},
+    {NULL, NULL, "referrer-policy:", "no-referrer"},
+};
+
+const struct lws_protocol_vhost_options *bp_own_page_headers(void) {
+  return own_page_headers;
+}
+
+void bp_refuse_raw(struct lws *wsi) {
+  static const char body[] = "{\"kind\":\"server-response\",\"error\":{\"code\":\"bad-request\","
+                             "\"message\":\"method not allowed\"}}";
+  char text[LWS_PRE + 1024];
+  int n =
+      snprintf(text + LWS_PRE, sizeof text - LWS_PRE,
+               "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\ncontent-length: %zu\r\n"
+               "allow: GET, POST\r\n",
+               sizeof body - 1);
+  for (const struct lws_protocol_vhost_options *h = own_page_headers; h; h = h->next)
+    n += snprintf(text + LWS_PRE + n, sizeof text - LWS_PRE - (size_t)n, "%s %s\r\n", h->name, h->value);
+  n += snprintf(text + LWS_PRE + n, sizeof text - LWS_PRE - (size_t)n, "connection: close\r\n\r\n%s", body);
+  lws_write(wsi, (unsigned char *)text + LWS_PRE, (size_t)n, LWS_WRITE_RAW);
+}
+
+static const char *reason_phrase(int status) {
+  switch (status) {
+  case 200:
+    return "OK";
+  case 304:
+    return "Not Modified";
+  case 400:
+    return "Bad Request";
+  case 401:
+    return "Unauthorized";
+  case 403:
+    return "Forbidden";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 408:
+    return "Request Timeout";
+  case 411:
+    return "Length Required";
+  case 413:
+    return "Content Too Large";
+  case 415:
+    return "Unsupported Media Type";
+  case 426:
+    return "Upgrade Required";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 500:
+    return "Internal Server Error";
+  case 503:
+    return "Service Unavailable";
+  default:
+    return ""; /* RFC 9112 4: the reason phrase may be empty */
+  }
+}
+
 static int add_header(struct lws *wsi, const char *name, const char *value, unsigned char **p,
                       unsigned char *end) {
   return lws_add_http_header_by_name(wsi, (const unsigned char *)name, (const unsigned char *)value,
@@ -45,7 +114,9 @@ int bp_build_response(struct lws *wsi, bp_out *out, int status, const char *ctyp
   unsigned char *start = buf + LWS_PRE;
   unsigned char *p = start;
   unsigned char *end = buf + cap - len;
-  int bad = lws_add_http_header_status(wsi, (unsigned int)status, &p, end);
+  char line[64];
+  int n = snprintf(line, sizeof line, "HTTP/1.1 %d %s", status, reason_phrase(status));
+  int bad = lws_add_http_header_by_name(wsi, NULL, (const unsigned char *)line, n, &p, end);
   if (!bad && ctype)
     bad = lws_add_http_header_by_token(wsi, WSI_TOKEN_HTTP_CONTENT_TYPE, (const unsigned char *)ctype,
                                        (int)strlen(ctype), &p, end);
@@ -97,9 +168,74 @@ int bp_build_response(struct lws *wsi, bp_out *out, int status, const char *ctyp
   return 0;
 }
 
+void bp_hold_input(bp_http *h, struct lws *wsi) {
+  if (!h->rx_held && lws_rx_flow_control(wsi, 0) == 0)
+    h->rx_held = true;
+}
+
+/* Write the pending answer: reading resumes and the transaction ends (libwebsockets then reads a pipelined
+ * request, or the end of a half-closed connection). An answer larger than the socket takes at once is
+ * finished by libwebsockets; a pipelined request read meanwhile closes the connection once the answer is
+ * out (server.c, BODY_COMPLETION without a request). -1: the connection is to be closed. */
+static int write_out(bp_http *h, struct lws *wsi) {
+  bp_out out = h->out;
+  memset(&h->out, 0, sizeof h->out);
+  if (!out.buf)
+    return 0;
+  int n = lws_write(wsi, out.buf + LWS_PRE, out.len, LWS_WRITE_HTTP_FINAL);
+  free(out.buf);
+  if (h->rx_held) {
+    h->rx_held = false;
+    lws_rx_flow_control(wsi, 1);
+  }
+  if (n < 0 || out.close_after)
+    return -1;
+  return lws_http_transaction_completed(wsi) ? -1 : 0;
+}
+
+static void flush_now(ah_timer *t, void *arg) {
+  (void)t;
+  bp_http *h = arg;
+  h->flush = NULL;
+  struct lws *wsi = h->wsi;
+  /* A host timer, outside libwebsockets' callbacks: a synchronous close is safe here. */
+  if (wsi && write_out(h, wsi) != 0)
+    lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC);
+}
+
 void bp_send_later(bp_http *h, struct lws *wsi) {
-  (void)h;
-  lws_callback_on_writable(wsi);
+  bp_hold_input(h, wsi);
+  h->wsi = wsi;
+  if (!h->flush && h->st->api->timer_start(h->st->m, 0, 0, flush_now, h, &h->flush) != 0) {
+    h->flush = NULL;
+    /* No timer: reading resumes and libwebsockets' HTTP_WRITEABLE writes it. */
+    if (h->rx_held) {
+      h->rx_held = false;
+      lws_rx_flow_control(wsi, 1);
+    }
+    lws_callback_on_writable(wsi);
+  }
+}
+
+void bp_http_write_now(bp_http *h, struct lws *wsi) {
+  if (h->flush)
+    h->st->api->timer_stop(h->flush);
+  h->flush = NULL;
+  h->out.close_after = true;
+  write_out(h, wsi);
+}
+
+int bp_http_writeable(bp_http *h, struct lws *wsi) {
+  return write_out(h, wsi);
+}
+
+void bp_http_closed(bp_http *h) {
+  if (h->flush)
+    h->st->api->timer_stop(h->flush);
+  h->flush = NULL;
+  h->wsi = NULL;
+  free(h->out.buf);
+  memset(&h->out, 0, sizeof h->out);
 }
 
 static const char *status_category(int status) {

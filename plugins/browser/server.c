@@ -503,25 +503,23 @@ static int bp_callback(struct lws *wsi, enum lws_callback_reasons reason, void *
   case LWS_CALLBACK_HTTP_BODY:
     return h && h->req ? bp_api_body(st, h, wsi, in, len) : -1;
   case LWS_CALLBACK_HTTP_BODY_COMPLETION:
-    return h && h->req ? bp_api_body_done(st, h, wsi) : -1;
-  case LWS_CALLBACK_HTTP_WRITEABLE: {
-    if (!h || !h->out.buf)
-      return 0;
-    bp_out out = h->out;
-    memset(&h->out, 0, sizeof h->out);
-    int n = lws_write(wsi, out.buf + LWS_PRE, out.len, LWS_WRITE_HTTP_FINAL);
-    free(out.buf);
-    if (n < 0 || out.close_after)
-      return -1;
-    return lws_http_transaction_completed(wsi) ? -1 : 0;
-  }
+    if (h && h->req)
+      return bp_api_body_done(st, h, wsi);
+    /* Again, without a request: libwebsockets 4.1 repeats the completion, and then closes the connection
+     * whatever is answered, when it reads a request pipelined behind another from its own buffer (it hands
+     * the new request's header bytes over as its body) or while a large answer is still going out. The
+     * pending answer is written now and the connection closes after it (libwebsockets flushes it first). */
+    if (h)
+      bp_http_write_now(h, wsi);
+    return -1;
+  case LWS_CALLBACK_HTTP_WRITEABLE:
+    return h ? bp_http_writeable(h, wsi) : 0;
   case LWS_CALLBACK_CLOSED_HTTP:
     if (h) {
       if (h->req)
         bp_req_detach(h->req);
       h->req = NULL;
-      free(h->out.buf);
-      memset(&h->out, 0, sizeof h->out);
+      bp_http_closed(h);
     }
     return 0;
   case LWS_CALLBACK_HTTP_CONFIRM_UPGRADE:
@@ -539,12 +537,19 @@ static int bp_callback(struct lws *wsi, enum lws_callback_reasons reason, void *
       bp_req_detach(h->req);
       h->req = NULL;
     }
-    if (h) {
-      free(h->out.buf);
-      memset(&h->out, 0, sizeof h->out);
-    }
+    if (h)
+      bp_http_closed(h);
     return 0;
   }
+  case LWS_CALLBACK_RAW_ADOPT:
+    /* libwebsockets 4.1 turns a CONNECT into a raw socket bound to this protocol, with no deadline: it is
+     * answered 405 and closed instead of being held for ever. */
+    lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, 5);
+    lws_callback_on_writable(wsi);
+    return 0;
+  case LWS_CALLBACK_RAW_WRITEABLE:
+    bp_refuse_raw(wsi);
+    return -1;
   case LWS_CALLBACK_ESTABLISHED:
   case LWS_CALLBACK_SERVER_WRITEABLE:
   case LWS_CALLBACK_RECEIVE:
@@ -714,6 +719,7 @@ static int start_lws(bp_state *st) {
                  (v6 ? LWS_SERVER_OPTION_IPV6_V6ONLY_MODIFY | LWS_SERVER_OPTION_IPV6_V6ONLY_VALUE
                      : LWS_SERVER_OPTION_DISABLE_IPV6);
     vi.retry_and_idle_policy = &st->retry;
+    vi.headers = bp_own_page_headers();
     vi.keepalive_timeout = 60;
     vi.timeout_secs = st->header_timeout_s;
     /* G7 / H27: the header deadline is absolute from the connection's start (or the previous request's end):

@@ -240,5 +240,6 @@ int bp_export_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision
   }
   r->dispatched = true;
   st->outstanding++;
+  bp_hold_input(h, wsi);
   return 0;
 }

@@ -1398,3 +1398,145 @@ Test(browser_http, out_of_descriptors_accepting_pauses_and_resumes, .timeout = 1
   free(log);
   stop(&d);
 }
+
+/* API-HTTP-BRIDGE, reliability finding 11: two requests written at once on one connection (HTTP/1.1
+ * pipelining, RFC 9112 9.3). The first is answered; the second is either answered in order or refused with an
+ * answer saying it did not run, and the connection closes after it (libwebsockets 4.1 cannot read a POST
+ * pipelined in the same read: docs/protocols/browser.md). Before, neither was answered. Whichever: what was
+ * answered as not run did not run, and a new connection is served. */
+Test(browser_http, pipelined_posts_are_answered_in_order) {
+  daemon_t d;
+  start(&d, NULL);
+  char payload[512];
+  snprintf(payload, sizeof payload, "{\"cwd\":\"%s\"}", d.dir);
+  char *body[2];
+  cr_assert(
+      asprintf(&body[0], "{\"kind\":\"client-request\",\"rpcId\":\"p1\",\"method\":\"host.describe\"}") > 0);
+  cr_assert(
+      asprintf(&body[1],
+               "{\"kind\":\"client-request\",\"rpcId\":\"p2\",\"method\":\"session.create\",\"payload\":%s}",
+               payload) > 0);
+  const char *route[2] = {"host.describe", "session.create"};
+  char *one[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert(
+        asprintf(
+            &one[i],
+            "POST /api/%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nSec-Fetch-Site: same-origin\r\n"
+            "Authorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+            route[i], d.port, d.token, strlen(body[i]), body[i]) > 0);
+  char *both = NULL;
+  cr_assert(asprintf(&both, "%s%s", one[0], one[1]) > 0);
+  int fd = tc_connect(d.port, 0);
+  cr_assert(tc_send_str(fd, both));
+  tc_resp r;
+  cr_assert_eq(tc_read_response(fd, &r, 5000), 200, "the first pipelined request");
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_assert(j, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "p1", "answered in order");
+  json_decref(j);
+  tc_resp_free(&r);
+  int st = tc_read_response(fd, &r, 5000);
+  cr_assert(st == 200 || st == 400, "the second pipelined request is answered: %d", st);
+  j = json_loads(r.body, 0, NULL);
+  cr_assert(j, "%s", r.body);
+  bool ran = st == 200;
+  if (ran) {
+    cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "p2", "answered in order");
+  } else {
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    cr_expect(msg && strstr(msg, "did not run"), "the refusal says it did not run: %s", r.body);
+    char conn[32];
+    cr_expect(tc_header(r.head, "connection", conn, sizeof conn) && strcmp(conn, "close") == 0,
+              "a refused pipelined request closes the connection");
+    cr_expect(tc_wait_eof(fd, 5000), "the connection closes after the refusal");
+  }
+  json_decref(j);
+  tc_resp_free(&r);
+  close(fd);
+  json_t *v = call(&d, "session.list", "{}");
+  cr_expect_eq(json_array_size(json_object_get(v, "sessions")), ran ? 1 : 0,
+               "the pipelined session.create ran exactly when it was answered as run");
+  json_decref(v);
+  free(both);
+  for (int i = 0; i < 2; i++) {
+    free(one[i]);
+    free(body[i]);
+  }
+  stop(&d);
+}
+
+/* API-HTTP-BRIDGE, reliability finding 11: a prompt whose client half-closes after sending it (shutdown of
+ * its write side) gets its receipt — before, the prompt was stored and run but the answer was lost. */
+Test(browser_http, a_half_closed_prompt_gets_its_receipt) {
+  daemon_t d;
+  start(&d, NULL);
+  char *sid = create_session(&d);
+  char *body = NULL, *req = NULL;
+  cr_assert(asprintf(&body,
+                     "{\"kind\":\"client-request\",\"rpcId\":\"hc\",\"method\":\"session.prompt\","
+                     "\"payload\":{\"sessionId\":\"%s\",\"text\":\"half closed\"}}",
+                     sid) > 0);
+  cr_assert(
+      asprintf(&req,
+               "POST /api/session.prompt HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nSec-Fetch-Site: same-origin\r\n"
+               "Authorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+               d.port, d.token, strlen(body), body) > 0);
+  int fd = tc_connect(d.port, 0);
+  cr_assert(tc_send_str(fd, req));
+  cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+  tc_resp r;
+  cr_assert_eq(tc_read_response(fd, &r, 5000), 200, "the receipt of a half-closed prompt");
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_assert(j, "%s", r.body);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "hc");
+  cr_expect(json_is_object(json_object_get(j, "value")), "%s", r.body);
+  json_decref(j);
+  tc_resp_free(&r);
+  close(fd);
+  free(body);
+  free(req);
+  free(sid);
+  stop(&d);
+}
+
+/* API-SECURITY-HEADERS (G8), reliability finding 11: the pages libwebsockets writes itself — a method it
+ * does not serve, the asterisk form, an absolute-form target, a CONNECT — carry the hardening headers too
+ * (before: none of them). The plugin's own answers carry each header exactly once. */
+Test(browser_http, libwebsockets_own_pages_carry_the_hardening_headers) {
+  daemon_t d;
+  start(&d, NULL);
+  char abs_form[128], connect[128];
+  snprintf(abs_form, sizeof abs_form, "GET http://127.0.0.1:%d/ HTTP/1.1", d.port);
+  /* CONNECT: libwebsockets made it a raw socket with no deadline, held for ever; now a 405 and a close. */
+  snprintf(connect, sizeof connect, "CONNECT 127.0.0.1:%d HTTP/1.1", d.port);
+  const char *lines[] = {"TRACE / HTTP/1.1", "OPTIONS * HTTP/1.1", abs_form, "FOO / HTTP/1.1", connect};
+  for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+    char req[512];
+    snprintf(req, sizeof req, "%s\r\nHost: 127.0.0.1:%d\r\n\r\n", lines[i], d.port);
+    int fd = tc_connect(d.port, 0);
+    cr_assert(tc_send_str(fd, req));
+    tc_resp r;
+    int st = tc_read_response(fd, &r, 5000);
+    cr_expect(st >= 400 && st < 500, "%s: %d", lines[i], st);
+    if (st > 0)
+      expect_hardening(&r, lines[i]);
+    tc_resp_free(&r);
+    close(fd);
+  }
+  /* Once each on the plugin's own answers (an API answer and a static one). */
+  tc_resp r;
+  const char *env = "{\"kind\":\"client-request\",\"rpcId\":\"h\",\"method\":\"host.describe\"}";
+  cr_assert_eq(post(&d, "host.describe", env, &r), 200);
+  expect_hardening(&r, "an API answer");
+  cr_expect_eq(count_in(r.head, "x-content-type-options"), 1, "%s", r.head);
+  cr_expect_eq(count_in(r.head, "content-security-policy"), 1, "%s", r.head);
+  cr_expect_eq(count_in(r.head, "cache-control"), 1, "%s", r.head);
+  tc_resp_free(&r);
+  cr_assert_eq(get(&d, "/", NULL, &r), 200);
+  expect_hardening(&r, "the UI");
+  cr_expect_eq(count_in(r.head, "content-security-policy"), 1, "%s", r.head);
+  cr_expect_eq(count_in(r.head, "referrer-policy"), 1, "%s", r.head);
+  tc_resp_free(&r);
+  stop(&d);
+}
