@@ -21,6 +21,8 @@
  * options: --clients N (100)  --rates R1,R2,… (1000,2500,5000,10000)  --seconds S (5)  --settle S (3)
  *          --queue-bytes B (the daemon's ws_queue_bytes: set when this program starts the daemon, assumed
  *          with --url; default: the plugin's default, 8 MiB)  --target-ms MS (5)
+ *          --abuse N: instead, the hostile-use figures (N idle connections, non-reading replay sockets, a
+ *          150 MiB prompt)  --big-prompt MIB: only the large-prompt figure, for a prompt of MIB MiB
  * The slow client can be closed only when a run sends it more than the queue plus what the kernel holds
  * for it (read from /proc/net/tcp); below that its check is printed as n/a.
  * Exits 0 when it ran (whatever the verdicts), 1 when it could not run, 77 when the daemon cannot start.
@@ -861,7 +863,7 @@ static void usage(void) {
   fprintf(stderr, "usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]\n"
                   "       bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]\n"
                   "options: --clients N  --rates R1,R2,...  --seconds S  --settle S  --queue-bytes B  "
-                  "--target-ms MS\n");
+                  "--target-ms MS  --abuse IDLE_CONNECTIONS  --big-prompt MIB\n");
 }
 
 int main(int argc, char **argv) {
@@ -872,7 +874,7 @@ int main(int argc, char **argv) {
   int nc = 100;
   pid_t given_pid = 0;
   double secs = 5, settle = 3, target_ms = 5;
-  int abuse = 0;
+  int abuse = 0, big_prompt = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -900,6 +902,8 @@ int main(int argc, char **argv) {
       target_ms = atof(argv[++i]);
     else if (strcmp(a, "--abuse") == 0)
       abuse = atoi(argv[++i]);
+    else if (strcmp(a, "--big-prompt") == 0)
+      big_prompt = atoi(argv[++i]);
     else if (a[0] == '-' || npos == 3) {
       usage();
       return 1;
@@ -946,8 +950,8 @@ int main(int argc, char **argv) {
       return 77;
     }
   }
-  if (abuse > 0) {
-    int rc = run_abuse(&d, abuse);
+  if (abuse > 0 || big_prompt > 0) {
+    int rc = abuse > 0 ? run_abuse(&d, abuse) : run_big_prompt(&d, big_prompt);
     stop_daemon(&d);
     return rc;
   }

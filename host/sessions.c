@@ -297,7 +297,10 @@ static void write_ops(session *s, json_t *ops, const char *kind, const char *tur
       json_object_set_new(ev, "turnId", json_string(turn_id));
     if (message_id)
       json_object_set_new(ev, "messageId", json_string(message_id));
-    json_t *op = json_deep_copy(ev);
+    /* A shallow copy: the writer serializes the op while the loop keeps `ev` (and sets its cursor); the
+     * values below the top level are shared, never changed after this, and jansson's reference counts are
+     * atomic. A deep copy doubled the memory (and loop time) of every large event, a big prompt's first. */
+    json_t *op = json_copy(ev);
     json_object_set_new(op, "op", json_string("event"));
     json_array_append_new(ops, op);
     w->event = ev;

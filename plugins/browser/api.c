@@ -46,6 +46,7 @@ void bp_req_release(bp_req *r) {
     r->st->api->token_free(r->token);
   free(r->body);
   free(r->rpc_id);
+  json_decref(r->env);
   free(r);
 }
 
@@ -304,6 +305,42 @@ static const char *str_of(const json_t *o, const char *k) {
   return json_string_value(json_object_get(o, k));
 }
 
+/* A body this large is parsed on a pool thread: parsing a prompt of many MiB took the loop, and every
+ * other client with it, for a second or more. */
+#define PARSE_OFF_LOOP_BYTES (1u << 20)
+
+static int envelope_read(bp_req *r, json_t *env);
+
+static json_t *parse_envelope(const bp_req *r) {
+  /* Stage 1: the envelope. jansson refuses nesting deeper than 2048 (T6) and duplicate keys. */
+  json_error_t jerr;
+  return json_loadb((const char *)r->body, r->got, JSON_REJECT_DUPLICATES, &jerr);
+}
+
+static void parse_work(void *arg) {
+  bp_req *r = arg;
+  r->env = parse_envelope(r);
+}
+
+static void parse_after(void *arg, int status) {
+  bp_req *r = arg;
+  r->st->outstanding--;
+  r->dispatched = false;
+  json_t *env = r->env;
+  r->env = NULL;
+  if (!r->wsi) { /* the client went away meanwhile: nothing runs */
+    json_decref(env);
+    bp_req_release(r);
+    return;
+  }
+  if (status != 0) { /* withdraw cancelled the parse before it started */
+    json_decref(env);
+    respond(r, 503, error_body(NULL, "unavailable", "the server is stopping", NULL));
+    return;
+  }
+  envelope_read(r, env);
+}
+
 int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
   bp_req *r = h->req;
   if (r->dispatched)
@@ -318,9 +355,16 @@ int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
     respond(r, 400, error_body(NULL, "bad-request", "the body is shorter than Content-Length", NULL));
     return 0;
   }
-  /* Stage 1: the envelope. jansson refuses nesting deeper than 2048 (T6) and duplicate keys. */
-  json_error_t jerr;
-  json_t *env = json_loadb((const char *)r->body, r->got, JSON_REJECT_DUPLICATES, &jerr);
+  if (r->got >= PARSE_OFF_LOOP_BYTES && st->api->queue_work(st->m, parse_work, parse_after, r) == 0) {
+    r->dispatched = true; /* a close meanwhile leaves `r` to parse_after */
+    st->outstanding++;
+    return 0;
+  }
+  return envelope_read(r, parse_envelope(r));
+}
+
+/* The envelope parsed (NULL: not JSON): check it and dispatch its call, or answer why not. */
+static int envelope_read(bp_req *r, json_t *env) {
   /* A JSON body never starts with a request line. */
   bool pipelined = !env && r->got >= 6 && memcmp(r->body, "POST /", 6) == 0;
   free(r->body);

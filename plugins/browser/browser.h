@@ -87,6 +87,7 @@ struct bp_req {
   ah_cancel *token;
   bool dispatched;
   ah_timer *timer; /* the body deadline */
+  json_t *env;     /* a large body's envelope, parsed on a pool thread (dispatched is true meanwhile) */
   uint64_t start_ms, last_ms;
   bp_req *prev, *next;
 };

@@ -1540,3 +1540,35 @@ Test(browser_http, libwebsockets_own_pages_carry_the_hardening_headers) {
   tc_resp_free(&r);
   stop(&d);
 }
+
+/* API-HTTP-BRIDGE, reliability finding 12: a body of 1 MiB or more is parsed on a pool thread; its answers
+ * are those of a small one — a receipt for a valid prompt, 400 for a body that is not JSON. */
+Test(browser_http, large_bodies_are_parsed_off_the_loop_with_the_same_answers) {
+  daemon_t d;
+  start(&d, NULL);
+  char *sid = create_session(&d);
+  size_t n = 3u << 20;
+  char *text = malloc(n + 1);
+  memset(text, 'q', n);
+  text[n] = '\0';
+  json_t *env = json_pack("{s:s, s:s, s:s, s:{s:s, s:s}}", "kind", "client-request", "rpcId", "big", "method",
+                          "session.prompt", "payload", "sessionId", sid, "text", text);
+  char *body = json_dumps(env, JSON_COMPACT);
+  json_decref(env);
+  tc_resp r;
+  cr_assert_eq(post(&d, "session.prompt", body, &r), 200, "%.200s", r.body ? r.body : "");
+  json_t *j = json_loads(r.body, 0, NULL);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "rpcId")), "big");
+  cr_expect(json_is_string(json_object_get(json_object_get(j, "value"), "messageId")), "%.200s", r.body);
+  json_decref(j);
+  tc_resp_free(&r);
+  /* The same size, not JSON. */
+  memset(body, '{', strlen(body));
+  cr_expect_eq(post(&d, "session.prompt", body, &r), 400);
+  cr_expect(r.body && strstr(r.body, "not valid JSON"), "%.200s", r.body ? r.body : "");
+  tc_resp_free(&r);
+  free(body);
+  free(text);
+  free(sid);
+  stop(&d);
+}
