@@ -323,7 +323,19 @@ Test(browser_http, launch_url_printed_once_and_by_the_url_command) {
   start(&d, NULL);
   char want[256];
   snprintf(want, sizeof want, "http://127.0.0.1:%d/#k=%s\n", d.port, d.token);
-  char *out = ts_read_file(d.out, NULL);
+  /* The URL is printed once the mounts are done, a moment after serve.json is written: wait for a line. */
+  char *out = NULL;
+  for (int i = 0; i < 250; i++) {
+    out = ts_read_file(d.out, NULL);
+    if (out && strchr(out, '\n'))
+      break;
+    free(out);
+    out = NULL;
+    usleep(20 * 1000);
+  }
+  usleep(100 * 1000); /* a second line, were there one, would follow at once */
+  free(out);
+  out = ts_read_file(d.out, NULL);
   cr_expect_str_eq(out, want, "stdout: exactly one launch URL line");
   free(out);
   char *argv[] = {(char *)agenthost(), "--config", d.config, "--state-dir", d.state,
