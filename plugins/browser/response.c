@@ -61,41 +61,42 @@ void bp_refuse_raw(struct lws *wsi) {
   lws_write(wsi, (unsigned char *)text + LWS_PRE, (size_t)n, LWS_WRITE_RAW);
 }
 
+/* The statuses the plugin answers with: the reason phrase of the status line and the error code of a
+ * refusal's body. */
+static const struct {
+  int status;
+  const char *phrase;
+  const char *category;
+} statuses[] = {
+    {200, "OK", NULL},
+    {304, "Not Modified", NULL},
+    {400, "Bad Request", "bad-request"},
+    {401, "Unauthorized", "unauthorized"},
+    {403, "Forbidden", "forbidden"},
+    {404, "Not Found", "not-found"},
+    {405, "Method Not Allowed", "bad-request"},
+    {408, "Request Timeout", "timeout"},
+    {411, "Length Required", "bad-request"},
+    {413, "Content Too Large", "bad-request"},
+    {415, "Unsupported Media Type", "bad-request"},
+    {426, "Upgrade Required", "bad-request"},
+    {431, "Request Header Fields Too Large", "bad-request"},
+    {500, "Internal Server Error", "internal"},
+    {503, "Service Unavailable", "unavailable"},
+};
+
 static const char *reason_phrase(int status) {
-  switch (status) {
-  case 200:
-    return "OK";
-  case 304:
-    return "Not Modified";
-  case 400:
-    return "Bad Request";
-  case 401:
-    return "Unauthorized";
-  case 403:
-    return "Forbidden";
-  case 404:
-    return "Not Found";
-  case 405:
-    return "Method Not Allowed";
-  case 408:
-    return "Request Timeout";
-  case 411:
-    return "Length Required";
-  case 413:
-    return "Content Too Large";
-  case 415:
-    return "Unsupported Media Type";
-  case 426:
-    return "Upgrade Required";
-  case 431:
-    return "Request Header Fields Too Large";
-  case 500:
-    return "Internal Server Error";
-  case 503:
-    return "Service Unavailable";
-  default:
-    return ""; /* RFC 9112 4: the reason phrase may be empty */
-  }
+  for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+    if (statuses[i].status == status)
+      return statuses[i].phrase;
+  return ""; /* RFC 9112 4: the reason phrase may be empty */
+}
+
+static const char *status_category(int status) {
+  for (size_t i = 0; i < sizeof statuses / sizeof statuses[0]; i++)
+    if (statuses[i].status == status && statuses[i].category)
+      return statuses[i].category;
+  return "bad-request";
 }
 
 static int add_header(struct lws *wsi, const char *name, const char *value, unsigned char **p,
@@ -236,25 +237,6 @@ void bp_http_closed(bp_http *h) {
   h->wsi = NULL;
   free(h->out.buf);
   memset(&h->out, 0, sizeof h->out);
-}
-
-static const char *status_category(int status) {
-  switch (status) {
-  case 401:
-    return "unauthorized";
-  case 403:
-    return "forbidden";
-  case 404:
-    return "not-found";
-  case 408:
-    return "timeout";
-  case 500:
-    return "internal";
-  case 503:
-    return "unavailable";
-  default:
-    return "bad-request";
-  }
 }
 
 int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason, const char *allow,
