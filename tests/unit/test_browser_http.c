@@ -1512,9 +1512,9 @@ Test(browser_http, a_half_closed_prompt_gets_its_receipt) {
   stop(&d);
 }
 
-/* API-SECURITY-HEADERS (G8), reliability finding 11: the pages libwebsockets writes itself — a method it
- * does not serve, the asterisk form, an absolute-form target, a CONNECT — carry the hardening headers too
- * (before: none of them). The plugin's own answers carry each header exactly once. */
+/* G8 (hardening headers; no API- tag covers them), reliability finding 11: the pages libwebsockets writes
+ * itself — a method it does not serve, the asterisk form, an absolute-form target, a CONNECT — carry the
+ * hardening headers too (before: none of them). The plugin's own answers carry each header exactly once. */
 Test(browser_http, libwebsockets_own_pages_carry_the_hardening_headers) {
   daemon_t d;
   start(&d, NULL);
