@@ -97,6 +97,9 @@ struct ah_session {
   bool fenced; /* its lease is held: every write carries the fence (the store checks the owner) */
   bool lost;   /* a fenced write found the lease taken by another process: it runs here no more */
   bool broken; /* a write failed (disk full, I/O error): it runs no more until reloaded (m->retry) */
+  /* A turn ended and its turn/ended is not stored yet: the next turn waits, so that whatever it reads of
+   * the conversation (the provider's history) has every earlier turn's messages. */
+  bool end_unwritten;
   ah__link link;
 };
 
@@ -113,7 +116,7 @@ struct turn {
   bool provider_gone; /* its plugin is being withdrawn: the turn ends with that error */
   bool ended;
   bool cancelled;
-  char *last_text;
+  json_t *last_text; /* the last committed text (a JSON string), for a waiting parent */
   int tools_running;
   request *pending; /* an approval or question waiting for an answer */
   json_t *history;  /* read on the provider's first sink->history() call */
@@ -828,7 +831,7 @@ static void turn_free(turn *t) {
   ah__cancel_free(t->cancel);
   free(t->message_id);
   json_decref(t->content);
-  free(t->last_text);
+  json_decref(t->last_text);
   free(t->child_message);
   free(t->end_reason);
   free(t->end_error);
@@ -840,6 +843,15 @@ static void turn_free(turn *t) {
 static void finish_close(session *s);
 
 static void notify_parent(session *child, const char *message_id, const char *reason, const char *text);
+
+static void ended_written(session *s, int status, const json_t *event, void *arg) {
+  (void)status;
+  (void)event;
+  (void)arg;
+  s->end_unwritten = false;
+  if (!s->lost && !s->broken) /* a lost or broken session runs nothing more here */
+    maybe_claim(s);
+}
 
 static void turn_end_now(turn *t, const char *reason, json_t *usage, const char *error) {
   if (t->ended || t->end_pending) {
@@ -865,11 +877,12 @@ static void turn_end_now(turn *t, const char *reason, json_t *usage, const char 
     json_object_set_new(data, "error", json_string(error));
   json_t *ops = json_pack("[{s:s, s:s, s:s, s:s}]", "op", "inbox.state", "messageId", t->message_id, "state",
                           "done", "turnId", t->id);
-  write_ops(s, ops, "turn/ended", t->id, t->message_id, data, NULL, NULL);
+  s->end_unwritten = true;
+  write_ops(s, ops, "turn/ended", t->id, t->message_id, data, ended_written, NULL);
   s->turn = NULL;
   /* A subagent's parent learns the end of the turn it waits for. */
   if (s->parent_turn && s->parent_message && strcmp(s->parent_message, t->message_id) == 0)
-    notify_parent(s, t->message_id, reason, t->last_text);
+    notify_parent(s, t->message_id, reason, json_string_value(t->last_text));
   /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
   ah__api_table.post(s->m->core, (ah_task_fn)turn_free, t);
   if (s->lost || s->broken) { /* nothing more runs here; the memory goes once nothing uses it */
@@ -899,14 +912,27 @@ static void sink_delta(void *ctx, const char *text) {
                  "text", text ? text : ""));
 }
 
+/* `text` (a JSON string, stolen) is stored, emitted and kept for a waiting parent as this one value: a long
+ * message is never copied on the loop. */
+static void sink_commit_json(void *ctx, json_t *text) {
+  turn *t = ctx;
+  if (t->ended || !json_is_string(text)) {
+    json_decref(text);
+    return;
+  }
+  json_decref(t->last_text);
+  t->last_text = json_incref(text);
+  append(t->s, "message/committed", t->id, NULL, json_pack("{s:s, s:o}", "role", "assistant", "text", text));
+}
+
 static void sink_commit(void *ctx, const char *text) {
   turn *t = ctx;
   if (t->ended)
     return;
-  free(t->last_text);
-  t->last_text = strdup(text ? text : "");
-  append(t->s, "message/committed", t->id, NULL,
-         json_pack("{s:s, s:s}", "role", "assistant", "text", text ? text : ""));
+  json_t *v = json_string(text ? text : "");
+  if (!v) /* not UTF-8: what is stored says so (jansson holds only UTF-8 strings) */
+    v = json_string("(the provider committed text that is not UTF-8)");
+  sink_commit_json(ctx, v);
 }
 
 static void sink_end(void *ctx, const char *reason, const json_t *usage, const char *error) {
@@ -1071,7 +1097,8 @@ static void sink_subagent(void *ctx, const char *prompt) {
 
 static void maybe_claim(session *s) {
   ah_sessions *m = s->m;
-  if (!s->ready || s->closing || s->disposed || s->turn || ah__list_empty(&s->queue) || m->stopping)
+  if (!s->ready || s->closing || s->disposed || s->turn || s->end_unwritten || ah__list_empty(&s->queue) ||
+      m->stopping)
     return;
   queued *q = AH__CONTAINER(s->queue.next, queued, link);
   ah__list_remove(&q->link);
@@ -1119,6 +1146,7 @@ static void maybe_claim(session *s) {
       .subagent = sink_subagent,
       .end = sink_end,
       .history = sink_history,
+      .commit_json = sink_commit_json,
   };
   json_t *tools = ah__tools_describe();
   json_t *empty_config = json_object();
@@ -1137,6 +1165,10 @@ static void maybe_claim(session *s) {
   int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
   json_decref(tools);
   json_decref(empty_config);
+  /* The content was borrowed for the call: a provider that needs it later took its own reference, and a
+   * large prompt goes as soon as nothing uses it any more, not at the end of the turn. */
+  json_decref(t->content);
+  t->content = NULL;
   if (rc) {
     t->pt = NULL;
     turn_end_now(t, "error", NULL, ah_strerror(rc));

@@ -347,18 +347,31 @@ static int run(sq_store *q, conn *c, stmt_id id) {
 
 /* ---- JSON <-> columns --------------------------------------------------------------------------------- */
 
-static char *dump(const json_t *v) {
-  return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+/* Compact JSON text of exactly the size it needs: measured first, then written once. json_dumps() grows
+ * its buffer by doubling, which for a large value (a long prompt) holds up to twice its size meanwhile and
+ * copies it several times. */
+static char *dump(const json_t *v, size_t *len) {
+  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+  size_t n = json_dumpb(v, NULL, 0, flags);
+  char *text = n ? malloc(n + 1) : NULL;
+  if (!text || json_dumpb(v, text, n, flags) != n) {
+    free(text);
+    return NULL;
+  }
+  text[n] = '\0';
+  *len = n;
+  return text;
 }
 
 /* Bind `v` as compact JSON text (NULL → `dflt`, which may be NULL for SQL NULL). */
 static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt) {
   if (!v || json_is_null(v))
     return dflt ? sqlite3_bind_text(st, i, dflt, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
-  char *text = dump(v);
+  size_t n = 0;
+  char *text = dump(v, &n);
   if (!text)
     return SQLITE_NOMEM;
-  return sqlite3_bind_text(st, i, text, -1, free);
+  return sqlite3_bind_text64(st, i, text, n, free, SQLITE_UTF8);
 }
 
 /* Bind a scalar as itself (string, integer, real, boolean as 0/1, null); a container as JSON text. The

@@ -2,14 +2,16 @@
  *
  * A turn is compiled once, in turn_start(), into a list of steps (the directives that wait or talk to the
  * sink) plus the echo text and its modifiers (/chunks, /max-tokens, /refuse). It then runs as a small
- * state machine driven by a single uv timer: every timer tick makes at most one sink call and then either
- * re-arms the timer (zero delay for "the next step", MS for /sleep), waits for the agent's answer
+ * state machine driven by two handles: every tick makes at most one sink call and then either arms the
+ * next tick (an idle handle for "the next step": once per loop iteration, so a long stream of deltas
+ * interleaves with everyone's I/O — libuv runs a zero-delay timer re-armed from its own callback again in
+ * the same pass — and a timer for /sleep MS), waits for the agent's answer
  * (turn_tool_result, turn_answer, turn_subagent_result) or ends the turn. Answers and turn_cancel() never
  * call the sink themselves; they record what happened and arm the timer, so the sink is never re-entered
  * from a call the agent makes into the provider.
  *
- * The turn owns the timer, which is embedded in it: turn_free() closes the timer and the memory is freed
- * in the close callback, so a timer callback that called end() (after which the agent may free the turn at
+ * The turn owns both handles, which are embedded in it: turn_free() closes them and the memory is freed in
+ * the last close callback, so a timer callback that called end() (after which the agent may free the turn at
  * once) can still read the turn's flags safely until it returns.
  */
 #include "echo.h"
@@ -27,6 +29,9 @@
 #define ECHO_SLEEP_MAX_MS 3600000u
 #define ECHO_CHUNKS_MAX 1000u
 #define ECHO_ERR_MAX 512
+/* No delta is longer than this: a large echo streams in as many deltas as it takes, so no single sink call
+ * (and no frame a surface writes for it) copies more than this much on the loop. */
+#define ECHO_DELTA_MAX 65536u
 
 typedef enum echo_step_kind {
   ECHO_STEP_INVALID = 0,
@@ -60,7 +65,9 @@ typedef struct echo_state {
 } echo_state;
 
 struct ah_provider_turn {
-  uv_timer_t timer;  /* the only handle; its close callback frees the turn */
+  uv_timer_t timer;  /* /sleep */
+  uv_idle_t next;    /* the next tick, on the next loop iteration */
+  int open_handles;  /* the last close callback frees the turn */
   ah_turn_sink sink; /* copied: the agent's sink need not outlive turn_start() */
   void *ctx;
   echo_phase phase;
@@ -76,11 +83,23 @@ struct ah_provider_turn {
   unsigned calls;
   char *pending_commit; /* a directive's result, committed on the next tick (owned) */
 
-  char *text;   /* the echo's text: the non-directive lines (owned) */
-  char *echo;   /* "echo: <text>" once the echo phase started (owned) */
-  size_t *cuts; /* byte offsets of the delta boundaries in `echo`, ndeltas + 1 of them (owned) */
+  /* The turn is compiled on the loop's thread pool (a prompt may be large: nothing on the loop copies or
+   * scans it): from turn_start() until the work's completion the turn only records cancel and free. */
+  uv_work_t work;
+  bool compiling;
+  json_t *content; /* the prompt's content blocks while compiling (a reference) */
+
+  const char *text; /* the echo's text (the non-directive lines): a span of the prompt or of text_own,
+                     * NULL once compiled (then only text_n is read) */
+  size_t text_n;
+  char *text_own; /* the text when it is not one span of the prompt (owned) */
+  char *prompt;   /* the concatenated blocks, when there are several (owned; freed after compiling) */
+  json_t *echo;   /* "echo: <text>", built while compiling (a reference) */
+  size_t *cuts;   /* byte offsets of the /chunks boundaries in `echo`, ndeltas + 1 of them (owned) */
   size_t ndeltas;
   size_t next_delta;
+  size_t pos;  /* the next delta starts here (within the current /chunks piece) */
+  char *piece; /* a delta's bytes, at most ECHO_DELTA_MAX (owned) */
   unsigned chunks;
   bool max_tokens;
   bool refuse;
@@ -302,22 +321,23 @@ typedef struct echo_span {
   size_t n;
 } echo_span;
 
-/* Split `prompt` into directives (compiled into steps and modifiers) and the echo text: the other lines
- * joined with "\n", without leading and trailing blank lines. Returns false when the turn cannot run. */
-static bool echo_parse(ah_provider_turn *t, const char *prompt) {
+/* Split the `len` bytes at `prompt` into directives (compiled into steps and modifiers) and the echo text:
+ * the other lines joined with "\n", without leading and trailing blank lines — a span of `prompt` when those
+ * lines follow each other there (no copy), else a new string. Returns false when the turn cannot run. */
+static bool echo_parse(ah_provider_turn *t, const char *prompt, size_t len) {
   size_t cap = 1;
-  for (const char *c = prompt; *c; c++)
-    cap += *c == '\n';
+  for (const char *c = prompt, *end = prompt + len; (c = memchr(c, '\n', (size_t)(end - c))) != NULL; c++)
+    cap++;
   echo_span *lines = calloc(cap, sizeof *lines);
   if (!lines) {
     t->oom = true;
     return false;
   }
   size_t nlines = 0, line = 0;
-  const char *p = prompt;
+  const char *p = prompt, *end = prompt + len;
   for (;;) {
-    const char *nl = strchr(p, '\n');
-    size_t n = nl ? (size_t)(nl - p) : strlen(p);
+    const char *nl = memchr(p, '\n', (size_t)(end - p));
+    size_t n = nl ? (size_t)(nl - p) : (size_t)(end - p);
     line++;
     bool directive = false;
     if (n > 1 && p[0] == '/') {
@@ -353,56 +373,95 @@ static bool echo_parse(ah_provider_turn *t, const char *prompt) {
     first++;
   while (last > first && echo_blank(lines[last - 1].p, lines[last - 1].n))
     last--;
-  echo_buf text = {.data = NULL, .len = 0, .cap = 0, .failed = false};
-  for (size_t i = first; i < last; i++) {
-    if (i > first)
-      echo_buf_add(&text, "\n", 1);
-    echo_buf_add(&text, lines[i].p, lines[i].n);
+  bool one_span = true;
+  for (size_t i = first; i + 1 < last; i++)
+    one_span = one_span && lines[i + 1].p == lines[i].p + lines[i].n + 1;
+  if (first == last) {
+    t->text = "";
+    t->text_n = 0;
+  } else if (one_span) {
+    t->text = lines[first].p;
+    t->text_n = (size_t)(lines[last - 1].p + lines[last - 1].n - lines[first].p);
+  } else {
+    echo_buf text = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+    for (size_t i = first; i < last; i++) {
+      if (i > first)
+        echo_buf_add(&text, "\n", 1);
+      echo_buf_add(&text, lines[i].p, lines[i].n);
+    }
+    t->text_n = text.len;
+    t->text = t->text_own = echo_buf_take(&text);
+    if (!t->text)
+      t->oom = true;
   }
   free(lines);
-  t->text = echo_buf_take(&text);
-  if (!t->text)
-    t->oom = true;
   return !t->oom && !t->error;
 }
 
-/* Concatenate the content blocks into the prompt text. Returns 0, AH_EINVAL or AH_ENOMEM. */
-static int echo_prompt(const json_t *content, char **out) {
-  echo_buf b = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+/* Check the content blocks (cheap: no text is read). Returns the number of blocks that make up the prompt,
+ * or AH_EINVAL. */
+static int echo_check_content(const json_t *content) {
+  int contributing = 0;
   size_t i = 0;
   const json_t *block = NULL;
   json_array_foreach(content, i, block) {
     const char *type = json_string_value(json_object_get(block, "type"));
-    if (!json_is_object(block) || !type) {
-      free(b.data);
+    if (!json_is_object(block) || !type)
       return AH_EINVAL;
-    }
     if (strcmp(type, "text") == 0) {
-      const json_t *tx = json_object_get(block, "text");
-      if (!json_is_string(tx)) {
-        free(b.data);
+      if (!json_is_string(json_object_get(block, "text")))
         return AH_EINVAL;
-      }
-      echo_buf_add(&b, json_string_value(tx), json_string_length(tx));
+      contributing++;
     } else if (strcmp(type, "resource_link") == 0) {
-      const char *uri = json_string_value(json_object_get(block, "uri"));
-      const char *name = json_string_value(json_object_get(block, "name"));
-      if (!uri) {
-        free(b.data);
+      if (!json_is_string(json_object_get(block, "uri")))
         return AH_EINVAL;
-      }
-      echo_buf_str(&b, "[");
-      echo_buf_str(&b, name ? name : uri);
-      echo_buf_str(&b, "](");
-      echo_buf_str(&b, uri);
-      echo_buf_str(&b, ")");
+      contributing++;
     } else {
       /* Other block types (images, audio) carry nothing the echo could repeat. */
       AH_LOG_D("echo", "ignoring a content block of type \"%s\"", type);
     }
   }
-  *out = echo_buf_take(&b);
-  return *out ? 0 : AH_ENOMEM;
+  return contributing;
+}
+
+/* The prompt text: the text blocks and rendered links concatenated (into t->prompt), or the one text block
+ * itself when it is the only one (no copy). Up to the first NUL, as C strings are. False when out of memory.
+ */
+static bool echo_prompt(ah_provider_turn *t, const char **out, size_t *len) {
+  echo_buf b = {.data = NULL, .len = 0, .cap = 0, .failed = false};
+  size_t i = 0, blocks = 0;
+  const json_t *block = NULL, *only = NULL;
+  json_array_foreach(t->content, i, block) {
+    const char *type = json_string_value(json_object_get(block, "type"));
+    if (strcmp(type, "text") == 0 || strcmp(type, "resource_link") == 0) {
+      blocks++;
+      only = block;
+    }
+  }
+  if (blocks == 1 && strcmp(json_string_value(json_object_get(only, "type")), "text") == 0) {
+    const json_t *tx = json_object_get(only, "text");
+    *out = json_string_value(tx);
+    *len = strnlen(*out, json_string_length(tx));
+    return true;
+  }
+  json_array_foreach(t->content, i, block) {
+    const char *type = json_string_value(json_object_get(block, "type"));
+    if (strcmp(type, "text") == 0) {
+      echo_buf_str(&b, json_string_value(json_object_get(block, "text")));
+    } else if (strcmp(type, "resource_link") == 0) {
+      const char *uri = json_string_value(json_object_get(block, "uri"));
+      const char *name = json_string_value(json_object_get(block, "name"));
+      echo_buf_str(&b, "[");
+      echo_buf_str(&b, name ? name : uri);
+      echo_buf_str(&b, "](");
+      echo_buf_str(&b, uri);
+      echo_buf_str(&b, ")");
+    }
+  }
+  t->prompt = echo_buf_take(&b);
+  *out = t->prompt;
+  *len = t->prompt ? b.len : 0;
+  return t->prompt != NULL;
 }
 
 /* ---- running a turn ------------------------------------------------------------------------------------ */
@@ -413,8 +472,16 @@ static void echo_timer_cb(uv_timer_t *h) {
   echo_tick(h->data);
 }
 
+static void echo_next_cb(uv_idle_t *h) {
+  uv_idle_stop(h);
+  echo_tick(h->data);
+}
+
 static void echo_arm(ah_provider_turn *t, uint64_t ms) {
-  uv_timer_start(&t->timer, echo_timer_cb, ms, 0);
+  if (ms == 0)
+    uv_idle_start(&t->next, echo_next_cb);
+  else
+    uv_timer_start(&t->timer, echo_timer_cb, ms, 0);
 }
 
 /* After a sink call the agent may have ended, cancelled or freed the turn; only a live turn goes on. */
@@ -425,6 +492,7 @@ static bool echo_live(const ah_provider_turn *t) {
 static void echo_end(ah_provider_turn *t, const char *reason, const char *error) {
   t->phase = ECHO_PHASE_DONE;
   uv_timer_stop(&t->timer);
+  uv_idle_stop(&t->next);
   json_t *usage = json_pack("{s:I,s:I}", "inputTokens", (json_int_t)((t->input_bytes + 3) / 4),
                             "outputTokens", (json_int_t)((t->output_bytes + 3) / 4));
   t->sink.end(t->ctx, reason, usage, error);
@@ -438,25 +506,34 @@ static void echo_commit(ah_provider_turn *t, const char *text) {
   t->sink.commit(t->ctx, text);
 }
 
-/* Start the echo: decide whether there is one and where its deltas are cut. */
-static void echo_prepare(ah_provider_turn *t) {
-  if (t->text[0] == '\0' && t->committed) {
-    t->phase = ECHO_PHASE_END;
+/* Commit the echo: handed over as the JSON string it already is when the agent takes one (no copy). */
+static void echo_commit_echo(ah_provider_turn *t) {
+  t->output_bytes += json_string_length(t->echo);
+  t->committed = true;
+  if (AH_HAS_FIELD(&t->sink, ah_turn_sink, commit_json) && t->sink.commit_json)
+    t->sink.commit_json(t->ctx, json_incref(t->echo));
+  else
+    t->sink.commit(t->ctx, json_string_value(t->echo));
+}
+
+/* Build the echo and cut it into /chunks pieces (on the thread pool, while compiling). */
+static void echo_build(ah_provider_turn *t) {
+  if (t->text_n > (size_t)INT32_MAX - 16) {
+    t->oom = true;
     return;
   }
-  size_t tn = strlen(t->text);
-  t->echo = malloc(tn + 7);
+  /* One allocation, the string's own: json_sprintf() adopts the buffer it formats into. */
+  t->echo = json_sprintf("echo: %.*s", (int)t->text_n, t->text);
   if (!t->echo) {
     t->oom = true;
     return;
   }
-  memcpy(t->echo, "echo: ", 6);
-  memcpy(t->echo + 6, t->text, tn + 1);
-  size_t bytes = tn + 6;
+  const char *e = json_string_value(t->echo);
+  size_t bytes = json_string_length(t->echo);
   /* Characters are counted as UTF-8 lead bytes, so a cut never falls inside a character. */
   size_t chars = 0;
   for (size_t i = 0; i < bytes; i++)
-    if (((unsigned char)t->echo[i] & 0xC0) != 0x80)
+    if (((unsigned char)e[i] & 0xC0) != 0x80)
       chars++;
   size_t n = t->chunks < chars ? t->chunks : chars; /* never an empty delta */
   t->cuts = calloc(n + 1, sizeof *t->cuts);
@@ -466,7 +543,7 @@ static void echo_prepare(ah_provider_turn *t) {
   }
   size_t k = 1, c = 0;
   for (size_t i = 0; i < bytes && k < n; i++) {
-    if (((unsigned char)t->echo[i] & 0xC0) == 0x80)
+    if (((unsigned char)e[i] & 0xC0) == 0x80)
       continue;
     if (c == k * chars / n)
       t->cuts[k++] = i;
@@ -474,8 +551,40 @@ static void echo_prepare(ah_provider_turn *t) {
   }
   t->cuts[n] = bytes;
   t->ndeltas = n;
+}
+
+/* Start the echo, unless there is none (an empty text after a directive committed something). */
+static void echo_prepare(ah_provider_turn *t) {
+  if (t->text_n == 0 && t->committed) {
+    t->phase = ECHO_PHASE_END;
+    return;
+  }
+  t->piece = malloc(ECHO_DELTA_MAX + 1);
+  if (!t->piece) {
+    t->oom = true;
+    return;
+  }
   t->next_delta = 0;
+  t->pos = 0;
   t->phase = ECHO_PHASE_DELTAS;
+}
+
+/* The next delta: the rest of the current /chunks piece, at most ECHO_DELTA_MAX bytes cut before a UTF-8
+ * lead byte. */
+static void echo_next_delta(ah_provider_turn *t) {
+  const char *e = json_string_value(t->echo);
+  size_t stop = t->cuts[t->next_delta + 1], b = stop;
+  if (b - t->pos > ECHO_DELTA_MAX) {
+    b = t->pos + ECHO_DELTA_MAX;
+    while (b > t->pos + 1 && ((unsigned char)e[b] & 0xC0) == 0x80)
+      b--;
+  }
+  memcpy(t->piece, e + t->pos, b - t->pos);
+  t->piece[b - t->pos] = '\0';
+  t->pos = b;
+  if (b == stop)
+    t->next_delta++;
+  t->sink.delta(t->ctx, t->piece);
 }
 
 static void echo_run_step(ah_provider_turn *t, echo_step *s) {
@@ -548,7 +657,7 @@ static void echo_run_step(ah_provider_turn *t, echo_step *s) {
 
 /* One tick: at most one sink call, then re-arm, wait or end. */
 static void echo_tick(ah_provider_turn *t) {
-  if (t->freed || t->phase == ECHO_PHASE_DONE)
+  if (t->freed || t->compiling || t->phase == ECHO_PHASE_DONE)
     return;
   if (t->cancel_requested) {
     echo_end(t, "cancelled", NULL);
@@ -590,13 +699,8 @@ static void echo_tick(ah_provider_turn *t) {
       continue;
     case ECHO_PHASE_DELTAS:
       if (t->next_delta < t->ndeltas) {
-        size_t a = t->cuts[t->next_delta], b = t->cuts[t->next_delta + 1];
-        t->next_delta++;
-        char saved = t->echo[b];
-        t->echo[b] = '\0';
-        t->sink.delta(t->ctx, t->echo + a);
         /* The turn's memory outlives this callback even when it was freed meanwhile (see turn_free). */
-        t->echo[b] = saved;
+        echo_next_delta(t);
         if (echo_live(t))
           echo_arm(t, 0);
         return;
@@ -605,14 +709,14 @@ static void echo_tick(ah_provider_turn *t) {
       continue;
     case ECHO_PHASE_COMMIT:
       t->phase = ECHO_PHASE_END;
-      echo_commit(t, t->echo);
+      echo_commit_echo(t);
       if (echo_live(t))
         echo_arm(t, 0);
       return;
     case ECHO_PHASE_END:
       echo_end(t, t->max_tokens ? "max-tokens" : "end", NULL);
       return;
-    default: /* ECHO_PHASE_WAIT: the timer is not armed while waiting */
+    default: /* ECHO_PHASE_WAIT: no tick is armed while waiting */
       return;
     }
   }
@@ -715,7 +819,9 @@ static void echo_turn_cancel(ah_provider_turn *t) {
   /* Whatever the turn waits for is abandoned: a late result is ignored (echo_waiting_for). */
   t->cancel_requested = true;
   uv_timer_stop(&t->timer);
-  echo_arm(t, 0);
+  uv_idle_stop(&t->next);
+  if (!t->compiling) /* else the compilation's completion arms the next tick */
+    echo_arm(t, 0);
 }
 
 static void echo_turn_destroy(ah_provider_turn *t) {
@@ -725,23 +831,71 @@ static void echo_turn_destroy(ah_provider_turn *t) {
   }
   free(t->steps);
   free(t->pending_commit);
-  free(t->text);
-  free(t->echo);
+  free(t->text_own);
+  free(t->prompt);
+  json_decref(t->content);
+  json_decref(t->echo);
   free(t->cuts);
+  free(t->piece);
   free(t->error);
   free(t);
 }
 
 static void echo_close_cb(uv_handle_t *h) {
-  echo_turn_destroy(h->data);
+  ah_provider_turn *t = h->data;
+  if (--t->open_handles == 0)
+    echo_turn_destroy(t);
+}
+
+static void echo_close(ah_provider_turn *t) {
+  uv_close((uv_handle_t *)&t->timer, echo_close_cb);
+  uv_close((uv_handle_t *)&t->next, echo_close_cb);
 }
 
 static void echo_turn_free(ah_provider_turn *t) {
   if (!t || t->freed)
     return;
-  /* Also valid before end(): the turn then just stops, without telling the sink. */
+  /* Also valid before end(): the turn then just stops, without telling the sink. While it is compiling,
+   * the compilation's completion closes the timer. */
   t->freed = true;
-  uv_close((uv_handle_t *)&t->timer, echo_close_cb);
+  if (!t->compiling)
+    echo_close(t);
+}
+
+/* On the thread pool: the prompt text, its directives, the echo and its cuts. Reads only the content
+ * (immutable while the turn holds it) and writes only the turn, which the loop does not read meanwhile. */
+static void echo_compile(uv_work_t *w) {
+  ah_provider_turn *t = w->data;
+  const char *prompt = NULL;
+  size_t len = 0;
+  if (!echo_prompt(t, &prompt, &len)) {
+    t->oom = true;
+    return;
+  }
+  t->input_bytes = len;
+  if (echo_parse(t, prompt, len))
+    echo_build(t);
+}
+
+/* Back on the loop: the prompt is no longer needed (the echo has its own copy); the first tick reports a
+ * malformed directive or starts the first step. */
+static void echo_compiled(uv_work_t *w, int status) {
+  ah_provider_turn *t = w->data;
+  t->compiling = false;
+  if (status != 0)
+    t->oom = true; /* not run (the loop is closing); the turn ends "error" if anyone still listens */
+  /* The text was a span of the prompt or of text_own, which go now; only its length is read later. */
+  t->text = NULL;
+  free(t->text_own);
+  t->text_own = NULL;
+  json_decref(t->content);
+  t->content = NULL;
+  free(t->prompt);
+  t->prompt = NULL;
+  if (t->freed)
+    echo_close(t);
+  else
+    echo_arm(t, 0);
 }
 
 static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sink *sink, void *ctx,
@@ -751,35 +905,40 @@ static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_tur
       !sink->commit || !sink->end)
     return AH_EINVAL;
   echo_state *st = p->data;
-  char *prompt = NULL;
-  int rc = echo_prompt(in->content, &prompt);
+  int rc = echo_check_content(in->content);
   if (rc < 0)
     return rc;
   ah_provider_turn *t = calloc(1, sizeof *t);
-  if (!t) {
-    free(prompt);
+  if (!t)
     return AH_ENOMEM;
-  }
   size_t sn = sink->struct_size < sizeof t->sink ? sink->struct_size : sizeof t->sink;
   memcpy(&t->sink, sink, sn);
   t->sink.struct_size = (uint32_t)sizeof t->sink;
   t->ctx = ctx;
   t->phase = ECHO_PHASE_STEPS;
   t->chunks = 1;
-  t->input_bytes = strlen(prompt);
-  bool ok = echo_parse(t, prompt);
-  free(prompt);
-  if (!ok && !t->error && t->oom) {
-    echo_turn_destroy(t);
-    return AH_ENOMEM;
-  }
   if (uv_timer_init(st->loop, &t->timer) != 0) {
     echo_turn_destroy(t);
     return AH_EINTERNAL;
   }
+  if (uv_idle_init(st->loop, &t->next) != 0) {
+    t->open_handles = 1;
+    uv_close((uv_handle_t *)&t->timer, echo_close_cb);
+    return AH_EINTERNAL;
+  }
+  t->open_handles = 2;
   t->timer.data = t;
-  /* The first tick reports a malformed directive or starts the first step; never from in here. */
-  echo_arm(t, 0);
+  t->next.data = t;
+  /* The content is borrowed for this call: the turn keeps a reference until it is compiled. */
+  t->content = json_incref((json_t *)in->content);
+  t->work.data = t;
+  t->compiling = true;
+  if (uv_queue_work(st->loop, &t->work, echo_compile, echo_compiled) != 0) {
+    t->compiling = false;
+    t->freed = true;
+    echo_close(t);
+    return AH_EINTERNAL;
+  }
   *out = t;
   return 0;
 }

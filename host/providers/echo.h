@@ -8,7 +8,7 @@
  *                      "tool NAME: <result as compact JSON>" (or "tool NAME failed: <error>")
  *   /ask QUESTION      ask the user QUESTION; the answer is committed as "answer: <answer>"
  *   /subagent PROMPT   run a child session with PROMPT; its final text is committed as "subagent: <text>"
- *   /chunks N          stream the echo in N deltas (default 1)
+ *   /chunks N          stream the echo in N pieces (default 1), each of them in deltas of at most 64 KiB
  *   /max-tokens        end with reason "max-tokens" after the echo
  *   /refuse            end at once with reason "refusal" (nothing committed)
  *   /history           commit "history: N (role, role, …)": the conversation the agent hands the
@@ -37,11 +37,17 @@
  *   else the result as compact JSON. An answer that is a string is committed as it is, other JSON compact.
  *   A subagent that ended with a reason other than "end" is committed as "subagent (REASON): <text>".
  * - Tool calls get ids "call_1", "call_2", ... per turn; a result for another id is ignored.
- * - Every sink call happens in a timer callback of the turn, at most one per tick; turn_start(), the result
- *   functions and turn_cancel() never call the sink. turn_cancel() ends the turn "cancelled" on the next
- *   tick whatever it waits for; a result that arrives afterwards is ignored, and so is a cancel after end.
+ * - Every sink call happens in a callback of the turn's own handles, at most one per loop iteration;
+ * turn_start(), the result functions and turn_cancel() never call the sink. turn_cancel() ends the turn
+ * "cancelled" on the next tick whatever it waits for; a result that arrives afterwards is ignored, and so is
+ * a cancel after end.
  * - turn_free() is valid from inside end() and also before end() (the turn then stops without calling the
- *   sink); the turn's memory is released in its timer's close callback.
+ *   sink); the turn's memory is released in its handles' close callbacks.
+ * - The prompt is compiled (blocks joined, directives read, the echo built) on the loop's thread pool, so
+ *   a large prompt is never copied or scanned on the loop; a cancel or free meanwhile takes effect when the
+ *   compilation is back. No delta is longer than 64 KiB: a longer /chunks piece (or the whole echo,
+ *   by default) streams in as many deltas as it takes, each cut before a character. The echo is committed
+ *   through commit_json when the agent's sink has it (ABI 1.2), without a copy.
  * - Turns do not refer to the provider after turn_start(): ah__echo_provider_free() may run while turns
  *   live, but their loop must keep running until they were freed.
  */

@@ -4,7 +4,8 @@
  * produces the assistant's side of one turn. The agent starts a turn with the conversation so far, the
  * new user message and the tools the agent offers; the provider reports through the sink:
  *   delta(text)              transient streamed text (never stored)
- *   commit(text)             a committed assistant message (stored as message/committed)
+ *   commit(text)             a committed assistant message (stored as message/committed);
+ *                            commit_json(text) the same for a JSON string, without a copy (ABI 1.2)
  *   tool_call(id, name, args) the model wants a tool run; the agent applies the session's policy, runs it
  *                            (or asks, or refuses) and answers with turn_tool_result()
  *   ask(question, options)   the model asks the user a question; answered with turn_answer()
@@ -48,6 +49,10 @@ typedef struct ah_turn_sink {
    * inside turn_start. */
   const json_t *(*history)(void *ctx);
   void *reserved[3];
+  /* ABI 1.2 (check with AH_HAS_FIELD): commit(json_string_value(text)) without the copy — `text` is a JSON
+   * string whose reference the sink takes. For a provider that built a long text (off the loop, say):
+   * commit() must copy a borrowed C string on the loop thread. */
+  void (*commit_json)(void *ctx, json_t *text);
 } ah_turn_sink;
 
 typedef struct ah_turn_input {

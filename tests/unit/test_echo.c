@@ -3,6 +3,7 @@
  * Use-after-free (turn_free from inside end) is caught by ASan in the sanitizer build. */
 #include <criterion/criterion.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,15 @@ typedef struct fx {
   bool cancel_in_delta; /* the first delta callback cancels the turn */
   bool ask_options_null;
   uint64_t end_ms;
+  /* Long texts: deltas are collected (not recorded), commits kept whole. */
+  bool collect;
+  char *acc;
+  size_t acc_n;
+  size_t max_delta;
+  int deltas;
+  bool delta_not_utf8;    /* a delta was cut inside a character */
+  char *committed;        /* what commit() got */
+  json_t *committed_json; /* what commit_json() got */
 } fx;
 
 static void record(fx *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -54,6 +64,18 @@ static char *compact(const json_t *v) {
 
 static void sink_delta(void *ctx, const char *text) {
   fx *f = ctx;
+  if (f->collect) {
+    size_t n = strlen(text);
+    f->deltas++;
+    f->max_delta = n > f->max_delta ? n : f->max_delta;
+    json_t *valid = json_stringn(text, n); /* NULL for a cut inside a character */
+    f->delta_not_utf8 = f->delta_not_utf8 || !valid;
+    json_decref(valid);
+    f->acc = realloc(f->acc, f->acc_n + n + 1);
+    memcpy(f->acc + f->acc_n, text, n + 1);
+    f->acc_n += n;
+    return;
+  }
   record(f, "delta %s", text);
   if (f->cancel_in_delta) {
     f->cancel_in_delta = false;
@@ -62,7 +84,19 @@ static void sink_delta(void *ctx, const char *text) {
 }
 
 static void sink_commit(void *ctx, const char *text) {
+  fx *f = ctx;
+  if (f->collect) {
+    free(f->committed);
+    f->committed = strdup(text);
+    return;
+  }
   record(ctx, "commit %s", text);
+}
+
+static void sink_commit_json(void *ctx, json_t *text) {
+  fx *f = ctx;
+  json_decref(f->committed_json);
+  f->committed_json = text;
 }
 
 static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
@@ -163,6 +197,9 @@ static void fx_finish(fx *f) {
   cr_expect_leq(f->ends, 1, "end called more than once");
   for (int i = 0; i < f->n; i++)
     free(f->ev[i]);
+  free(f->acc);
+  free(f->committed);
+  json_decref(f->committed_json);
   cr_assert_eq(ts_loop_close(&f->loop), 0);
 }
 
@@ -660,5 +697,115 @@ Test(echo, turn_free_before_end_stops_silently) {
   f.turn = NULL;
   fx_settle(&f, 60);
   expect_events(&f, 0);
+  fx_finish(&f);
+}
+
+/* A text of `n` bytes mixing one-, two- and three-byte characters, so that a cut by bytes would split some.
+ */
+static char *mixed_text(size_t n) {
+  static const char *const pieces[] = {"abc ", "\xc3\xa9", "\xe2\x82\xac", "xyz\n"};
+  char *t = malloc(n + 8);
+  size_t len = 0;
+  for (size_t i = 0; len < n; i++) {
+    const char *p = pieces[i % 4];
+    memcpy(t + len, p, strlen(p));
+    len += strlen(p);
+  }
+  if (t[len - 1] == '\n') /* a trailing blank line is not part of the echo's text */
+    t[len - 1] = 'z';
+  t[len] = '\0';
+  return t;
+}
+
+/* Reliability finding 12: a long echo is streamed in bounded deltas (no sink call copies more than 64 KiB
+ * on the loop), each cut between characters, and they add up to the committed text. */
+Test(echo, a_long_echo_streams_in_deltas_of_at_most_64_KiB_between_characters) {
+  fx f;
+  fx_init(&f);
+  f.collect = true;
+  char *text = mixed_text(1u << 20);
+  fx_start(&f, text);
+  fx_run(&f);
+  char *want = malloc(strlen(text) + 7);
+  sprintf(want, "echo: %s", text);
+  cr_expect_leq(f.max_delta, 65536u, "a delta of %zu bytes", f.max_delta);
+  cr_expect_geq(f.deltas, (int)(strlen(want) / 65536), "%d deltas", f.deltas);
+  cr_expect_not(f.delta_not_utf8, "a delta was cut inside a character");
+  cr_expect(f.acc && strcmp(f.acc, want) == 0, "the deltas do not add up to the echo");
+  cr_expect(f.committed && strcmp(f.committed, want) == 0, "the commit is not the echo");
+  expect_events(&f, 1, fmt("end end %s -", usage(strlen(text), strlen(want))));
+  free(want);
+  free(text);
+  fx_finish(&f);
+}
+
+/* /chunks still counts: each of its pieces is itself bounded. */
+Test(echo, chunks_pieces_longer_than_64_KiB_are_split_further) {
+  fx f;
+  fx_init(&f);
+  f.collect = true;
+  char *text = mixed_text(300000);
+  char *prompt = malloc(strlen(text) + 16);
+  sprintf(prompt, "/chunks 2\n%s", text);
+  fx_start(&f, prompt);
+  fx_run(&f);
+  cr_expect_leq(f.max_delta, 65536u);
+  cr_expect_geq(f.deltas, 5);
+  cr_expect_not(f.delta_not_utf8);
+  cr_expect(f.acc && strncmp(f.acc, "echo: ", 6) == 0 && strcmp(f.acc + 6, text) == 0);
+  free(prompt);
+  free(text);
+  fx_finish(&f);
+}
+
+/* ABI 1.2: a sink that takes commit_json gets the echo as the JSON string the provider built (no copy); a
+ * sink of an ABI 1.1 host (shorter: struct_size ends before commit_json) gets commit(), whatever lies in
+ * memory beyond its size. */
+Test(echo, the_echo_is_committed_as_a_json_string_when_the_sink_takes_one) {
+  fx f;
+  fx_init(&f);
+  f.collect = true;
+  f.sink.commit_json = sink_commit_json;
+  fx_start(&f, "hello json");
+  fx_run(&f);
+  cr_expect_null(f.committed, "commit() was called beside commit_json()");
+  cr_assert(json_is_string(f.committed_json));
+  cr_expect_str_eq(json_string_value(f.committed_json), "echo: hello json");
+  fx_finish(&f);
+
+  fx_init(&f);
+  f.collect = true;
+  f.sink.commit_json = sink_commit_json;
+  f.sink.struct_size = (uint32_t)offsetof(ah_turn_sink, commit_json);
+  fx_start(&f, "hello old host");
+  fx_run(&f);
+  cr_expect_null(f.committed_json, "commit_json() called on a sink too short to have it");
+  cr_expect_str_eq(f.committed ? f.committed : "(none)", "echo: hello old host");
+  fx_finish(&f);
+}
+
+/* The turn is compiled off the loop: freeing or cancelling it meanwhile is safe (ASan in the sanitizer
+ * build), and a cancelled one ends "cancelled" without streaming. */
+Test(echo, free_and_cancel_while_a_long_prompt_is_compiled) {
+  char *text = mixed_text(8u << 20);
+  fx f;
+  fx_init(&f);
+  f.collect = true;
+  fx_start(&f, text);
+  f.p->turn_free(f.turn);
+  f.turn = NULL;
+  fx_settle(&f, 300);
+  cr_expect_eq(f.n, 0, "a freed turn called the sink");
+  cr_expect_eq(f.deltas, 0);
+  fx_finish(&f);
+
+  fx_init(&f);
+  f.collect = true;
+  fx_start(&f, text);
+  f.p->turn_cancel(f.turn);
+  fx_run(&f);
+  cr_expect_eq(f.deltas, 0, "a turn cancelled while compiling streamed");
+  expect_events(&f, 1, fmt("end cancelled %s -", usage(strlen(text), 0)));
+  free(text);
   fx_finish(&f);
 }
