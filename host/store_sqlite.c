@@ -89,6 +89,14 @@ static const char *const migrations[] = {
     ");"
     "CREATE INDEX requests_state ON requests (state);"
     "CREATE INDEX requests_session ON requests (session_id);",
+    /* v2: a prompt's content apart from its state. SQLite rewrites a whole row on UPDATE, so each state
+     * change of a prompt of 150 MiB read and wrote those 150 MiB (and held them in memory twice). */
+    "CREATE TABLE inbox_content ("
+    "  message_id TEXT PRIMARY KEY NOT NULL,"
+    "  content TEXT NOT NULL"
+    ");"
+    "INSERT INTO inbox_content (message_id, content) SELECT message_id, content FROM inbox ORDER BY rowid;"
+    "ALTER TABLE inbox DROP COLUMN content;",
 };
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
@@ -99,7 +107,8 @@ static const char *const migrations[] = {
   "id, cwd, title, provider, model, parent, local, depth, status, closed, created, updated, policy, tags, " \
   "last_seq, lease_owner, lease_until"
 #define EVENT_COLS "cursor, session_id, seq, kind, time, turn_id, message_id, data"
-#define INBOX_COLS "message_id, session_id, content, state, turn_id, created"
+#define INBOX_COLS "i.message_id, i.session_id, c.content, i.state, i.turn_id, i.created"
+#define INBOX_FROM "inbox i JOIN inbox_content c ON c.message_id = i.message_id"
 #define REQUEST_COLS "id, session_id, turn_id, kind, params, options, state, answer, created, resolved"
 #define OPEN_INBOX "state NOT IN ('done', 'cancelled')"
 
@@ -113,12 +122,14 @@ typedef enum stmt_id {
   W_ROLLBACK_TO,
   W_SESSION_PUT,
   W_SESSION_DEL_EVENTS,
+  W_SESSION_DEL_INBOX_CONTENT,
   W_SESSION_DEL_INBOX,
   W_SESSION_DEL_REQUESTS,
   W_SESSION_DEL,
   W_EVENT,
   W_EVENT_LAST_SEQ,
   W_INBOX_PUT,
+  W_INBOX_CONTENT,
   W_INBOX_STATE,
   W_REQUEST_PUT,
   W_REQUEST_STATE,
@@ -158,13 +169,17 @@ static const char *const stmt_sql[STMT_COUNT] = {
                       "policy = excluded.policy, tags = excluded.tags, "
                       "last_seq = max(last_seq, excluded.last_seq)",
     [W_SESSION_DEL_EVENTS] = "DELETE FROM events WHERE session_id = ?1",
+    [W_SESSION_DEL_INBOX_CONTENT] =
+        "DELETE FROM inbox_content WHERE message_id IN (SELECT message_id FROM inbox WHERE session_id = ?1)",
     [W_SESSION_DEL_INBOX] = "DELETE FROM inbox WHERE session_id = ?1",
     [W_SESSION_DEL_REQUESTS] = "DELETE FROM requests WHERE session_id = ?1",
     [W_SESSION_DEL] = "DELETE FROM sessions WHERE id = ?1",
     [W_EVENT] = "INSERT INTO events (session_id, seq, kind, time, turn_id, message_id, data) "
                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [W_EVENT_LAST_SEQ] = "UPDATE sessions SET last_seq = ?2 WHERE id = ?1 AND last_seq < ?2",
-    [W_INBOX_PUT] = "INSERT INTO inbox (" INBOX_COLS ") VALUES (?1, ?2, ?3, 'queued', NULL, ?4)",
+    [W_INBOX_PUT] = "INSERT INTO inbox (message_id, session_id, state, turn_id, created) "
+                    "VALUES (?1, ?2, 'queued', NULL, ?3)",
+    [W_INBOX_CONTENT] = "INSERT INTO inbox_content (message_id, content) VALUES (?1, ?2)",
     [W_INBOX_STATE] = "UPDATE inbox SET state = ?2, turn_id = coalesce(?3, turn_id) WHERE message_id = ?1",
     [W_REQUEST_PUT] =
         "INSERT INTO requests (" REQUEST_COLS ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
@@ -182,8 +197,8 @@ static const char *const stmt_sql[STMT_COUNT] = {
     [R_SESSIONS_AFTER] = "SELECT " SESSION_COLS " FROM sessions WHERE id > ?2 ORDER BY id LIMIT ?1",
     [R_EVENTS] = "SELECT " EVENT_COLS " FROM events WHERE session_id = ?2 AND seq > ?3 ORDER BY seq LIMIT ?1",
     [R_EVENTS_AFTER] = "SELECT " EVENT_COLS " FROM events WHERE cursor > ?2 ORDER BY cursor LIMIT ?1",
-    [R_INBOX_OPEN] =
-        "SELECT " INBOX_COLS " FROM inbox WHERE session_id = ?1 AND " OPEN_INBOX " ORDER BY rowid",
+    [R_INBOX_OPEN] = "SELECT " INBOX_COLS " FROM " INBOX_FROM " WHERE i.session_id = ?1 AND i." OPEN_INBOX
+                     " ORDER BY i.rowid",
     [R_REQUESTS_PENDING] = "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' ORDER BY rowid",
     [R_REQUESTS_PENDING_OF] =
         "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' AND session_id = ?1 "
@@ -372,6 +387,86 @@ static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt)
   if (!text)
     return SQLITE_NOMEM;
   return sqlite3_bind_text64(st, i, text, n, free, SQLITE_UTF8);
+}
+
+/* JSON texts at least this long are written in pieces: bound as a zero-filled value of their length, then
+ * filled through SQLite's incremental I/O once the row exists. Bound whole, a value is in memory three
+ * times during its insert (the JSON, its dumped text and the record SQLite builds); in pieces, once. Such
+ * a value reads back as a BLOB of the same UTF-8 bytes (sqlite3_column_text and CAST(x AS TEXT) give the
+ * text). */
+#define STREAM_MIN ((size_t)1 << 20)
+
+/* bind_json for a column of a row being inserted: *big is set to the length when `v` is to be streamed
+ * with fill_big() after the step, else 0. */
+static int bind_json_big(sqlite3_stmt *st, int i, const json_t *v, const char *dflt, size_t *big) {
+  *big = 0;
+  if (v && !json_is_null(v)) {
+    size_t n = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (n >= STREAM_MIN) {
+      *big = n;
+      return sqlite3_bind_zeroblob64(st, i, n);
+    }
+  }
+  return bind_json(st, i, v, dflt);
+}
+
+typedef struct filler {
+  sqlite3_blob *blob;
+  size_t off, len, cap;
+  char buf[256 * 1024];
+  int rc;
+} filler;
+
+static int fill_flush(filler *f) {
+  if (f->rc == SQLITE_OK && f->len) {
+    if (f->off + f->len > f->cap)
+      f->rc = SQLITE_CORRUPT; /* the text grew after it was measured: it is not written short or long */
+    else
+      f->rc = sqlite3_blob_write(f->blob, f->buf, (int)f->len, (int)f->off);
+    f->off += f->len;
+    f->len = 0;
+  }
+  return f->rc == SQLITE_OK ? 0 : -1;
+}
+
+static int fill_piece(const char *buffer, size_t size, void *data) {
+  filler *f = data;
+  while (size) {
+    size_t k = sizeof f->buf - f->len < size ? sizeof f->buf - f->len : size;
+    memcpy(f->buf + f->len, buffer, k);
+    f->len += k;
+    buffer += k;
+    size -= k;
+    if (f->len == sizeof f->buf && fill_flush(f) != 0)
+      return -1;
+  }
+  return 0;
+}
+
+/* Write the `n` bytes of v's JSON text into column `col` of row `rowid` of `table` (bound by
+ * bind_json_big), in the writer's transaction. */
+static int fill_big(sq_store *q, const char *table, const char *col, sqlite3_int64 rowid, const json_t *v,
+                    size_t n) {
+  if (n > (size_t)INT32_MAX) {
+    set_err(q, "a JSON value of %zu bytes is larger than the store's limit", n);
+    return AH_EINVAL;
+  }
+  filler *f = calloc(1, sizeof *f);
+  if (!f)
+    return AH_ENOMEM;
+  f->cap = n;
+  int rc = sqlite3_blob_open(q->w.db, "main", table, col, rowid, 1, &f->blob);
+  if (rc == SQLITE_OK) {
+    if (json_dump_callback(v, fill_piece, f, JSON_COMPACT | JSON_ENCODE_ANY) == 0)
+      fill_flush(f);
+    rc = f->rc != SQLITE_OK ? f->rc : f->off != n ? SQLITE_CORRUPT : SQLITE_OK;
+  }
+  if (rc != SQLITE_OK)
+    set_err(q, "%s.%s: writing a value of %zu bytes: %s", table, col, n,
+            rc == SQLITE_CORRUPT ? "its text changed while written" : sqlite3_errmsg(q->w.db));
+  sqlite3_blob_close(f->blob);
+  free(f);
+  return rc == SQLITE_OK ? 0 : map_rc(rc);
 }
 
 /* Bind a scalar as itself (string, integer, real, boolean as 0/1, null); a container as JSON text. The
@@ -677,8 +772,8 @@ static int op_session_delete(sq_store *q, const json_t *op, json_t *res) {
     set_err(q, "session.delete needs a string id");
     return AH_EINVAL;
   }
-  static const stmt_id dels[] = {W_SESSION_DEL_EVENTS, W_SESSION_DEL_INBOX, W_SESSION_DEL_REQUESTS,
-                                 W_SESSION_DEL};
+  static const stmt_id dels[] = {W_SESSION_DEL_EVENTS, W_SESSION_DEL_INBOX_CONTENT, W_SESSION_DEL_INBOX,
+                                 W_SESSION_DEL_REQUESTS, W_SESSION_DEL};
   for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
     PREPARE(q, st, dels[i]);
     int rc = step_write(q, st, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC));
@@ -715,12 +810,15 @@ static int op_event(sq_store *q, const json_t *op, json_t *res) {
     rc = bind_value(st, 5, turn);
   if (rc == SQLITE_OK)
     rc = bind_value(st, 6, msg);
+  size_t big = 0;
   if (rc == SQLITE_OK)
-    rc = bind_json(st, 7, data, "{}");
+    rc = bind_json_big(st, 7, data, "{}", &big);
   int status = step_write(q, st, rc);
   if (status < 0)
     return status;
   sqlite3_int64 cursor = sqlite3_last_insert_rowid(q->w.db);
+  if (big && (status = fill_big(q, "events", "data", cursor, data, big)) < 0)
+    return status;
   PREPARE(q, up, W_EVENT_LAST_SEQ);
   rc = sqlite3_bind_text(up, 1, sid, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -744,10 +842,18 @@ static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
   if (rc == SQLITE_OK)
     rc = sqlite3_bind_text(st, 2, sid, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
-    rc = bind_json(st, 3, content, NULL);
-  if (rc == SQLITE_OK)
-    rc = bind_value(st, 4, json_object_get(op, "time"));
+    rc = bind_value(st, 3, json_object_get(op, "time"));
   rc = step_write(q, st, rc);
+  if (rc < 0)
+    return rc;
+  PREPARE(q, ct, W_INBOX_CONTENT);
+  size_t big = 0;
+  rc = sqlite3_bind_text(ct, 1, mid, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = bind_json_big(ct, 2, content, NULL, &big);
+  rc = step_write(q, ct, rc);
+  if (rc == 0 && big)
+    rc = fill_big(q, "inbox_content", "content", sqlite3_last_insert_rowid(q->w.db), content, big);
   if (rc == 0)
     json_array_append_new(res, json_null());
   return rc;

@@ -283,13 +283,13 @@ Test(store, open_creates_wal_database_at_current_schema) {
   fx_init(&f);
   f.s = open_ok(&f, NULL);
   cr_expect(exists(f.path));
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 1);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 2);
   char *mode = raw_text(f.path, "PRAGMA journal_mode");
   cr_expect_str_eq(mode, "wal");
   free(mode);
   cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                               "('sessions', 'events', 'inbox', 'requests')"),
-               4);
+                               "('sessions', 'events', 'inbox', 'inbox_content', 'requests')"),
+               5);
   cr_expect_eq(ah__store_commits(f.s), 0);
   cr_expect_eq(ah__store_opsets(f.s), 0);
   expect_json(ah__store_list_sessions(f.s, NULL, 0), "[]");
@@ -1102,7 +1102,7 @@ Test(store, newer_schema_is_refused_and_left_unchanged) {
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
   raw_exec(f.path, "PRAGMA user_version = 99");
-  const char *needles[] = {"version 99", "version 1 ", f.path, NULL};
+  const char *needles[] = {"version 99", "version 2 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
   cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
   fx_fini(&f);
@@ -1345,5 +1345,91 @@ Test(store, json_unicode_and_big_data_round_trip) {
   json_decref(s);
   json_decref(data);
   json_decref(content);
+  fx_fini(&f);
+}
+
+/* Reliability finding 12: a JSON value of 1 MiB or more is written in pieces (never whole in memory three
+ * times), in the same transaction as the rest of its opset, and reads back equal. */
+Test(store, large_values_are_written_in_pieces_and_read_back_whole) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  /* 3 MiB with characters JSON escapes (quote, backslash, newline, a control) and multi-byte UTF-8. */
+  size_t n = 3u << 20;
+  char *text = malloc(n + 1);
+  static const char piece[] = "ab\"c\\d\n\x01\xc3\xa9\xe2\x82\xac z";
+  for (size_t i = 0; i < n; i++)
+    text[i] = piece[i % (sizeof piece - 1)];
+  text[n - (n % (sizeof piece - 1))] = '\0'; /* end on a whole piece: valid UTF-8 */
+  json_t *content = json_pack("[{s:s, s:s}]", "type", "text", "text", text);
+  cr_assert_not_null(content);
+  json_t *ops = json_pack("[{s:s, s:s, s:s, s:O}, {s:s, s:s, s:i, s:s, s:{s:O}}]", "op", "inbox.put",
+                          "messageId", "m1", "sessionId", "s1", "content", content, "op", "event",
+                          "sessionId", "s1", "seq", 1, "kind", "inbox/received", "data", "content", content);
+  wres w;
+  cr_assert_eq(write_wait(&f, f.s, ops, &w), 0);
+  json_decref(w.results);
+  json_t *open = ah__store_inbox_open(f.s, "s1");
+  cr_assert_eq(json_array_size(open), 1);
+  cr_expect(json_equal(json_object_get(json_array_get(open, 0), "content"), content),
+            "the inbox content read back differs");
+  json_decref(open);
+  json_t *evs = ah__store_events(f.s, "s1", 0, 10);
+  cr_assert_eq(json_array_size(evs), 1);
+  cr_expect(json_equal(json_object_get(json_object_get(json_array_get(evs, 0), "data"), "content"), content),
+            "the event data read back differs");
+  json_decref(evs);
+  /* Stored as the value's JSON text, byte for byte (a BLOB of those bytes). */
+  size_t want = json_dumpb(content, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+  cr_expect_eq(raw_int(f.path, "SELECT length(CAST(content AS BLOB)) FROM inbox_content"),
+               (sqlite3_int64)want);
+  cr_expect_eq(raw_int(f.path, "SELECT typeof(content) = 'blob' FROM inbox_content"), 1);
+  /* A state change does not rewrite the content (SQLite rewrites a whole row on UPDATE): what it adds to
+   * the write-ahead log, emptied first, is a few pages, not the 3 MiB. (Checkpoints are passive: they never
+   * shrink the log file.) */
+  raw_exec(f.path, "PRAGMA wal_checkpoint(TRUNCATE)");
+  char *wal = NULL;
+  cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
+  struct stat sb;
+  cr_assert_eq(stat(wal, &sb), 0);
+  cr_expect_lt(sb.st_size, 65536, "the log was not emptied (%lld bytes)", (long long)sb.st_size);
+  write_ok(&f, f.s, "[{'op':'inbox.state','messageId':'m1','state':'claimed','turnId':'t1'}]");
+  cr_assert_eq(stat(wal, &sb), 0);
+  cr_expect_lt(sb.st_size, 256 * 1024, "a state change wrote %lld bytes of log", (long long)sb.st_size);
+  free(wal);
+  /* All or nothing: an opset whose last op fails leaves no large row behind. */
+  json_t *bad = json_pack("[{s:s, s:s, s:s, s:O}, {s:s, s:s, s:i, s:s, s:{s:O}}]", "op", "inbox.put",
+                          "messageId", "m2", "sessionId", "s1", "content", content, "op", "event",
+                          "sessionId", "s1", "seq", 1, "kind", "dup", "data", "content", content);
+  cr_expect_eq(write_wait(&f, f.s, bad, &w), AH_EEXIST);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox"), 1);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox_content"), 1);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM events"), 1);
+  json_decref(content);
+  free(text);
+  fx_fini(&f);
+}
+
+/* Schema v2 moved a prompt's content out of the inbox row: a version 1 store keeps its prompts, in order. */
+Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
+  fx f;
+  fx_init(&f);
+  raw_exec(
+      f.path,
+      "CREATE TABLE inbox (message_id TEXT PRIMARY KEY NOT NULL, session_id TEXT NOT NULL,"
+      " content TEXT NOT NULL, state TEXT NOT NULL, turn_id TEXT, created);"
+      "CREATE INDEX inbox_session_state ON inbox (session_id, state);"
+      "INSERT INTO inbox VALUES ('m2', 's1', '[{\"type\":\"text\",\"text\":\"two\"}]', 'queued', NULL, 2);"
+      "INSERT INTO inbox VALUES ('m1', 's1', '[]', 'claimed', 't1', 1);"
+      "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
+      "PRAGMA user_version = 1;");
+  f.s = open_ok(&f, NULL);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 2);
+  expect_json(ah__store_inbox_open(f.s, "s1"),
+              "[{'messageId':'m2','sessionId':'s1','content':[{'type':'text','text':'two'}],'state':'queued',"
+              "'turnId':null,'time':2},"
+              "{'messageId':'m1','sessionId':'s1','content':[],'state':'claimed','turnId':'t1','time':1}]");
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox_content"), 3);
   fx_fini(&f);
 }
