@@ -10,11 +10,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "browser.h"
 
 #define RPC_ID_MAX 256
+
+/* A body this large is parsed on a pool thread: parsing a prompt of many MiB took the loop, and every
+ * other client with it, for a second or more. */
+#define PARSE_OFF_LOOP_BYTES (1u << 20)
 
 static void req_unlink(bp_req *r) {
   bp_state *st = r->st;
@@ -25,6 +30,29 @@ static void req_unlink(bp_req *r) {
   if (r->next)
     r->next->prev = r->prev;
   r->prev = r->next = NULL;
+}
+
+/* A body as large as a parse off the loop gets a mapping of its own: its pages can be given back while it
+ * is parsed (read_body), which memory from malloc must not be. */
+static int body_alloc(bp_req *r) {
+  size_t n = r->content_length ? (size_t)r->content_length : 1;
+  if (n >= PARSE_OFF_LOOP_BYTES) {
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    r->body = p == MAP_FAILED ? NULL : p;
+    r->body_mapped = r->body != NULL;
+  } else {
+    r->body = malloc(n);
+  }
+  return r->body ? 0 : -1;
+}
+
+static void body_free(bp_req *r) {
+  if (r->body && r->body_mapped)
+    munmap(r->body, r->content_length ? (size_t)r->content_length : 1);
+  else
+    free(r->body);
+  r->body = NULL;
+  r->body_mapped = false;
 }
 
 static void release_budget(bp_req *r) {
@@ -44,7 +72,7 @@ void bp_req_release(bp_req *r) {
     r->http->req = NULL;
   if (r->token)
     r->st->api->token_free(r->token);
-  free(r->body);
+  body_free(r);
   free(r->rpc_id);
   json_decref(r->env);
   free(r);
@@ -269,8 +297,7 @@ int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d
   snprintf(r->method, sizeof r->method, "%s", d->route == BF_ROUTE_RESPOND ? "request.respond" : d->method);
   r->loopback = d->loopback;
   r->content_length = d->content_length;
-  r->body = malloc(d->content_length ? d->content_length : 1);
-  if (!r->body) {
+  if (body_alloc(r) != 0) {
     bp_req_release(r);
     bp_refuse_now(st, wsi, 503, "out of memory", NULL, false, true);
     return -1;
@@ -305,16 +332,40 @@ static const char *str_of(const json_t *o, const char *k) {
   return json_string_value(json_object_get(o, k));
 }
 
-/* A body this large is parsed on a pool thread: parsing a prompt of many MiB took the loop, and every
- * other client with it, for a second or more. */
-#define PARSE_OFF_LOOP_BYTES (1u << 20)
-
 static int envelope_read(bp_req *r, json_t *env);
 
-static json_t *parse_envelope(const bp_req *r) {
+/* A large body is read by the parser in order, once: what it has read goes back to the system as it goes,
+ * so the body and the value parsed from it are not both whole in memory. jansson copies what this hands it
+ * into a buffer of its own. */
+typedef struct body_reader {
+  bp_req *r;
+  size_t pos, released;
+} body_reader;
+
+#define RELEASE_STEP ((size_t)1 << 20)
+
+static size_t read_body(void *buffer, size_t buflen, void *data) {
+  body_reader *br = data;
+  bp_req *r = br->r;
+  if (br->pos - br->released >= RELEASE_STEP) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t upto = br->pos / page * page;
+    if (upto > br->released && madvise(r->body + br->released, upto - br->released, MADV_DONTNEED) == 0)
+      br->released = upto;
+  }
+  size_t n = r->got - br->pos < buflen ? r->got - br->pos : buflen;
+  memcpy(buffer, r->body + br->pos, n);
+  br->pos += n;
+  return n;
+}
+
+static json_t *parse_envelope(bp_req *r) {
   /* Stage 1: the envelope. jansson refuses nesting deeper than 2048 (T6) and duplicate keys. */
   json_error_t jerr;
-  return json_loadb((const char *)r->body, r->got, JSON_REJECT_DUPLICATES, &jerr);
+  if (!r->body_mapped)
+    return json_loadb((const char *)r->body, r->got, JSON_REJECT_DUPLICATES, &jerr);
+  body_reader br = {.r = r, .pos = 0, .released = 0};
+  return json_load_callback(read_body, &br, JSON_REJECT_DUPLICATES, &jerr);
 }
 
 static void parse_work(void *arg) {
@@ -345,6 +396,7 @@ int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
   bp_req *r = h->req;
   if (r->dispatched)
     return 0;
+  r->starts_post = r->got >= 6 && memcmp(r->body, "POST /", 6) == 0;
   lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
   /* Every answer from here on is written later (bp_send_later), which resumes reading. */
   bp_hold_input(h, wsi);
@@ -366,9 +418,8 @@ int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
 /* The envelope parsed (NULL: not JSON): check it and dispatch its call, or answer why not. */
 static int envelope_read(bp_req *r, json_t *env) {
   /* A JSON body never starts with a request line. */
-  bool pipelined = !env && r->got >= 6 && memcmp(r->body, "POST /", 6) == 0;
-  free(r->body);
-  r->body = NULL;
+  bool pipelined = !env && r->starts_post;
+  body_free(r);
   release_budget(r);
   if (!env) {
     /* jansson's message may quote the input: never echoed, never logged (T9). */

@@ -79,9 +79,11 @@ struct bp_req {
   bool loopback;
   uint64_t conn_id;
   uint64_t content_length;
-  bool budgeted;    /* content_length counted in st->body_in_flight */
-  bool close_after; /* the answer closes the connection */
-  unsigned char *body;
+  bool budgeted;       /* content_length counted in st->body_in_flight */
+  bool close_after;    /* the answer closes the connection */
+  unsigned char *body; /* content_length bytes: malloc'ed, or its own mapping when large (body_mapped) */
+  bool body_mapped;
+  bool starts_post; /* the body begins with "POST /" (see envelope_read) */
   size_t got;
   char *rpc_id;
   ah_cancel *token;

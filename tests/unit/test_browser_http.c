@@ -1559,10 +1559,18 @@ Test(browser_http, large_bodies_are_parsed_off_the_loop_with_the_same_answers) {
   daemon_t d;
   start(&d, NULL);
   char *sid = create_session(&d);
+  /* 3 MiB of text JSON escapes (quotes, newlines, a control, backslashes) and multi-byte UTF-8: the large
+   * body is read by the parser in pieces and given back as it goes, so escapes and characters cross the
+   * pieces' edges; the stored prompt must be the text, byte for byte. */
   size_t n = 3u << 20;
   char *text = malloc(n + 1);
-  memset(text, 'q', n);
-  text[n] = '\0';
+  static const char piece[] = "q\"\n\x01\\\xc3\xa9\xe2\x82\xac \xf0\x9f\x98\x80";
+  size_t k = 0;
+  while (k + sizeof piece - 1 <= n) {
+    memcpy(text + k, piece, sizeof piece - 1);
+    k += sizeof piece - 1;
+  }
+  text[k] = '\0';
   json_t *env = json_pack("{s:s, s:s, s:s, s:{s:s, s:s}}", "kind", "client-request", "rpcId", "big", "method",
                           "session.prompt", "payload", "sessionId", sid, "text", text);
   char *body = json_dumps(env, JSON_COMPACT);
@@ -1574,6 +1582,26 @@ Test(browser_http, large_bodies_are_parsed_off_the_loop_with_the_same_answers) {
   cr_expect(json_is_string(json_object_get(json_object_get(j, "value"), "messageId")), "%.200s", r.body);
   json_decref(j);
   tc_resp_free(&r);
+  json_t *ev = wait_turns(&d, 1);
+  bool found = false;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(ev, i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "kind")), "inbox/received") != 0)
+      continue;
+    json_t *block = json_array_get(json_object_get(json_object_get(e, "data"), "content"), 0);
+    const char *got = json_string_value(json_object_get(block, "text"));
+    found = got && strcmp(got, text) == 0;
+  }
+  cr_expect(found, "the stored prompt is not the text sent");
+  json_decref(ev);
+  /* The same body cut short: a clear 400, never a half prompt. */
+  size_t blen = strlen(body);
+  char *cut = strndup(body, blen - 1000);
+  cr_expect_eq(post(&d, "session.prompt", cut, &r), 400);
+  cr_expect(r.body && strstr(r.body, "not valid JSON"), "%.200s", r.body ? r.body : "");
+  tc_resp_free(&r);
+  free(cut);
   /* The same size, not JSON. */
   memset(body, '{', strlen(body));
   cr_expect_eq(post(&d, "session.prompt", body, &r), 400);
