@@ -55,6 +55,16 @@ long bench_status_kib(pid_t pid, const char *field) {
   return kib;
 }
 
+bool bench_peak_reset(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%ld/clear_refs", (long)pid);
+  FILE *f = pid > 0 ? fopen(path, "w") : NULL;
+  if (!f)
+    return false;
+  bool ok = fputs("5", f) >= 0;
+  return fclose(f) == 0 && ok;
+}
+
 const char *bench_verdict(bool met) {
   return met ? "met" : "MISSED";
 }

@@ -25,6 +25,11 @@ size_t bench_rank(size_t n, unsigned p);
 /* A "Vm...:" figure in KiB from /proc/<pid>/status (pid 0: /proc/self/status), -1 when absent. */
 long bench_status_kib(pid_t pid, const char *field);
 
+/* Reset the process's peak RSS (VmHWM) to its current RSS (writes 5 to /proc/PID/clear_refs): a peak read
+ * afterwards as bench_status_kib(pid, "VmHWM:") misses nothing, unlike samples, which miss what is
+ * allocated and freed between two of them. False when the reset is not allowed here. */
+bool bench_peak_reset(pid_t pid);
+
 /* "met" or "MISSED". */
 const char *bench_verdict(bool met);
 

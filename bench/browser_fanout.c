@@ -21,8 +21,8 @@
  * options: --clients N (100)  --rates R1,R2,… (1000,2500,5000,10000)  --seconds S (5)  --settle S (3)
  *          --queue-bytes B (the daemon's ws_queue_bytes: set when this program starts the daemon, assumed
  *          with --url; default: the plugin's default, 8 MiB)  --target-ms MS (5)
- *          --abuse N: instead, the hostile-use figures (N idle connections, non-reading replay sockets, a
- *          150 MiB prompt)  --big-prompt MIB: only the large-prompt figure, for a prompt of MIB MiB
+ *          --abuse N: instead, the hostile-use figures (N idle connections, non-reading replay sockets)
+ *          --big-prompt MIB: instead, the large-prompt figures, for a prompt of MIB MiB
  * The slow client can be closed only when a run sends it more than the queue plus what the kernel holds
  * for it (read from /proc/net/tcp); below that its check is printed as n/a.
  * Exits 0 when it ran (whatever the verdicts), 1 when it could not run, 77 when the daemon cannot start.
@@ -50,16 +50,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ws_client.h"
 
 /* ---- clock, histogram ----------------------------------------------------------------------------------
  */
-
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 #define HIST_STEP_NS 10000u   /* 10 µs buckets */
 #define HIST_BUCKETS 6000000u /* up to 60 s; later samples go in the last bucket (max is kept apart) */
@@ -112,44 +107,8 @@ typedef struct daemon_ctl {
   const char *provider;
 } daemon_ctl;
 
-/* A line "FIELD: N kB" of /proc/PID/status, or -1. */
-static long status_kib(pid_t pid, const char *field) {
-  if (pid <= 0)
-    return -1;
-  char path[64], line[256], fmt[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  snprintf(fmt, sizeof fmt, "%s: %%ld kB", field);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return -1;
-  long kib = -1;
-  while (fgets(line, sizeof line, f))
-    if (sscanf(line, fmt, &kib) == 1)
-      break;
-  fclose(f);
-  return kib;
-}
-
 static long rss_kib(pid_t pid) {
-  return status_kib(pid, "VmRSS");
-}
-
-/* The kernel's record of the process's peak RSS (VmHWM), reset to its current RSS by writing 5 to
- * /proc/PID/clear_refs. A peak read by sampling misses what the daemon allocates and frees between two
- * samples (a sampler that shares a thread with calls the daemon stalls samples least when it matters most);
- * the high-water mark misses nothing. Returns false when the reset is not allowed here. */
-static bool peak_reset(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/clear_refs", (int)pid);
-  FILE *f = pid > 0 ? fopen(path, "w") : NULL;
-  if (!f)
-    return false;
-  bool ok = fputs("5", f) >= 0;
-  return fclose(f) == 0 && ok;
-}
-
-static long peak_kib(pid_t pid) {
-  return status_kib(pid, "VmHWM");
+  return pid > 0 ? bench_status_kib(pid, "VmRSS:") : -1;
 }
 
 /* utime + stime of a process in seconds, or -1. */
@@ -200,14 +159,6 @@ static bool parse_url(const char *url, int *port, char *token, size_t cap) {
   return true;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb;
-  (void)flag;
-  (void)ftw;
-  remove(path);
-  return 0;
-}
-
 static void stop_daemon(daemon_ctl *d) {
   if (d->pid > 0) {
     kill(d->pid, SIGTERM);
@@ -229,7 +180,7 @@ static void stop_daemon(daemon_ctl *d) {
     close(d->out_fd);
   d->out_fd = -1;
   if (d->dir[0])
-    nftw(d->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    bench_rm_tree(d->dir);
   d->dir[0] = '\0';
 }
 
@@ -276,8 +227,8 @@ static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
   d->out_fd = pipefd[0];
   char buf[4096];
   size_t len = 0;
-  uint64_t deadline = mono_ns() + 15000000000u;
-  while (mono_ns() < deadline && len + 1 < sizeof buf) {
+  uint64_t deadline = bench_now_ns() + 15000000000u;
+  while (bench_now_ns() < deadline && len + 1 < sizeof buf) {
     struct pollfd p = {.fd = d->out_fd, .events = POLLIN};
     int r = poll(&p, 1, 100);
     if (r > 0) {
@@ -440,7 +391,7 @@ static void client_closed(int ep, client *c, int code) {
   if (c->close_code)
     return;
   c->close_code = code;
-  c->closed_ns = mono_ns();
+  c->closed_ns = bench_now_ns();
   if (c->in_epoll)
     epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
   c->in_epoll = false;
@@ -537,7 +488,7 @@ static void client_read(int ep, client *c, run *r) {
     client_closed(ep, c, -1);
     return;
   }
-  uint64_t now = mono_ns();
+  uint64_t now = bench_now_ns();
   c->len += (size_t)n;
   c->bytes += (uint64_t)n;
   parse_frames(ep, c, r, now);
@@ -623,12 +574,12 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
     return false;
   }
   json_decref(v);
-  uint64_t start = mono_ns();
+  uint64_t start = bench_now_ns();
   uint64_t deadline = start + (uint64_t)((secs + 60) * 1e9);
   uint64_t next_rss = start;
   for (;;) {
     pump(ep, r, 5);
-    uint64_t now = mono_ns();
+    uint64_t now = bench_now_ns();
     if (now >= next_rss) {
       sample_rss(d, &out->rss_peak);
       next_rss = now + 50000000u;
@@ -639,7 +590,7 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
     if (all || now > deadline)
       break;
   }
-  out->wall = (double)(mono_ns() - start) / 1e9;
+  out->wall = (double)(bench_now_ns() - start) / 1e9;
   out->cpu_daemon = cpu_d0 >= 0 ? 100 * (cpu_s(d->rss_pid) - cpu_d0) / out->wall : -1;
   out->cpu_client = 100 * (self_cpu_s() - cpu_c0) / out->wall;
   out->complete = true;
@@ -663,8 +614,8 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
   out->sent_mib = (double)sent / (1 << 20);
   watch(ep, &slow);
   /* Until its close frame (or EOF), or until it stays quiet for a second: then it is still open. */
-  uint64_t slow_deadline = mono_ns() + 15000000000u;
-  while (!slow.close_code && mono_ns() < slow_deadline) {
+  uint64_t slow_deadline = bench_now_ns() + 15000000000u;
+  while (!slow.close_code && bench_now_ns() < slow_deadline) {
     struct pollfd p = {.fd = slow.fd, .events = POLLIN};
     if (poll(&p, 1, 1000) == 0)
       break;
@@ -698,8 +649,8 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
   out->p999 = hist_q(&r->h, 0.999);
   out->max = (double)r->h.max_ns / 1e6;
   out->rss_end = rss_kib(d->rss_pid);
-  uint64_t settle_end = mono_ns() + (uint64_t)(settle * 1e9);
-  while (mono_ns() < settle_end)
+  uint64_t settle_end = bench_now_ns() + (uint64_t)(settle * 1e9);
+  while (bench_now_ns() < settle_end)
     pump(ep, r, 50);
   out->rss_settled = rss_kib(d->rss_pid);
   return true;
@@ -707,10 +658,6 @@ static bool run_rate(const daemon_ctl *d, int ep, client *cs, int nc, run *r, do
 
 /* ---- main -----------------------------------------------------------------------------------------------
  */
-
-static const char *verdict(bool met) {
-  return met ? "met" : "NOT met";
-}
 
 /* ---- abuse: idle connections, replay to sockets that never read (reliability findings 4 and 7) ----------
  */
@@ -726,9 +673,9 @@ static bool api_latency(const daemon_ctl *d, int n, double *p50, double *max) {
   if (!ms)
     return false;
   for (int i = 0; i < n; i++) {
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = bench_now_ns();
     json_t *v = api_call(d, "host.describe", json_object());
-    ms[i] = (double)(mono_ns() - t0) / 1e6;
+    ms[i] = (double)(bench_now_ns() - t0) / 1e6;
     if (!v) {
       free(ms);
       return false;
@@ -757,7 +704,7 @@ static int run_big_prompt(const daemon_ctl *d, int mib) {
   json_decref(created);
   usleep(300000);
   long before = rss_kib(d->rss_pid), peak = before;
-  bool exact = peak_reset(d->rss_pid);
+  bool exact = bench_peak_reset(d->rss_pid);
   size_t n = (size_t)mib << 20;
   pid_t child = fork();
   if (child == 0) {
@@ -771,12 +718,12 @@ static int run_big_prompt(const daemon_ctl *d, int mib) {
   }
   double worst = 0;
   int calls = 0, status = 0;
-  uint64_t end = mono_ns() + 120000000000ull;
+  uint64_t end = bench_now_ns() + 120000000000ull;
   bool sent = false, ended = false;
-  while (mono_ns() < end && !(sent && ended)) {
-    uint64_t t0 = mono_ns();
+  while (bench_now_ns() < end && !(sent && ended)) {
+    uint64_t t0 = bench_now_ns();
     json_t *v = api_call(d, "host.describe", json_object());
-    double ms = (double)(mono_ns() - t0) / 1e6;
+    double ms = (double)(bench_now_ns() - t0) / 1e6;
     json_decref(v);
     calls++;
     if (ms > worst)
@@ -798,8 +745,8 @@ static int run_big_prompt(const daemon_ctl *d, int mib) {
     kill(child, SIGKILL);
     waitpid(child, &status, 0);
   }
-  if (exact && peak_kib(d->rss_pid) > peak)
-    peak = peak_kib(d->rss_pid);
+  if (exact && bench_status_kib(d->rss_pid, "VmHWM:") > peak)
+    peak = bench_status_kib(d->rss_pid, "VmHWM:");
   double grew = (double)(peak - before) / 1024;
   printf("a %d MiB prompt (finding 12), POST session.prompt, the echo provider answering it\n", mib);
   printf("   daemon RSS before %7.1f MB, peak %7.1f MB (%s): +%.1f MB = %.2fx the body\n",
@@ -808,7 +755,7 @@ static int run_big_prompt(const daemon_ctl *d, int mib) {
   printf("   longest host.describe of another client meanwhile: %.1f ms (%d calls)\n", worst, calls);
   printf("   the prompt %s; targets: peak <= 2x the body: %s, no call stalled >= 100 ms: %s\n",
          sent && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? "was acknowledged" : "FAILED",
-         verdict(grew / mib <= 2), verdict(worst < 100));
+         bench_verdict(grew / mib <= 2), bench_verdict(worst < 100));
   return 0;
 }
 
@@ -832,7 +779,7 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
   printf("   %4d idle connections           p50 %7.2f ms  max %7.2f ms  (p50 %.2fx the baseline)\n", opened,
          i50, imax, i50 / b50);
   printf("   target: every call < 100 ms with 1000 idle connections open: %s\n\n",
-         verdict(opened >= idle_n && imax < 100));
+         bench_verdict(opened >= idle_n && imax < 100));
 
   /* Replay: ~24 MB of history, 30 mux sockets with after=0 that never read. */
   json_t *created = api_call(d, "session.create", json_pack("{s:s, s:s}", "cwd", d->dir, "provider", "echo"));
@@ -863,7 +810,7 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
   }
   usleep(500000);
   long before = rss_kib(d->rss_pid), peak = before;
-  bool exact = peak_reset(d->rss_pid);
+  bool exact = bench_peak_reset(d->rss_pid);
   int socks[30];
   int nsocks = 0;
   for (; nsocks < 30; nsocks++)
@@ -875,8 +822,8 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
     if (r > peak)
       peak = r;
   }
-  if (exact && peak_kib(d->rss_pid) > peak)
-    peak = peak_kib(d->rss_pid);
+  if (exact && bench_status_kib(d->rss_pid, "VmHWM:") > peak)
+    peak = bench_status_kib(d->rss_pid, "VmHWM:");
   for (int i = 0; i < nsocks; i++)
     close(socks[i]);
   printf("mux replay (finding 7): 30 turns of 400 KB (~24 MB of history), %d sockets on /api/ws/mux?after=0 "
@@ -886,8 +833,8 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
          (double)before / 1024, (double)peak / 1024, exact ? "the kernel's high-water mark" : "sampled",
          (double)(peak - before) / 1024, (double)(peak - before) / 1024 / (nsocks ? nsocks : 1));
   printf("   target: bounded like live frames (at most about the queue cap per socket): %s\n\n",
-         verdict(nsocks == 30 && (peak - before) / 1024 <= 30 * 2 + 16));
-  return run_big_prompt(d, 150);
+         bench_verdict(nsocks == 30 && (peak - before) / 1024 <= 30 * 2 + 16));
+  return 0;
 }
 
 static void usage(void) {
@@ -1016,8 +963,8 @@ int main(int argc, char **argv) {
     }
   }
   /* Let the upgrades settle (the session.event frames of the creation, if any), then take the baseline. */
-  uint64_t until = mono_ns() + 500000000u;
-  while (mono_ns() < until)
+  uint64_t until = bench_now_ns() + 500000000u;
+  while (bench_now_ns() < until)
     pump(ep, &r, 50);
   long rss_base = rss_kib(d.rss_pid);
 
@@ -1080,22 +1027,23 @@ int main(int argc, char **argv) {
     bool lat = all && o->p99 <= target_ms;
     printf("  %6.0f/s: p99 emit→frame ≤ %g ms: %s (p99 %.2f ms%s); every client got every delta: %s "
            "(min %llu of %llu)",
-           o->rate, target_ms, verdict(lat), o->p99, all ? "" : ", frames missing", verdict(all),
+           o->rate, target_ms, bench_verdict(lat), o->p99, all ? "" : ", frames missing", bench_verdict(all),
            (unsigned long long)o->min_frames, (unsigned long long)o->expected);
     if (o->slow_applies)
       printf("; slow client closed 1013, others unaffected: %s",
-             verdict(o->slow_code == 1013 && !o->others_closed && all));
+             bench_verdict(o->slow_code == 1013 && !o->others_closed && all));
     else
       printf("; slow client: n/a (%.1f MiB sent ≤ queue %.1f MiB + %.1f MiB in the kernel), others "
              "unaffected: %s",
-             o->sent_mib, (double)queue_bytes / (1 << 20), o->kernel_mib, verdict(!o->others_closed && all));
+             o->sent_mib, (double)queue_bytes / (1 << 20), o->kernel_mib,
+             bench_verdict(!o->others_closed && all));
     long base = o->rss_before;
     printf("; RSS back to within 10 %% of its start: %s (%ld → %ld KiB)\n",
-           verdict(base > 0 && o->rss_settled > 0 && o->rss_settled <= base + base / 10), base,
+           bench_verdict(base > 0 && o->rss_settled > 0 && o->rss_settled <= base + base / 10), base,
            o->rss_settled);
   }
   printf("  RSS back to the idle baseline (within 10 %%) once the clients are gone: %s (%ld → %ld KiB)\n",
-         verdict(rss_idle > 0 && rss_after > 0 && rss_after <= rss_idle + rss_idle / 10), rss_idle,
+         bench_verdict(rss_idle > 0 && rss_after > 0 && rss_after <= rss_idle + rss_idle / 10), rss_idle,
          rss_after);
   exit_code = 0;
 
