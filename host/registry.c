@@ -243,6 +243,13 @@ void ah__remote_free(ah__remote *r) {
     goto fail;                                                                       \
   } while (0)
 
+/* ah_remote_param as ABI 1.0 laid it out: the stride of `params` for a descriptor without param_size. */
+typedef struct remote_param_1_0 {
+  const char *name;
+  ah_type type;
+  bool optional;
+} remote_param_1_0;
+
 int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out) {
   ah__remote *r = calloc(1, sizeof *r);
   if (!r)
@@ -265,6 +272,11 @@ int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out) 
     REFUSE("result", "result type must be void, bool, int64, double, string or json");
   if (def->result_optional && def->result != AH_TYPE_STRING && def->result != AH_TYPE_JSON)
     REFUSE("result_optional", "only string and json results may be optional");
+  /* The elements of `params` as the plugin's build lays them out (ABI 1.2; before it, the 1.0 layout). */
+  size_t stride = AH_HAS(def, ah_remote_def, param_size) ? def->param_size : sizeof(remote_param_1_0);
+  if (stride < sizeof(remote_param_1_0))
+    REFUSE("param_size", "%zu is smaller than the ABI 1.0 parameter (%zu)", stride, sizeof(remote_param_1_0));
+#define PARAM(i) ((const ah_remote_param *)(const void *)((const char *)def->params + (i)*stride))
   r->ns = strdup(def->ns);
   r->method = strdup(def->method);
   r->nparams = def->nparams;
@@ -273,13 +285,13 @@ int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out) 
   if (!r->ns || !r->method || !r->params || !r->arg_types)
     goto nomem;
   for (size_t i = 0; i < def->nparams; i++) {
-    const ah_remote_param *p = &def->params[i];
+    const ah_remote_param *p = PARAM(i);
     char field[32];
     snprintf(field, sizeof field, "params[%zu]", i);
     if (!ident(p->name, false))
       REFUSE(field, "parameter name must match [a-z][A-Za-z0-9_]*");
     for (size_t j = 0; j < i; j++)
-      if (strcmp(def->params[j].name, p->name) == 0)
+      if (strcmp(PARAM(j)->name, p->name) == 0)
         REFUSE(field, "duplicate parameter name '%s'", p->name);
     if (p->type < AH_TYPE_BOOL || p->type > AH_TYPE_AGENT)
       REFUSE(field, "parameter type must be bool, int64, double, string, json, session or agent");
@@ -300,13 +312,14 @@ int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out) 
     r->arg_types[i + 1] = param_ffi(p->type, p->optional);
   }
   if (def->lookup != AH_LOOKUP_NONE &&
-      (def->nparams == 0 || (def->params[0].type != AH_TYPE_SESSION && def->params[0].type != AH_TYPE_AGENT)))
+      (def->nparams == 0 || (PARAM(0)->type != AH_TYPE_SESSION && PARAM(0)->type != AH_TYPE_AGENT)))
     REFUSE("lookup", "a lookup descriptor needs a session or agent as its first parameter");
   r->result = def->result;
   r->result_optional = def->result_optional;
   r->flags = def->flags;
   r->lookup = def->lookup;
   r->fn = def->fn;
+#undef PARAM
   r->data = AH_HAS_FIELD(def, ah_remote_def, data) ? def->data : NULL;
   r->arg_types[0] = &ffi_type_pointer; /* ah_call * */
   r->nargs = (unsigned)def->nparams + 1;

@@ -510,7 +510,7 @@ static void echo_commit(ah_provider_turn *t, const char *text) {
 static void echo_commit_echo(ah_provider_turn *t) {
   t->output_bytes += json_string_length(t->echo);
   t->committed = true;
-  if (AH_HAS_FIELD(&t->sink, ah_turn_sink, commit_json) && t->sink.commit_json)
+  if (AH_HAS(&t->sink, ah_turn_sink, commit_json))
     t->sink.commit_json(t->ctx, json_incref(t->echo));
   else
     t->sink.commit(t->ctx, json_string_value(t->echo));
@@ -625,8 +625,7 @@ static void echo_run_step(ah_provider_turn *t, echo_step *s) {
     return;
   case ECHO_STEP_HISTORY: {
     /* "history: N (role, role, …)": what the agent says came before this turn. */
-    const json_t *h =
-        AH_HAS_FIELD(&t->sink, ah_turn_sink, history) && t->sink.history ? t->sink.history(t->ctx) : NULL;
+    const json_t *h = AH_HAS(&t->sink, ah_turn_sink, history) ? t->sink.history(t->ctx) : NULL;
     echo_buf buf = {0};
     char head[48];
     snprintf(head, sizeof head, "history: %zu (", json_array_size(h));

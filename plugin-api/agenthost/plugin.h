@@ -17,8 +17,18 @@
  * - every function of the API is called on the loop thread unless its comment says otherwise;
  * - strings passed to the host are copied by it: the host never points into the plugin after withdraw.
  *
- * ABI structs are size-prefixed and append-only: the first field is struct_size, new fields go at the
- * tail, readers check AH_HAS_FIELD().
+ * The growth rule (within a major; docs/plugin-guide.md "ABI versions and struct sizes"):
+ * 1. Every addition bumps AH_ABI_MINOR and is marked "ABI 1.N" where it is declared. A plugin's descriptor
+ *    states the minor it was built for (`abi`); the host refuses a newer minor than its own, naming both.
+ * 2. ABI structs start with `uint32_t struct_size` (sizeof of the writer's build) and grow only at the
+ *    tail. A `reserved` slot is never given a meaning: additions go after the reserved slots. (Until ABI
+ *    1.1, additions to ah_host_api filled its reserved slots: its size did not change, so for the entries
+ *    marked 1.1 only a NULL check tells a host that has them from an earlier 1.1 host.)
+ * 3. Readers check before they use a later field: AH_HAS(ptr, type, field) for a function or pointer that
+ *    must be set (the struct is long enough and the field is not NULL), AH_HAS_FIELD() for a plain value.
+ *    The host zero-fills what it does not provide, so an entry a host lacks always reads as absent.
+ * 4. An array of ABI structs carries its element size beside it (ah_remote_def.param_size), so that the
+ *    element type can grow too.
  */
 #ifndef AGENTHOST_PLUGIN_H
 #define AGENTHOST_PLUGIN_H
@@ -49,6 +59,10 @@ extern "C" {
 /* True when the size-prefixed struct at `ptr` is large enough to contain `field`. */
 #define AH_HAS_FIELD(ptr, type, field) \
   ((ptr)->struct_size >= offsetof(type, field) + sizeof(((type *)0)->field))
+/* True when `field` is there and set (a function or pointer not NULL, a number not 0): check every entry
+ * added after the minor you require before using it, e.g.
+ *   if (AH_HAS(api, ah_host_api, stdio_rpc)) rc = api->stdio_rpc(m, config, &opts, &peer); */
+#define AH_HAS(ptr, type, field) (AH_HAS_FIELD(ptr, type, field) && (ptr)->field != 0)
 
 #define AH_EXPORT __attribute__((visibility("default")))
 
@@ -183,6 +197,8 @@ typedef enum ah_lookup {
   AH_LOOKUP_AGENT,   /* params[0] is AH_TYPE_AGENT */
 } ah_lookup;
 
+/* An element of ah_remote_def.params. It may grow at the tail: the host steps through the array by
+ * ah_remote_def.param_size (ABI 1.2). */
 typedef struct ah_remote_param {
   const char *name; /* [a-z][A-Za-z0-9_]* */
   ah_type type;
@@ -214,6 +230,9 @@ typedef struct ah_remote_def {
   ah_remote_fn fn;
   void *reserved[4];
   void *data; /* ABI 1.1: AH_CALL_DATA(call) in the function */
+  /* ABI 1.2: sizeof(ah_remote_param) of the plugin's build (the stride of `params`); 0, or a module built
+   * before 1.2, means the layout of ABI 1.0. */
+  size_t param_size;
 } ah_remote_def;
 
 /* ---------------------------------------------------------------------------------------------------- */

@@ -1,8 +1,8 @@
 /* agenthost — the model provider interface: what runs one turn of an agent.
  *
- * The agent (host/agent.c) owns the conversation, the tools and the durable events; a provider only
- * produces the assistant's side of one turn. The agent starts a turn with the conversation so far, the
- * new user message and the tools the agent offers; the provider reports through the sink:
+ * The agent (the host's sessions, host/sessions.c) owns the conversation, the tools and the durable events; a
+ * provider only produces the assistant's side of one turn. The agent starts a turn with the conversation so
+ * far, the new user message and the tools the agent offers; the provider reports through the sink:
  *   delta(text)              transient streamed text (never stored)
  *   commit(text)             a committed assistant message (stored as message/committed);
  *                            commit_json(text) the same for a JSON string, without a copy (ABI 1.2)
@@ -49,7 +49,7 @@ typedef struct ah_turn_sink {
    * inside turn_start. */
   const json_t *(*history)(void *ctx);
   void *reserved[3];
-  /* ABI 1.2 (check with AH_HAS_FIELD): commit(json_string_value(text)) without the copy — `text` is a JSON
+  /* ABI 1.2 (check with AH_HAS): commit(json_string_value(text)) without the copy — `text` is a JSON
    * string whose reference the sink takes. For a provider that built a long text (off the loop, say):
    * commit() must copy a borrowed C string on the loop thread. */
   void (*commit_json)(void *ctx, json_t *text);
@@ -65,7 +65,7 @@ typedef struct ah_turn_input {
   int64_t max_tokens;    /* 0 = the provider's default */
   int depth;             /* 0 for a root session; subagents are deeper */
   void *reserved[4];
-  /* ABI 1.1 (check with AH_HAS_FIELD). */
+  /* ABI 1.1 (check with AH_HAS). */
   const char *provider_name; /* the configured [provider.NAME] the session uses */
   const json_t
       *provider_config; /* its keys as strings, "type" included (borrowed for the call; never NULL) */

@@ -24,7 +24,7 @@ typedef struct acp_plugin {
 
 /* The host's mode; a host without the ABI 1.1 entry runs this plugin only as `agenthost acp`. */
 static const char *host_mode(ah_mount *m, const ah_host_api *api) {
-  const char *mode = AH_HAS_FIELD(api, ah_host_api, host_mode) && api->host_mode ? api->host_mode(m) : NULL;
+  const char *mode = AH_HAS(api, ah_host_api, host_mode) ? api->host_mode(m) : NULL;
   return mode ? mode : "acp";
 }
 

@@ -1382,7 +1382,7 @@ static int parse_bool(const json_t *v, bool *out) {
 
 int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, acp_agent **out) {
   *out = NULL;
-  if (!AH_HAS_FIELD(api, ah_host_api, stdio_rpc) || !api->stdio_rpc || !api->host_stop)
+  if (!AH_HAS(api, ah_host_api, stdio_rpc) || !AH_HAS(api, ah_host_api, host_stop))
     return AH_EABI;
   bool stream_deltas = false;
   if (parse_bool(json_object_get(config, "stream_deltas"), &stream_deltas) != 0) {

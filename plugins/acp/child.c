@@ -1143,7 +1143,7 @@ static int acp_turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn
   r->sink.struct_size = (uint32_t)sizeof r->sink;
   r->ctx = ctx;
   r->phase = ACP_PHASE_START;
-  bool has_cfg = AH_HAS_FIELD(in, ah_turn_input, provider_config) && in->provider_config;
+  bool has_cfg = AH_HAS(in, ah_turn_input, provider_config);
   r->provider = strdup(has_cfg && in->provider_name ? in->provider_name : "acp");
   r->session = strdup(in->session_id ? in->session_id : "-");
   if (!r->provider || !r->session) {
@@ -1252,7 +1252,7 @@ int acp_child_mount(ah_mount *m, const ah_host_api *api, const json_t *config, a
   if (!m || !api || !out)
     return AH_EINVAL;
   *out = NULL;
-  if (!AH_HAS_FIELD(api, ah_host_api, register_provider) || !api->register_provider) {
+  if (!AH_HAS(api, ah_host_api, register_provider)) {
     api->log(m, AH_PLOG_WARN,
              "the host has no provider registration (ABI 1.1): the acp provider is not offered");
     return 0;

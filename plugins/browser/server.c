@@ -799,7 +799,7 @@ static void state_free(bp_state *st) {
 }
 
 static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
-  if (!AH_HAS_FIELD(api, ah_host_api, loop) || !api->loop)
+  if (!AH_HAS(api, ah_host_api, loop))
     return AH_EABI;
   bp_state *st = calloc(1, sizeof *st);
   if (!st)
@@ -839,8 +839,7 @@ static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, v
   bp_refresh_methods(st);
   /* The discovery file belongs to the daemon (which holds the runtime directory's lock), not to a stdio
    * child that was configured to serve the browser too. */
-  const char *mode =
-      AH_HAS_FIELD(api, ah_host_api, host_mode) && api->host_mode ? api->host_mode(m) : "serve";
+  const char *mode = AH_HAS(api, ah_host_api, host_mode) ? api->host_mode(m) : "serve";
   if (st->nports && strcmp(mode ? mode : "", "serve") == 0 && bp_discovery_write(st) != 0)
     api->log(m, AH_PLOG_WARN,
              "the discovery file was not written: `agenthost url` will not find this server");

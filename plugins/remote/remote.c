@@ -218,6 +218,7 @@ static const ah_remote_param p_pending[] = {{"session", AH_TYPE_SESSION, false}}
 
 static const ah_remote_def services[] = {
     {.struct_size = sizeof(ah_remote_def),
+     .param_size = sizeof(ah_remote_param),
      .ns = "sessions",
      .method = "rename",
      .params = p_rename,
@@ -226,6 +227,7 @@ static const ah_remote_def services[] = {
      .lookup = AH_LOOKUP_SESSION,
      .fn = AH_REMOTE_FN(s_rename)},
     {.struct_size = sizeof(ah_remote_def),
+     .param_size = sizeof(ah_remote_param),
      .ns = "sessions",
      .method = "set_tags",
      .params = p_tags,
@@ -234,6 +236,7 @@ static const ah_remote_def services[] = {
      .lookup = AH_LOOKUP_SESSION,
      .fn = AH_REMOTE_FN(s_set_tags)},
     {.struct_size = sizeof(ah_remote_def),
+     .param_size = sizeof(ah_remote_param),
      .ns = "sessions",
      .method = "tool_policy",
      .params = p_policy,
@@ -243,6 +246,7 @@ static const ah_remote_def services[] = {
      .lookup = AH_LOOKUP_SESSION,
      .fn = AH_REMOTE_FN(s_tool_policy)},
     {.struct_size = sizeof(ah_remote_def),
+     .param_size = sizeof(ah_remote_param),
      .ns = "sessions",
      .method = "pending",
      .params = p_pending,
@@ -256,8 +260,18 @@ static const ah_remote_def services[] = {
 
 static int remote_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
   (void)config;
-  if (!AH_HAS_FIELD(api, ah_host_api, call_set_message))
+  /* The gateway needs the host's remote entries (ABI 1.1). They filled reserved slots of ah_host_api, so
+   * an earlier 1.1 host has the same table size with NULL there: each one is checked, not the size. */
+  const char *lacking = !AH_HAS(api, ah_host_api, remote_describe)    ? "remote_describe"
+                        : !AH_HAS(api, ah_host_api, remote_invoke)    ? "remote_invoke"
+                        : !AH_HAS(api, ah_host_api, session_info)     ? "session_info"
+                        : !AH_HAS(api, ah_host_api, session_update)   ? "session_update"
+                        : !AH_HAS(api, ah_host_api, call_set_message) ? "call_set_message"
+                                                                      : NULL;
+  if (lacking) {
+    api->log(m, AH_PLOG_ERROR, "the host lacks %s (ABI 1.1): the remote gateway cannot run on it", lacking);
     return AH_EABI;
+  }
   remote *r = calloc(1, sizeof *r);
   if (!r)
     return AH_ENOMEM;

@@ -619,7 +619,7 @@ static void maybe_finish(sdk *s) {
 }
 
 static int sdk_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
-  if (!AH_HAS_FIELD(api, ah_host_api, stdio_rpc) || !api->stdio_rpc || !api->host_stop)
+  if (!AH_HAS(api, ah_host_api, stdio_rpc) || !AH_HAS(api, ah_host_api, host_stop))
     return AH_EABI;
   sdk *s = calloc(1, sizeof *s);
   if (!s)

@@ -52,6 +52,7 @@ static int fails_midway_mount(ah_mount *m, const ah_host_api *api, const json_t 
 
   const ah_remote_def thing = {
       .struct_size = sizeof(ah_remote_def),
+      .param_size = sizeof(ah_remote_param),
       .ns = "midway",
       .method = "thing",
       .params = NULL,

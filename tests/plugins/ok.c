@@ -135,6 +135,7 @@ static int ok_register(ok_state *st) {
   };
   const ah_remote_def greet = {
       .struct_size = sizeof(ah_remote_def),
+      .param_size = sizeof(ah_remote_param),
       .ns = "ok",
       .method = "greet",
       .params = greet_params,

@@ -155,10 +155,11 @@ static const ah_remote_param p_rename[] = {P("session", AH_TYPE_SESSION), P("tit
 static const ah_remote_param p_code[] = {P("code", AH_TYPE_INT64)};
 static const ah_remote_param p_ms[] = {P("ms", AH_TYPE_INT64)};
 
-#define D(m, ps, n, res, opt, fl, lk, f)                                                          \
-  {                                                                                               \
-    .struct_size = sizeof(ah_remote_def), .ns = "types", .method = m, .params = ps, .nparams = n, \
-    .result = res, .result_optional = opt, .flags = fl, .lookup = lk, .fn = AH_REMOTE_FN(f)       \
+#define D(m, ps, n, res, opt, fl, lk, f)                                                                     \
+  {                                                                                                          \
+    .struct_size = sizeof(ah_remote_def), .param_size = sizeof(ah_remote_param), .ns = "types", .method = m, \
+    .params = ps, .nparams = n, .result = res, .result_optional = opt, .flags = fl, .lookup = lk,            \
+    .fn = AH_REMOTE_FN(f)                                                                                    \
   }
 
 static const ah_remote_def rt_defs[] = {

@@ -1,6 +1,10 @@
 /* Mount transaction: every refusal of a module and of a registration, rollback of a failed mount, and
  * fail-closed names (PROTOCOLS.md "Core": plugin load, registration, fail closed). */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -80,6 +84,12 @@ Test(mount, refuses_newer_minor) {
   char *why = NULL;
   cr_assert_eq(load_why("newer-minor", NULL, &why), AH_EABI);
   cr_assert_not_null(strstr(why, "newer than the host"), "%s", why);
+  /* Both versions are named: the module's and the host's. */
+  char mine[32], hosts[32];
+  snprintf(mine, sizeof mine, "ABI %d.%d", AH_ABI_MAJOR, AH_ABI_MINOR + 1);
+  snprintf(hosts, sizeof hosts, "%d.%d", AH_ABI_MAJOR, AH_ABI_MINOR);
+  cr_expect_not_null(strstr(why, mine), "%s", why);
+  cr_expect_not_null(strstr(why, hosts), "%s", why);
   free(why);
   cr_assert_not_null(strstr(logged(), "newer-minor.so"));
 }
@@ -259,4 +269,77 @@ Test(mount, core_methods_and_events_described) {
   for (size_t i = 0; i < sizeof events / sizeof events[0]; i++)
     cr_assert(th_described(host, "events", events[i]), "%s", events[i]);
   cr_assert(th_described(host, "methods", "plugin.load"));
+}
+
+/* The growth rule: a module built against the frozen ABI 1.0 headers (tests/abi/1.0) mounts in today's host,
+ * and what it registered runs — a method, and a remote descriptor whose params have the 1.0 layout and
+ * whose definition ends before `data` and `param_size`. */
+Test(mount, a_module_built_for_abi_1_0_mounts_and_runs) {
+  cr_assert_eq(th_load(host, "abi-1-0", NULL), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "abi10.add", json_pack("{s:i,s:i}", "a", 40, "b", 2), &o),
+               0);
+  cr_assert_eq(o.status, 0, "%s", o.message ? o.message : "");
+  cr_expect_eq(json_integer_value(json_object_get(o.result, "sum")), 42);
+  cr_expect_eq(json_integer_value(json_object_get(o.result, "hostMinor")), AH_ABI_MINOR);
+  cr_expect(json_is_true(json_object_get(o.result, "tableAtLeast10")));
+  th_outcome_clear(&o);
+  const ah_caller lan = {.struct_size = sizeof(ah_caller), .authority = AH_AUTH_LAN, .surface = "test"};
+  memset(&o, 0, sizeof o);
+  json_t *args = json_pack("{s:i, s:i}", "a", 6, "b", 7);
+  cr_assert_eq(ah__remote_invoke(host, &lan, "abi10", "mul", args, NULL, th_reply, &o), 0);
+  json_decref(args);
+  cr_assert(ts_run_until(&loop, &o.done, 10000), "no outcome");
+  cr_assert_eq(o.status, 0, "%s", o.message ? o.message : "");
+  cr_expect_eq(json_integer_value(o.result), 42);
+  th_outcome_clear(&o);
+}
+
+/* The growth rule: a plugin that needs entries the host lacks sees them absent and refuses to mount, naming
+ * the entry, instead of calling NULL. The remote plugin against two older tables: an earlier 1.1 host
+ * (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before the 1.1
+ * entries). */
+static char probe_log[512];
+static void probe_logf(ah_mount *m, int level, const char *fmt, ...) {
+  (void)m;
+  (void)level;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(probe_log, sizeof probe_log, fmt, ap);
+  va_end(ap);
+}
+
+static int mount_remote_on(const ah_host_api *table) {
+  char *path = NULL;
+  cr_assert(asprintf(&path, "%s/plugins/remote/remote.so", getenv("AH_TEST_BUILD_ROOT")) > 0);
+  void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  free(path);
+  if (!so)
+    cr_skip_test("the remote plugin is not built here");
+  ah_plugin_entry_fn entry = (ah_plugin_entry_fn)dlsym(so, AH_PLUGIN_ENTRY_SYMBOL);
+  cr_assert_not_null(entry);
+  const ah_plugin_desc *d = entry(table->abi);
+  cr_assert_not_null(d);
+  void *state = NULL;
+  probe_log[0] = '\0';
+  json_t *cfg = json_object();
+  int rc = d->mount(NULL, table, cfg, &state);
+  json_decref(cfg);
+  cr_expect_null(state);
+  dlclose(so);
+  return rc;
+}
+
+Test(mount, a_plugin_sees_entries_the_host_lacks_as_absent) {
+  ah_host_api early = ah__api_table;
+  early.log = probe_logf;
+  early.remote_invoke = NULL;
+  cr_expect_eq(mount_remote_on(&early), AH_EABI);
+  cr_expect_not_null(strstr(probe_log, "remote_invoke"), "%s", probe_log);
+  ah_host_api v10 = ah__api_table;
+  v10.log = probe_logf;
+  v10.abi = AH_ABI_MAKE(1, 0);
+  v10.struct_size = (uint32_t)offsetof(ah_host_api, register_provider);
+  cr_expect_eq(mount_remote_on(&v10), AH_EABI);
+  cr_expect_not_null(strstr(probe_log, "remote_describe"), "%s", probe_log);
 }
