@@ -9,6 +9,7 @@
 
 #include "agenthost/plugin.h"
 #include "host.h"
+#include "jsonrpc.h"
 #include "log.h"
 
 /* An intrusive doubly linked list (libuv's QUEUE idea, written out plainly). */

@@ -3,7 +3,7 @@
  * This file is also compiled by the C client library, so it depends on nothing of the host but the public
  * headers: diagnostics go to opts->on_log or, without one, escaped to stderr.
  */
-#include "agenthost/jsonrpc.h"
+#include "jsonrpc.h"
 
 #include <limits.h>
 #include <stdarg.h>

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agenthost/jsonrpc.h"
+#include "jsonrpc.h"
 #include "support.h"
 
 #if defined(__has_feature)

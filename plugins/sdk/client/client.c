@@ -19,7 +19,7 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "agenthost/jsonrpc.h"
+#include "jsonrpc.h" /* the peer library (agenthost-jsonrpc) */
 
 extern char **environ;
 
