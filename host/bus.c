@@ -59,7 +59,7 @@ int ah__bus_emit(ah_host *h, ah_mount *m, const char *name, json_t *data) {
       json_array_append_new(s->queue, item);
   }
   json_decref(data);
-  ah__host_kick(h);
+  ah__pump_kick(&h->pump);
   return 0;
 }
 
@@ -132,4 +132,12 @@ void ah__bus_deliver(ah_host *h) {
     s->fn(json_string_value(json_array_get(item, 0)), json_array_get(item, 1), s->arg);
     json_decref(item);
   }
+}
+
+void ah__bus_drain(void *host) {
+  ah__bus_deliver(host);
+}
+
+bool ah__bus_drain_pending(void *host) {
+  return ah__bus_pending(host);
 }

@@ -33,7 +33,33 @@ void ah__complete(ah_host *h, ah_reply_fn cb, void *arg, int status, json_t *res
   if (status == 0)
     json_decref(data);
   ah__list_push(&h->completions, &c->link);
-  ah__host_kick(h);
+  ah__pump_kick(&h->pump);
+}
+
+/* The pump's pass over the outcomes queued before it. */
+void ah__calls_drain(void *host) {
+  ah_host *h = host;
+  ah__link batch;
+  ah__list_init(&batch);
+  while (!ah__list_empty(&h->completions)) {
+    ah__link *l = h->completions.next;
+    ah__list_remove(l);
+    ah__list_push(&batch, l);
+  }
+  while (!ah__list_empty(&batch)) {
+    ah__completion *c = AH__CONTAINER(batch.next, ah__completion, link);
+    ah__list_remove(&c->link);
+    ah_outcome o = {.status = c->status, .result = c->result, .message = c->message, .data = c->data};
+    c->cb(&o, c->arg);
+    json_decref(c->result);
+    json_decref(c->data);
+    free(c->message);
+    free(c);
+  }
+}
+
+bool ah__calls_pending(void *host) {
+  return !ah__list_empty(&((ah_host *)host)->completions);
 }
 
 static void call_free_if_done(ah_call *c) {
@@ -66,9 +92,8 @@ static void finish_plugin_side(ah_call *c) {
   c->finished = true;
   ah__list_remove(&c->link);
   ah_mount *m = c->mount;
-  m->ncalls--;
   call_free_if_done(c);
-  ah__mount_call_finished(m);
+  ah__mount_release(m, AH__HOLD_CALL);
 }
 
 int ah__call_reply(ah_call *c, json_t *result) {
@@ -164,15 +189,15 @@ int ah__call_new(ah_host *h, ah__entry *e, const ah_caller *caller, const char *
   if (c->parent_watch)
     c->parent_watch->fire_on_free = true;
   ah__list_push(&m->calls, &c->link);
-  m->ncalls++;
+  ah__mount_hold(m, AH__HOLD_CALL);
   h->inflight++;
   if (parent && ah__cancel_tripped(parent)) {
     /* The caller's token tripped before the call started: answer cancelled, never run the handler. */
     answer_caller(c, AH_ECANCELED, NULL, "cancelled", NULL);
     c->finished = true;
     ah__list_remove(&c->link);
-    m->ncalls--;
     call_free_if_done(c);
+    ah__mount_release(m, AH__HOLD_CALL);
     return 0;
   }
   *out = c;

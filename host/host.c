@@ -15,113 +15,12 @@
 int ah__mount_core(ah_host *h, ah_mount **out, int (*reg)(ah_host *h, ah_mount *m));
 int ah__core_register(ah_host *h, ah_mount *m);
 
-/* One pass: the outcomes, posts and bus events queued before it (later ones wait: no starvation). */
-static void pump_pass(ah_host *h) {
-  ah__link batch;
-  ah__list_init(&batch);
-  while (!ah__list_empty(&h->completions)) {
-    ah__link *l = h->completions.next;
-    ah__list_remove(l);
-    ah__list_push(&batch, l);
-  }
-  while (!ah__list_empty(&batch)) {
-    ah__completion *c = AH__CONTAINER(batch.next, ah__completion, link);
-    ah__list_remove(&c->link);
-    ah_outcome o = {.status = c->status, .result = c->result, .message = c->message, .data = c->data};
-    c->cb(&o, c->arg);
-    json_decref(c->result);
-    json_decref(c->data);
-    free(c->message);
-    free(c);
-  }
-  ah__link posts;
-  ah__list_init(&posts);
-  while (!ah__list_empty(&h->posts)) {
-    ah__link *l = h->posts.next;
-    ah__list_remove(l);
-    ah__list_push(&posts, l);
-  }
-  while (!ah__list_empty(&posts)) {
-    ah__post *p = AH__CONTAINER(posts.next, ah__post, link);
-    ah__list_remove(&p->link);
-    ah__list_remove(&p->mount_link);
-    p->fn(p->arg);
-    free(p);
-  }
-  ah__bus_deliver(h);
-}
-
-/* A chain of outcomes (a call answered from another call's callback, as the remote gateway does) runs in a
- * few passes of one loop turn instead of one turn per link; the bound keeps I/O from waiting behind work
- * that keeps queueing more. */
-#define PUMP_PASSES 4
-
-static void pump_cb(uv_idle_t *idle) {
-  ah_host *h = idle->data;
-  /* At least one pass: posts and bus events are delivered even when no outcome is queued. */
-  for (int i = 0; i < PUMP_PASSES && (i == 0 || !ah__list_empty(&h->completions)); i++)
-    pump_pass(h);
-  if (ah__list_empty(&h->completions) && ah__list_empty(&h->posts) && !ah__bus_pending(h)) {
-    uv_idle_stop(&h->pump);
-    h->pump_active = false;
-  }
-}
-
-void ah__host_kick(ah_host *h) {
-  if (h->pump_active)
-    return;
-  h->pump_active = true;
-  uv_idle_start(&h->pump, pump_cb);
-}
-
-/* ---- audit -----------------------------------------------------------------------------------------------
- */
-
-static void audit_open(ah_host *h) {
-  char path[4096];
-  snprintf(path, sizeof path, "%s/audit.log", h->config->state_dir);
-  if (ah__mkdirs(h->config->state_dir, NULL) == 0)
-    h->audit_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (h->audit_fd < 0)
-    AH_LOG_W("host", "cannot open the audit log %s: %s", path, strerror(errno));
-}
-
-static const char *authority_name(ah_authority a) {
-  switch (a) {
-  case AH_AUTH_LAN:
-    return "lan";
-  case AH_AUTH_LOOPBACK:
-    return "loopback";
-  case AH_AUTH_STDIO_OWNER:
-    return "stdio-owner";
-  case AH_AUTH_ADMIN:
-    return "admin";
-  default:
-    return "invalid";
-  }
-}
-
-void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int status) {
-  if (!h || h->audit_fd < 0)
-    return;
-  char when[32];
-  ah__time_rfc3339(when);
-  /* JSON escapes whatever a method name or surface contains, so a record is always one line. */
-  json_t *rec =
-      json_pack("{s:s, s:s, s:s, s:s, s:I, s:s}", "time", when, "method", method, "surface",
-                caller->surface ? caller->surface : "", "authority", authority_name(caller->authority),
-                "connection", (json_int_t)caller->connection_id, "outcome", ah_err_name(status));
-  char *line = rec ? json_dumps(rec, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
-  json_decref(rec);
-  if (!line)
-    return;
-  size_t n = strlen(line);
-  line[n] = '\n';
-  /* One write of a line opened O_APPEND: records never interleave. */
-  if (write(h->audit_fd, line, n + 1) < 0)
-    AH_LOG_W("host", "cannot write the audit log: %s", strerror(errno));
-  free(line);
-}
+/* The pump's drains, in order: call outcomes, posted tasks, bus events. */
+static const ah__drain drains[] = {
+    {.run = ah__calls_drain, .pending = ah__calls_pending},
+    {.run = ah__services_drain_posts, .pending = ah__services_posts_pending},
+    {.run = ah__bus_drain, .pending = ah__bus_drain_pending},
+};
 
 int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   if (!opts || !opts->loop || !out)
@@ -154,9 +53,8 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   }
   h->audit_fd = -1;
   if (h->config && h->config->state_dir)
-    audit_open(h);
-  uv_idle_init(h->loop, &h->pump);
-  h->pump.data = h;
+    ah__audit_open(h);
+  ah__pump_init(&h->pump, h->loop, drains, sizeof drains / sizeof drains[0], h);
   int rc = 0;
   if (h->config && h->config->state_dir) {
     char *why = NULL;
@@ -589,8 +487,8 @@ typedef struct stop_ctx {
 
 static void stop_next(int status, void *arg);
 
-static void pump_closed(uv_handle_t *handle) {
-  stop_ctx *s = handle->data;
+static void pump_closed(void *ctx) {
+  stop_ctx *s = ctx;
   ah__done_fn cb = s->cb;
   void *arg = s->arg;
   free(s);
@@ -639,10 +537,7 @@ static void stop_next(int status, void *arg) {
   }
   h->core = NULL;
   /* Deliver what is still queued, then close the pump. */
-  uv_idle_stop(&h->pump);
-  h->pump_active = false;
-  h->pump.data = s;
-  uv_close((uv_handle_t *)&h->pump, pump_closed);
+  ah__pump_close(&h->pump, pump_closed, s);
 }
 
 int ah__host_stop(ah_host *h, ah__done_fn cb, void *arg) {
@@ -684,8 +579,7 @@ void ah__host_free(ah_host *h) {
   ah__sessions_free(h->sessions);
   ah__registry_free(&h->reg);
   ah__cancel_free(h->token);
-  if (h->audit_fd >= 0)
-    close(h->audit_fd);
+  ah__audit_close(h);
   free(h->mode);
   free(h);
 }

@@ -11,6 +11,7 @@
 #include "host.h"
 #include "jsonrpc.h"
 #include "log.h"
+#include "pump.h"
 
 /* An intrusive doubly linked list (libuv's QUEUE idea, written out plainly). */
 typedef struct ah__link {
@@ -193,6 +194,9 @@ struct ah_mount {
   ah__link tokens; /* tokens made with token_new */
   ah__link posts;
   size_t closing; /* host handles of this mount whose close callback is pending */
+  /* Set by the withdraw machine (mount.c): called after every release (holds.c), so that the files that
+   * count work never call into it. */
+  void (*on_release)(ah_mount *m, int kind);
   /* withdraw */
   uv_timer_t phase_timer;
   uv_timer_t deadline_timer;
@@ -358,8 +362,7 @@ struct ah_host {
   ah__link subs;
   ah__link completions;
   ah__link posts;
-  uv_idle_t pump;
-  bool pump_active;
+  ah__pump pump;
   size_t inflight;
   uint64_t bus_pass;
   json_t *describe_cache; /* host.describe, valid while reg.gen == describe_gen (read-only for callers) */
@@ -377,13 +380,32 @@ struct ah_host {
   bool sessions_stopped;
 };
 
-void ah__host_kick(ah_host *h); /* make sure the pump runs on the next loop turn */
+/* ---- the audit log (audit.c) ----------------------------------------------------------------------------
+ */
+
 /* Append one audit record for a privileged call: method, caller and outcome, never values. */
 void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int status);
+void ah__audit_open(ah_host *h); /* state_dir/audit.log; a warning when it cannot be opened */
+void ah__audit_close(ah_host *h);
+
+/* ---- the pump's drains (pump.h): call outcomes (calls.c), posted tasks (services.c), bus events (bus.c) */
+void ah__calls_drain(void *host);
+bool ah__calls_pending(void *host);
+void ah__services_drain_posts(void *host);
+bool ah__services_posts_pending(void *host);
+void ah__bus_drain(void *host);
+bool ah__bus_drain_pending(void *host);
 ah_mount *ah__host_find_mount(ah_host *h, const char *name);
-int ah__host_register_core(ah_host *h);    /* core_methods.c */
-void ah__mount_call_finished(ah_mount *m); /* a call or work of a withdrawing mount ended */
-void ah__mount_closing_done(ah_mount *m);
+int ah__host_register_core(ah_host *h); /* core_methods.c */
+/* ---- what a mount has in flight (holds.c): read by the withdraw machine ------------------------------- */
+
+enum {
+  AH__HOLD_CALL = 1, /* a call the plugin has not finished (ncalls) */
+  AH__HOLD_WORK,     /* queued or running pool work (nworks) */
+  AH__HOLD_CLOSE,    /* a host handle of the mount whose close callback is pending (closing) */
+};
+void ah__mount_hold(ah_mount *m, int kind);
+void ah__mount_release(ah_mount *m, int kind); /* then m->on_release, when set */
 bool ah__mount_in_module(const ah_mount *m, const void *addr);
 /* Record the address ranges of `dl` and of the objects that appeared since `before` (a JSON array of
  * object names from ah__loaded_objects()). */

@@ -37,11 +37,14 @@ static void schedule(ah_mount *m, int phase) {
   uv_timer_start(&m->phase_timer, phase_run, 0, 0);
 }
 
+static void released(ah_mount *m, int kind);
+
 static ah_mount *mount_new(ah_host *h) {
   ah_mount *m = calloc(1, sizeof *m);
   if (!m)
     return NULL;
   m->host = h;
+  m->on_release = released;
   ah__list_init(&m->journal);
   ah__list_init(&m->calls);
   ah__list_init(&m->subs);
@@ -226,16 +229,16 @@ static void deadline_fired(uv_timer_t *t) {
   }
 }
 
-void ah__mount_call_finished(ah_mount *m) {
-  if (m->state == AH__MOUNT_WITHDRAWING && m->phase == PHASE_DRAIN && m->ncalls == 0 && m->nworks == 0)
+/* A call, pool work or closing handle of `m` was released (holds.c): the withdraw goes on when it waited
+ * for it. */
+static void released(ah_mount *m, int kind) {
+  if (kind == AH__HOLD_CLOSE) {
+    if (m->closing == 0 && m->phase == PHASE_UNMAP)
+      schedule(m, PHASE_UNMAP);
+  } else if (m->state == AH__MOUNT_WITHDRAWING && m->phase == PHASE_DRAIN && m->ncalls == 0 &&
+             m->nworks == 0) {
     schedule(m, PHASE_PLUGIN);
-}
-
-void ah__mount_closing_done(ah_mount *m) {
-  if (m->closing > 0)
-    m->closing--;
-  if (m->closing == 0 && m->phase == PHASE_UNMAP)
-    schedule(m, PHASE_UNMAP);
+  }
 }
 
 static void plugin_done(ah_mount *m) {

@@ -87,7 +87,7 @@ static void maybe_finish(ah_process *p) {
     p->on_exit(p, p->exit_status, p->term_signal, p->arg);
   ah__list_remove(&p->link);
   free(p);
-  ah__mount_closing_done(m);
+  ah__mount_release(m, AH__HOLD_CLOSE);
 }
 
 static void handle_closed(uv_handle_t *h) {
@@ -195,7 +195,7 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
       }
     uv_close((uv_handle_t *)&p->handle, handle_closed);
     ah__list_init(&p->link);
-    m->closing++;
+    ah__mount_hold(m, AH__HOLD_CLOSE);
     return rc == UV_ENOENT ? AH_ENOENT : AH_EIO;
   }
   p->pid = p->handle.pid;
@@ -204,7 +204,7 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
     if (p->has_pipe[i])
       p->open_handles++;
   ah__list_push(&m->procs, &p->link);
-  m->closing++; /* released when the process and its pipes are closed */
+  ah__mount_hold(m, AH__HOLD_CLOSE); /* released when the process and its pipes are closed */
   *out = p;
   return 0;
 }

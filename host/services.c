@@ -273,7 +273,7 @@ static void timer_closed(uv_handle_t *h) {
   ah_timer *t = h->data;
   ah_mount *m = t->mount;
   free(t);
-  ah__mount_closing_done(m);
+  ah__mount_release(m, AH__HOLD_CLOSE);
 }
 
 static void timer_release(ah_timer *t) {
@@ -282,7 +282,7 @@ static void timer_release(ah_timer *t) {
   t->stopped = true;
   ah__list_remove(&t->link);
   uv_timer_stop(&t->handle);
-  t->mount->closing++;
+  ah__mount_hold(t->mount, AH__HOLD_CLOSE);
   uv_close((uv_handle_t *)&t->handle, timer_closed);
 }
 
@@ -338,8 +338,31 @@ static int api_post(ah_mount *m, ah_task_fn fn, void *arg) {
   p->arg = arg;
   ah__list_push(&m->host->posts, &p->link);
   ah__list_push(&m->posts, &p->mount_link);
-  ah__host_kick(m->host);
+  ah__pump_kick(&m->host->pump);
   return 0;
+}
+
+/* The pump's pass over the tasks posted before it. */
+void ah__services_drain_posts(void *host) {
+  ah_host *h = host;
+  ah__link posts;
+  ah__list_init(&posts);
+  while (!ah__list_empty(&h->posts)) {
+    ah__link *l = h->posts.next;
+    ah__list_remove(l);
+    ah__list_push(&posts, l);
+  }
+  while (!ah__list_empty(&posts)) {
+    ah__post *p = AH__CONTAINER(posts.next, ah__post, link);
+    ah__list_remove(&p->link);
+    ah__list_remove(&p->mount_link);
+    p->fn(p->arg);
+    free(p);
+  }
+}
+
+bool ah__services_posts_pending(void *host) {
+  return !ah__list_empty(&((ah_host *)host)->posts);
 }
 
 /* ---- pool work ------------------------------------------------------------------------------------ */
@@ -353,11 +376,10 @@ static void work_after(uv_work_t *req, int status) {
   ah__work *w = req->data;
   ah_mount *m = w->mount;
   ah__list_remove(&w->link);
-  m->nworks--;
   if (w->after)
     w->after(w->arg, status == UV_ECANCELED ? AH_ECANCELED : 0);
   free(w);
-  ah__mount_call_finished(m);
+  ah__mount_release(m, AH__HOLD_WORK);
 }
 
 static int api_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void *arg) {
@@ -379,7 +401,7 @@ static int api_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void 
     return AH_EIO;
   }
   ah__list_push(&m->works, &w->link);
-  m->nworks++;
+  ah__mount_hold(m, AH__HOLD_WORK);
   return 0;
 }
 
@@ -435,7 +457,7 @@ static void stdio_closed(uv_handle_t *h) {
   if (--host->stdio_closing == 0 && host->stdio_owner) {
     ah_mount *m = host->stdio_owner;
     host->stdio_owner = NULL;
-    ah__mount_closing_done(m);
+    ah__mount_release(m, AH__HOLD_CLOSE);
   }
 }
 
@@ -539,7 +561,7 @@ void ah__stdio_release(ah_mount *m) {
   if (h->stdio_owner != m || !h->stdio_in)
     return;
   /* Counted as the mount's pending closes: the module is unloaded only after both close callbacks ran. */
-  m->closing++;
+  ah__mount_hold(m, AH__HOLD_CLOSE);
   h->stdio_closing = 2;
   uv_close((uv_handle_t *)h->stdio_in, stdio_closed);
   uv_close((uv_handle_t *)h->stdio_out, stdio_closed);

@@ -1019,8 +1019,7 @@ static void command_exited(ah_process *p, int64_t exit_status, int term_signal, 
   deliver(r);
   run_free(r);
   /* The run held the core's withdraw like a call; let it go on. */
-  core->ncalls--;
-  ah__mount_call_finished(core);
+  ah__mount_release(core, AH__HOLD_CALL);
 }
 
 static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) {
@@ -1060,7 +1059,7 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
     return 0;
   }
   r->proc = p;
-  r->core->ncalls++; /* a stopping host drains it before it goes on */
+  ah__mount_hold(r->core, AH__HOLD_CALL); /* a stopping host drains it before it goes on */
   for (int i = 0; i < 2; i++) {
     uv_stream_t *s = i == 0 ? api->process_stdout(p) : api->process_stderr(p);
     int urc = uv_read_start(s, out_alloc, out_read);
