@@ -157,12 +157,12 @@ int ah__core_register(ah_host *h, ah_mount *m) {
                          .handler = methods[i].fn,
                          .flags = methods[i].flags,
                          .data = h};
-    int rc = ah__api_table.register_method(m, &def);
+    int rc = ah__services_register_method(m, &def);
     if (rc)
       return rc;
   }
   for (size_t i = 0; i < sizeof core_events / sizeof core_events[0]; i++) {
-    int rc = ah__api_table.register_event(m, core_events[i], AH_EVENT_ALLOWLISTED);
+    int rc = ah__services_register_event(m, core_events[i], AH_EVENT_ALLOWLISTED);
     if (rc)
       return rc;
   }

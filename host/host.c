@@ -22,6 +22,11 @@ static const ah__drain drains[] = {
     {.run = ah__bus_drain, .pending = ah__bus_drain_pending},
 };
 
+/* A mount starts its withdraw: the turns on its providers end while its code is mapped. */
+static void sessions_on_withdraw(void *arg, ah_mount *m) {
+  ah__sessions_provider_withdrawn(arg, m);
+}
+
 int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   if (!opts || !opts->loop || !out)
     return AH_EINVAL;
@@ -72,6 +77,8 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
       *out = h;
       return rc;
     }
+    h->on_withdraw = sessions_on_withdraw;
+    h->on_withdraw_arg = h->sessions;
   }
   rc = ah__mount_core(h, &h->core, ah__core_register);
   if (rc == 0 && h->sessions)

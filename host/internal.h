@@ -119,6 +119,8 @@ typedef struct ah__registry {
 int ah__registry_init(ah__registry *r);
 void ah__registry_free(ah__registry *r);
 ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *name);
+/* The provider type `type` of an active plugin, or NULL; *mount (may be NULL) gets its mount. */
+ah_provider *ah__registry_provider(ah__registry *r, const char *type, ah_mount **mount);
 bool ah__registry_tombstoned(ah__registry *r, ah__entry_kind kind, const char *name);
 /* Stage an entry for `m` (journal + table). Returns AH_EEXIST / AH_ENOMEM. */
 int ah__registry_stage(ah__registry *r, ah_mount *m, ah__entry *e);
@@ -375,10 +377,28 @@ struct ah_host {
   uv_stream_t *stdio_out;
   ah_mount *stdio_owner;
   int stdio_closing;
+  /* Told synchronously when a mount starts its withdraw, while its code is mapped (the sessions end the
+   * turns on its providers); set by the host when it has sessions. */
+  void (*on_withdraw)(void *arg, ah_mount *m);
+  void *on_withdraw_arg;
   void (*on_stop_request)(int exit_code, void *arg);
   void *stop_request_arg;
   bool sessions_stopped;
 };
+
+/* ---- the core's own use of the host services (services.c): the functions behind ah__api_table ---------- */
+int ah__services_register_method(ah_mount *m, const ah_method_def *def);
+int ah__services_register_event(ah_mount *m, const char *name, uint32_t flags);
+int ah__services_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms, ah_timer_fn fn, void *arg,
+                             ah_timer **out);
+void ah__services_timer_stop(ah_timer *t);
+int ah__services_post(ah_mount *m, ah_task_fn fn, void *arg);
+int ah__services_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void *arg);
+int ah__services_spawn(ah_mount *m, const ah_process_opts *opts, ah_process **out);
+uv_stream_t *ah__process_stdout(ah_process *p);
+uv_stream_t *ah__process_stderr(ah_process *p);
+void *ah__process_arg(ah_process *p);
+ah_process *ah__process_of_stream(uv_stream_t *s);
 
 /* ---- the audit log (audit.c) ----------------------------------------------------------------------------
  */

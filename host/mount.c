@@ -16,7 +16,6 @@
 #include <string.h>
 
 #include "internal.h"
-#include "sessions.h"
 
 int ah__plugin_open(const char *path, void **dl_out, const ah_plugin_desc **desc_out, char **why);
 
@@ -445,7 +444,8 @@ static int start_withdraw(ah_mount *m, bool call_plugin, ah__done_fn cb, void *a
   m->call_withdraw = call_plugin;
   ah__registry_withdraw(&m->host->reg, m);
   /* Turns on the plugin's providers end now, while its code is certainly mapped. */
-  ah__sessions_provider_withdrawn(ah__host_sessions(m->host), m);
+  if (m->host->on_withdraw)
+    m->host->on_withdraw(m->host->on_withdraw_arg, m);
   AH__LIST_EACH(it, &m->subs) {
     AH__CONTAINER(it, ah_sub, mount_link)->active = false;
   }

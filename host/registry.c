@@ -33,6 +33,15 @@ void ah__registry_free(ah__registry *r) {
   r->tombstones = NULL;
 }
 
+ah_provider *ah__registry_provider(ah__registry *r, const char *type, ah_mount **mount) {
+  ah__entry *e = ah__registry_find(r, AH__ENTRY_PROVIDER, type);
+  if (!e || e->state != AH__ST_ACTIVE || !e->mount || e->mount->state != AH__MOUNT_ACTIVE)
+    return NULL;
+  if (mount)
+    *mount = e->mount;
+  return e->data;
+}
+
 ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *name) {
   if (!name)
     return NULL;

@@ -303,7 +303,7 @@ static void invoke(invocation *v) {
   if (v->result_type != AH_TYPE_VOID)
     v->avalues[v->nparams + 1] = &v->out_ptr;
   if (v->flags & AH_REMOTE_LONG) {
-    int rc = ah__api_table.queue_work(c->mount, work_run, work_after, v);
+    int rc = ah__services_queue_work(c->mount, work_run, work_after, v);
     if (rc) {
       v->rc = rc == AH_ESTATE ? AH_EUNAVAILABLE : rc;
       finish(v);

@@ -43,7 +43,7 @@ static int gate(ah_mount *m, const char *what, const char *name) {
   return 0;
 }
 
-static int api_register_method(ah_mount *m, const ah_method_def *def) {
+int ah__services_register_method(ah_mount *m, const ah_method_def *def) {
   const char *name = def ? def->name : NULL;
   int rc = gate(m, "method", name);
   if (rc)
@@ -78,7 +78,7 @@ static int api_register_method(ah_mount *m, const ah_method_def *def) {
   return 0;
 }
 
-static int api_register_event(ah_mount *m, const char *name, uint32_t flags) {
+int ah__services_register_event(ah_mount *m, const char *name, uint32_t flags) {
   int rc = gate(m, "event", name);
   if (rc)
     return rc;
@@ -295,8 +295,8 @@ static void timer_fired(uv_timer_t *h) {
     timer_release(t);
 }
 
-static int api_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms, ah_timer_fn fn, void *arg,
-                           ah_timer **out) {
+int ah__services_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms, ah_timer_fn fn, void *arg,
+                             ah_timer **out) {
   if (!m || !fn)
     return AH_EINVAL;
   if ((m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING) ||
@@ -317,14 +317,14 @@ static int api_timer_start(ah_mount *m, uint64_t timeout_ms, uint64_t repeat_ms,
   return 0;
 }
 
-static void api_timer_stop(ah_timer *t) {
+void ah__services_timer_stop(ah_timer *t) {
   if (t)
     timer_release(t);
 }
 
 /* ---- posted tasks --------------------------------------------------------------------------------- */
 
-static int api_post(ah_mount *m, ah_task_fn fn, void *arg) {
+int ah__services_post(ah_mount *m, ah_task_fn fn, void *arg) {
   if (!m || !fn)
     return AH_EINVAL;
   if ((m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE && m->state != AH__MOUNT_WITHDRAWING) ||
@@ -382,7 +382,7 @@ static void work_after(uv_work_t *req, int status) {
   ah__mount_release(m, AH__HOLD_WORK);
 }
 
-static int api_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void *arg) {
+int ah__services_queue_work(ah_mount *m, ah_work_fn work, ah_after_fn after, void *arg) {
   if (!m || !work)
     return AH_EINVAL;
   if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE)
@@ -415,7 +415,7 @@ void ah__services_cancel_work(ah_mount *m) {
 
 /* ---- processes (process.c) ------------------------------------------------------------------------ */
 
-static int api_spawn(ah_mount *m, const ah_process_opts *opts, ah_process **out) {
+int ah__services_spawn(ah_mount *m, const ah_process_opts *opts, ah_process **out) {
   if (!m)
     return AH_EINVAL;
   if (m->state != AH__MOUNT_MOUNTING && m->state != AH__MOUNT_ACTIVE)
@@ -435,17 +435,17 @@ static uv_stream_t *proc_stream(ah_process *p, int i) {
 static uv_stream_t *api_process_stdin(ah_process *p) {
   return proc_stream(p, 0);
 }
-static uv_stream_t *api_process_stdout(ah_process *p) {
+uv_stream_t *ah__process_stdout(ah_process *p) {
   return proc_stream(p, 1);
 }
-static uv_stream_t *api_process_stderr(ah_process *p) {
+uv_stream_t *ah__process_stderr(ah_process *p) {
   return proc_stream(p, 2);
 }
 void ah__process_close_stdin(ah_process *p);
-static void *api_process_arg(ah_process *p) {
+void *ah__process_arg(ah_process *p) {
   return p ? p->arg : NULL;
 }
-static ah_process *api_process_of_stream(uv_stream_t *s) {
+ah_process *ah__process_of_stream(uv_stream_t *s) {
   return s ? s->data : NULL;
 }
 
@@ -653,8 +653,8 @@ ah_host_api ah__api_table = {
     .struct_size = sizeof(ah_host_api),
     .abi = AH_ABI_VERSION,
     .log = api_log,
-    .register_method = api_register_method,
-    .register_event = api_register_event,
+    .register_method = ah__services_register_method,
+    .register_event = ah__services_register_event,
     .register_remote = api_register_remote,
     .call_reply = ah__call_reply,
     .call_error = ah__call_error,
@@ -670,19 +670,19 @@ ah_host_api ah__api_table = {
     .emit = api_emit,
     .subscribe = api_subscribe,
     .unsubscribe = ah__bus_unsubscribe,
-    .timer_start = api_timer_start,
-    .timer_stop = api_timer_stop,
-    .post = api_post,
-    .queue_work = api_queue_work,
-    .spawn = api_spawn,
+    .timer_start = ah__services_timer_start,
+    .timer_stop = ah__services_timer_stop,
+    .post = ah__services_post,
+    .queue_work = ah__services_queue_work,
+    .spawn = ah__services_spawn,
     .process_kill = api_process_kill,
     .process_pid = api_process_pid,
     .process_stdin = api_process_stdin,
-    .process_stdout = api_process_stdout,
-    .process_stderr = api_process_stderr,
+    .process_stdout = ah__process_stdout,
+    .process_stderr = ah__process_stderr,
     .process_close_stdin = ah__process_close_stdin,
-    .process_arg = api_process_arg,
-    .process_of_stream = api_process_of_stream,
+    .process_arg = ah__process_arg,
+    .process_of_stream = ah__process_of_stream,
     .stdio = api_stdio,
     .host_stop = api_host_stop,
     .register_provider = api_register_provider,

@@ -46,7 +46,6 @@ typedef struct queued {
 struct ah_sessions {
   ah_host *host;
   ah_mount *core;
-  const ah_host_api *api;
   ah_store *store; /* the configuration is read through the host: SIGHUP replaces it */
   uint64_t lease_ttl;
   int max_depth;
@@ -470,7 +469,7 @@ static void session_broken(session *s, int status) {
     m->retry = json_object();
   json_object_set_new(m->retry, s->id, json_true());
   if (!m->retry_timer && !m->stopping)
-    m->api->timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
+    ah__services_timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
   stop_here(s, AH_EIO);
 }
 
@@ -510,7 +509,7 @@ static void retry_tick(ah_timer *t, void *arg) {
   ah_sessions *m = arg;
   if (json_object_size(m->retry) == 0 || m->stopping) {
     if (m->retry_timer)
-      m->api->timer_stop(m->retry_timer);
+      ah__services_timer_stop(m->retry_timer);
     m->retry_timer = NULL;
     return;
   }
@@ -739,12 +738,7 @@ static ah_provider *provider_for(ah_sessions *m, const char *name, ah_mount **mo
     return NULL;
   if (strcmp(type, "echo") == 0)
     return m->echo;
-  ah__entry *e = ah__registry_find(&m->host->reg, AH__ENTRY_PROVIDER, type);
-  if (!e || e->state != AH__ST_ACTIVE || !e->mount || e->mount->state != AH__MOUNT_ACTIVE)
-    return NULL;
-  if (mount)
-    *mount = e->mount;
-  return e->data;
+  return ah__registry_provider(&m->host->reg, type, mount);
 }
 
 /* The end of a turn whose provider's plugin is withdrawn: a host that stops cancels its turns (as
@@ -840,6 +834,10 @@ static void turn_free(turn *t) {
   free(t);
 }
 
+static void turn_free_task(void *arg) {
+  turn_free(arg);
+}
+
 static void finish_close(session *s);
 
 static void notify_parent(session *child, const char *message_id, const char *reason, const char *text);
@@ -884,7 +882,7 @@ static void turn_end_now(turn *t, const char *reason, json_t *usage, const char 
   if (s->parent_turn && s->parent_message && strcmp(s->parent_message, t->message_id) == 0)
     notify_parent(s, t->message_id, reason, json_string_value(t->last_text));
   /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
-  ah__api_table.post(s->m->core, (ah_task_fn)turn_free, t);
+  ah__services_post(s->m->core, turn_free_task, t);
   if (s->lost || s->broken) { /* nothing more runs here; the memory goes once nothing uses it */
     free_if_unused(s);
     return;
@@ -2093,12 +2091,12 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
                          .handler = methods[i].fn,
                          .flags = methods[i].flags,
                          .data = m};
-    int rc = ah__api_table.register_method(core, &def);
+    int rc = ah__services_register_method(core, &def);
     if (rc)
       return rc;
   }
   /* Transient deltas are for clients that stream text; not on the remote allowlist (DECISIONS.md). */
-  return ah__api_table.register_event(core, "session.delta", 0);
+  return ah__services_register_event(core, "session.delta", 0);
 }
 
 static void recover(ah_sessions *m);
@@ -2110,7 +2108,6 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   if (!m)
     return AH_ENOMEM;
   m->host = opts->host;
-  m->api = &ah__api_table;
   m->lease_ttl = opts->lease_ttl_ms ? opts->lease_ttl_ms : 30000;
   m->max_depth = opts->max_depth ? opts->max_depth : 3;
   ah__list_init(&m->sessions);
@@ -2164,7 +2161,7 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
 /* Called once the core is mounted (services need the core mount). */
 void ah__sessions_start(ah_sessions *m, ah_mount *core) {
   m->core = core;
-  m->api->timer_start(core, m->lease_ttl / 3, m->lease_ttl / 3, renew_leases, m, &m->lease_timer);
+  ah__services_timer_start(core, m->lease_ttl / 3, m->lease_ttl / 3, renew_leases, m, &m->lease_timer);
   if (m->recover_on_start)
     recover(m);
 }
@@ -2216,15 +2213,15 @@ static void check_stopped(ah_sessions *m) {
     return;
   m->stop_finishing = true;
   if (m->lease_timer) {
-    m->api->timer_stop(m->lease_timer);
+    ah__services_timer_stop(m->lease_timer);
     m->lease_timer = NULL;
   }
   if (m->retry_timer) { /* what is left is recovered at the next start (an interrupted turn) */
-    m->api->timer_stop(m->retry_timer);
+    ah__services_timer_stop(m->retry_timer);
     m->retry_timer = NULL;
   }
   if (m->stop_deadline) {
-    m->api->timer_stop(m->stop_deadline);
+    ah__services_timer_stop(m->stop_deadline);
     m->stop_deadline = NULL;
   }
   if (!m->store) {
@@ -2259,7 +2256,7 @@ void ah__sessions_stop(ah_sessions *m, void (*cb)(void *arg), void *arg) {
     if (s->turn)
       ah__cancel_trip(s->turn->cancel);
   }
-  m->api->timer_start(m->core, 2000, 0, stop_deadline, m, &m->stop_deadline);
+  ah__services_timer_start(m->core, 2000, 0, stop_deadline, m, &m->stop_deadline);
   check_stopped(m);
 }
 

@@ -902,10 +902,9 @@ static void file_after(void *arg, int status) {
 /* ---- run_command ----------------------------------------------------------------------------------- */
 
 static tool_run *run_of_stream(uv_stream_t *s, int *which) {
-  const ah_host_api *api = &ah__api_table;
-  ah_process *p = api->process_of_stream(s);
-  *which = s == api->process_stdout(p) ? 0 : 1;
-  return api->process_arg(p);
+  ah_process *p = ah__process_of_stream(s);
+  *which = s == ah__process_stdout(p) ? 0 : 1;
+  return ah__process_arg(p);
 }
 
 static void out_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
@@ -956,7 +955,7 @@ static void kill_group(tool_run *r, uint64_t grace_ms) {
   if (r->killing && grace_ms > 0)
     return; /* a kill is already escalating */
   r->killing = true;
-  ah__api_table.process_kill(r->proc, grace_ms);
+  ah__process_kill(r->proc, grace_ms);
 }
 
 static void on_timeout(ah_timer *t, void *arg) {
@@ -1002,7 +1001,7 @@ static void command_exited(ah_process *p, int64_t exit_status, int term_signal, 
   tool_run *r = arg;
   ah_mount *core = r->core;
   if (r->timer)
-    ah__api_table.timer_stop(r->timer);
+    ah__services_timer_stop(r->timer);
   r->timer = NULL;
   ah__cancel_unwatch(r->cancel_watch);
   r->cancel_watch = NULL;
@@ -1023,7 +1022,6 @@ static void command_exited(ah_process *p, int64_t exit_status, int term_signal, 
 }
 
 static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) {
-  const ah_host_api *api = &ah__api_table;
   if (ah__cancel_tripped(r->cancel)) {
     r->cancelled = true;
     r->result = json_pack("{s:n, s:n, s:s, s:s, s:b, s:b, s:b}", "exitCode", "signal", "stdout", "", "stderr",
@@ -1047,7 +1045,7 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
   opts.on_exit = command_exited;
   opts.arg = r;
   ah_process *p = NULL;
-  int rc = api->spawn(r->core, &opts, &p);
+  int rc = ah__services_spawn(r->core, &opts, &p);
   if (rc == AH_ENOMEM)
     return rc;
   if (rc) {
@@ -1061,7 +1059,7 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
   r->proc = p;
   ah__mount_hold(r->core, AH__HOLD_CALL); /* a stopping host drains it before it goes on */
   for (int i = 0; i < 2; i++) {
-    uv_stream_t *s = i == 0 ? api->process_stdout(p) : api->process_stderr(p);
+    uv_stream_t *s = i == 0 ? ah__process_stdout(p) : ah__process_stderr(p);
     int urc = uv_read_start(s, out_alloc, out_read);
     if (urc) {
       set_error(r, "cannot read the command's output: %s", uv_strerror(urc));
@@ -1069,7 +1067,7 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
       return 0;
     }
   }
-  if (api->timer_start(r->core, timeout_ms, 0, on_timeout, r, &r->timer) != 0) {
+  if (ah__services_timer_start(r->core, timeout_ms, 0, on_timeout, r, &r->timer) != 0) {
     r->timer = NULL;
     set_error(r, "cannot start the command's timer");
     kill_group(r, 0);
@@ -1223,7 +1221,7 @@ int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *ar
     deliver_later(r);
     return 0;
   }
-  int rc = ah__api_table.queue_work(core, file_work, file_after, r);
+  int rc = ah__services_queue_work(core, file_work, file_after, r);
   if (rc == AH_ENOMEM) {
     run_free(r);
     return rc;
