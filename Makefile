@@ -58,7 +58,7 @@ endef
 # `make -n test` stays a dry run). Each is a single &&-chain.
 UNIT_ASAN = $(call meson-setup,$(ASAN_DIR),$(ASAN_OPTS)) && \
   $(NINJA) -C $(ASAN_DIR) && \
-  env $(ASAN_ENV) $(MESON) test -C $(ASAN_DIR) --suite unit --print-errorlogs \
+  env $(ASAN_ENV) $(MESON) test -C $(ASAN_DIR) --suite unit --suite system --print-errorlogs \
     --timeout-multiplier $(ASAN_TIMEOUT_MULTIPLIER)
 FORMAT_CHECK = $(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) --dry-run -Werror
 
@@ -83,7 +83,7 @@ test: deps build minimal
 	@rc=0; \
 	echo '== meson test ($(BUILD_DIR))'; \
 	$(MESON) test -C $(BUILD_DIR) --print-errorlogs || rc=1; \
-	echo '== meson test --suite unit ($(ASAN_DIR): ASan + UBSan)'; \
+	echo '== meson test --suite unit --suite system ($(ASAN_DIR): ASan + UBSan)'; \
 	{ $(UNIT_ASAN); } || rc=1; \
 	echo '== format-check'; \
 	{ $(FORMAT_CHECK); } || { rc=1; echo 'format-check failed: run `make format`'; }; \

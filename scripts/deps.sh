@@ -26,7 +26,7 @@ PACKAGES=(
   libffi-dev             # remote gateway: calling registered descriptors
   libsqlite3-dev         # durable store (WAL)
   libinih-dev            # INI config file parsing
-  libcriterion-dev       # unit tests (tests/unit)
+  libcriterion-dev       # Criterion tests (tests/unit, tests/system)
   clang-format           # `make format` / `make format-check`
   libwebsockets-dev      # browser plugin: HTTP + WebSocket carrier
   libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
