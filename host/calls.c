@@ -40,12 +40,7 @@ void ah__complete(ah_host *h, ah_reply_fn cb, void *arg, int status, json_t *res
 void ah__calls_drain(void *host) {
   ah_host *h = host;
   ah__link batch;
-  ah__list_init(&batch);
-  while (!ah__list_empty(&h->completions)) {
-    ah__link *l = h->completions.next;
-    ah__list_remove(l);
-    ah__list_push(&batch, l);
-  }
+  ah__list_take_all(&batch, &h->completions);
   while (!ah__list_empty(&batch)) {
     ah__completion *c = AH__CONTAINER(batch.next, ah__completion, link);
     ah__list_remove(&c->link);

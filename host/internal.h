@@ -21,8 +21,9 @@ typedef struct ah__link {
 
 void ah__list_init(ah__link *head);
 bool ah__list_empty(const ah__link *head);
-void ah__list_push(ah__link *head, ah__link *node); /* at the tail */
-void ah__list_remove(ah__link *node);               /* safe on a node that is not linked */
+void ah__list_push(ah__link *head, ah__link *node);   /* at the tail */
+void ah__list_remove(ah__link *node);                 /* safe on a node that is not linked */
+void ah__list_take_all(ah__link *dst, ah__link *src); /* dst (uninitialized) gets every node; src is empty */
 #define AH__CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define AH__LIST_EACH(it, head) for (ah__link *it = (head)->next; it != (head); it = it->next)
 

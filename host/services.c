@@ -346,12 +346,7 @@ int ah__services_post(ah_mount *m, ah_task_fn fn, void *arg) {
 void ah__services_drain_posts(void *host) {
   ah_host *h = host;
   ah__link posts;
-  ah__list_init(&posts);
-  while (!ah__list_empty(&h->posts)) {
-    ah__link *l = h->posts.next;
-    ah__list_remove(l);
-    ah__list_push(&posts, l);
-  }
+  ah__list_take_all(&posts, &h->posts);
   while (!ah__list_empty(&posts)) {
     ah__post *p = AH__CONTAINER(posts.next, ah__post, link);
     ah__list_remove(&p->link);

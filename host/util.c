@@ -34,6 +34,17 @@ void ah__list_remove(ah__link *node) {
   node->next = node;
 }
 
+void ah__list_take_all(ah__link *dst, ah__link *src) {
+  ah__list_init(dst);
+  if (ah__list_empty(src))
+    return;
+  dst->next = src->next;
+  dst->prev = src->prev;
+  dst->next->prev = dst;
+  dst->prev->next = dst;
+  ah__list_init(src);
+}
+
 char *ah__strdup(const char *s) {
   return s ? strdup(s) : NULL;
 }
