@@ -362,11 +362,18 @@ static int run(sq_store *q, conn *c, stmt_id id) {
 
 /* ---- JSON <-> columns --------------------------------------------------------------------------------- */
 
-/* Compact JSON text of exactly the size it needs: measured first, then written once. json_dumps() grows
- * its buffer by doubling, which for a large value (a long prompt) holds up to twice its size meanwhile and
- * copies it several times. */
+/* Compact JSON text. A large value is measured first and written once at its exact size: json_dumps()
+ * grows its buffer by doubling, which for a long prompt holds up to twice its size meanwhile and copies it
+ * several times. */
+static size_t string_bytes(const json_t *v, size_t limit);
+
 static char *dump(const json_t *v, size_t *len) {
   const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
+  if (string_bytes(v, 65536) < 65536) { /* small (almost every value): one pass is cheaper than two */
+    char *text = json_dumps(v, flags);
+    *len = text ? strlen(text) : 0;
+    return text;
+  }
   size_t n = json_dumpb(v, NULL, 0, flags);
   char *text = n ? malloc(n + 1) : NULL;
   if (!text || json_dumpb(v, text, n, flags) != n) {
@@ -398,9 +405,34 @@ static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt)
 
 /* bind_json for a column of a row being inserted: *big is set to the length when `v` is to be streamed
  * with fill_big() after the step, else 0. */
+/* The bytes of the strings in `v`, up to `limit`: a cheap bound that tells a value far below STREAM_MIN
+ * (almost every one) without dumping it. */
+static size_t string_bytes(const json_t *v, size_t limit) {
+  size_t n = 0;
+  if (json_is_string(v))
+    return json_string_length(v);
+  const char *k = NULL;
+  const json_t *x = NULL;
+  size_t i = 0;
+  if (json_is_object(v)) {
+    json_object_foreach((json_t *)v, k, x) {
+      n += strlen(k) + string_bytes(x, limit);
+      if (n >= limit)
+        return n;
+    }
+  } else if (json_is_array(v)) {
+    json_array_foreach(v, i, x) {
+      n += string_bytes(x, limit);
+      if (n >= limit)
+        return n;
+    }
+  }
+  return n;
+}
+
 static int bind_json_big(sqlite3_stmt *st, int i, const json_t *v, const char *dflt, size_t *big) {
   *big = 0;
-  if (v && !json_is_null(v)) {
+  if (v && !json_is_null(v) && string_bytes(v, STREAM_MIN / 2) >= STREAM_MIN / 2) {
     size_t n = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
     if (n >= STREAM_MIN) {
       *big = n;

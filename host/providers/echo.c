@@ -32,6 +32,9 @@
 /* No delta is longer than this: a large echo streams in as many deltas as it takes, so no single sink call
  * (and no frame a surface writes for it) copies more than this much on the loop. */
 #define ECHO_DELTA_MAX 65536u
+/* A prompt at least this long is compiled on the thread pool; a shorter one at once (the pool's round trip
+ * costs more than compiling it). */
+#define ECHO_OFF_LOOP_BYTES ((size_t)256 * 1024)
 
 typedef enum echo_step_kind {
   ECHO_STEP_INVALID = 0,
@@ -422,6 +425,18 @@ static int echo_check_content(const json_t *content) {
     }
   }
   return contributing;
+}
+
+/* About how many bytes the prompt text has (its blocks' strings; no text is read). */
+static size_t echo_content_bytes(const json_t *content) {
+  size_t n = 0, i = 0;
+  const json_t *block = NULL;
+  json_array_foreach(content, i, block) {
+    n += json_string_length(json_object_get(block, "text")) +
+         json_string_length(json_object_get(block, "uri")) +
+         json_string_length(json_object_get(block, "name"));
+  }
+  return n;
 }
 
 /* The prompt text: the text blocks and rendered links concatenated (into t->prompt), or the one text block
@@ -932,7 +947,10 @@ static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_tur
   t->content = json_incref((json_t *)in->content);
   t->work.data = t;
   t->compiling = true;
-  if (uv_queue_work(st->loop, &t->work, echo_compile, echo_compiled) != 0) {
+  if (echo_content_bytes(in->content) < ECHO_OFF_LOOP_BYTES) {
+    echo_compile(&t->work);
+    echo_compiled(&t->work, 0); /* arms the first tick: the sink is never called from in here */
+  } else if (uv_queue_work(st->loop, &t->work, echo_compile, echo_compiled) != 0) {
     t->compiling = false;
     t->freed = true;
     echo_close(t);

@@ -43,9 +43,10 @@
  * a cancel after end.
  * - turn_free() is valid from inside end() and also before end() (the turn then stops without calling the
  *   sink); the turn's memory is released in its handles' close callbacks.
- * - The prompt is compiled (blocks joined, directives read, the echo built) on the loop's thread pool, so
- *   a large prompt is never copied or scanned on the loop; a cancel or free meanwhile takes effect when the
- *   compilation is back. No delta is longer than 64 KiB: a longer /chunks piece (or the whole echo,
+ * - A prompt of 256 KiB or more is compiled (blocks joined, directives read, the echo built) on the loop's
+ *   thread pool, so a large prompt is never copied or scanned on the loop; a cancel or free meanwhile takes
+ *   effect when the compilation is back. A shorter one is compiled in turn_start() (the pool's round trip
+ *   would cost more). No delta is longer than 64 KiB: a longer /chunks piece (or the whole echo,
  *   by default) streams in as many deltas as it takes, each cut before a character. The echo is committed
  *   through commit_json when the agent's sink has it (ABI 1.2), without a copy.
  * - Turns do not refer to the provider after turn_start(): ah__echo_provider_free() may run while turns
