@@ -104,6 +104,7 @@ struct ah_session {
 
 struct turn {
   session *s;
+  ah_sessions *m; /* the turn may outlive its session's memory until its posted free */
   char id[37];
   char *message_id;
   json_t *content;
@@ -834,8 +835,12 @@ static void turn_free(turn *t) {
   free(t);
 }
 
+/* A stopping manager waits for every turn's free (the provider's turn with it: echo's handles must be
+ * closed before the core goes). */
 static void turn_free_task(void *arg) {
+  ah_sessions *m = ((turn *)arg)->m;
   turn_free(arg);
+  check_stopped(m);
 }
 
 static void finish_close(session *s);
@@ -1107,6 +1112,7 @@ static void maybe_claim(session *s) {
   }
   ah__list_push(&m->turns, &t->all);
   t->s = s;
+  t->m = m;
   ah__uuid7(t->id);
   t->message_id = q->message_id;
   t->content = q->content;
@@ -2194,7 +2200,9 @@ static void store_closed(void *arg) {
 static void check_stopped(ah_sessions *m) {
   if (!m->stopping || m->stop_finishing)
     return;
-  /* Wait for running turns to end and their tools to stop, then release every lease. */
+  /* Wait for running turns to end, their tools to stop and their memory to go, then release every lease. */
+  if (!ah__list_empty(&m->turns))
+    return;
   AH__LIST_EACH(it, &m->sessions) {
     session *s = AH__CONTAINER(it, session, link);
     if (s->turn || !s->ready)
