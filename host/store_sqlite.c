@@ -362,49 +362,6 @@ static int run(sq_store *q, conn *c, stmt_id id) {
 
 /* ---- JSON <-> columns --------------------------------------------------------------------------------- */
 
-/* Compact JSON text. A large value is measured first and written once at its exact size: json_dumps()
- * grows its buffer by doubling, which for a long prompt holds up to twice its size meanwhile and copies it
- * several times. */
-static size_t string_bytes(const json_t *v, size_t limit);
-
-static char *dump(const json_t *v, size_t *len) {
-  const size_t flags = JSON_COMPACT | JSON_ENCODE_ANY;
-  if (string_bytes(v, 65536) < 65536) { /* small (almost every value): one pass is cheaper than two */
-    char *text = json_dumps(v, flags);
-    *len = text ? strlen(text) : 0;
-    return text;
-  }
-  size_t n = json_dumpb(v, NULL, 0, flags);
-  char *text = n ? malloc(n + 1) : NULL;
-  if (!text || json_dumpb(v, text, n, flags) != n) {
-    free(text);
-    return NULL;
-  }
-  text[n] = '\0';
-  *len = n;
-  return text;
-}
-
-/* Bind `v` as compact JSON text (NULL → `dflt`, which may be NULL for SQL NULL). */
-static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt) {
-  if (!v || json_is_null(v))
-    return dflt ? sqlite3_bind_text(st, i, dflt, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
-  size_t n = 0;
-  char *text = dump(v, &n);
-  if (!text)
-    return SQLITE_NOMEM;
-  return sqlite3_bind_text64(st, i, text, n, free, SQLITE_UTF8);
-}
-
-/* JSON texts at least this long are written in pieces: bound as a zero-filled value of their length, then
- * filled through SQLite's incremental I/O once the row exists. Bound whole, a value is in memory three
- * times during its insert (the JSON, its dumped text and the record SQLite builds); in pieces, once. Such
- * a value reads back as a BLOB of the same UTF-8 bytes (sqlite3_column_text and CAST(x AS TEXT) give the
- * text). */
-#define STREAM_MIN ((size_t)1 << 20)
-
-/* bind_json for a column of a row being inserted: *big is set to the length when `v` is to be streamed
- * with fill_big() after the step, else 0. */
 /* The bytes of the strings in `v`, up to `limit`: a cheap bound that tells a value far below STREAM_MIN
  * (almost every one) without dumping it. */
 static size_t string_bytes(const json_t *v, size_t limit) {
@@ -430,16 +387,65 @@ static size_t string_bytes(const json_t *v, size_t limit) {
   return n;
 }
 
+#define DUMP_FLAGS (JSON_COMPACT | JSON_ENCODE_ANY)
+
+/* v's compact JSON text of `n` bytes (json_dumpb's measure), written once at its exact size: json_dumps()
+ * grows its buffer by doubling, which for a long prompt holds up to twice its size and copies it several
+ * times. */
+static char *dump_sized(const json_t *v, size_t n) {
+  char *text = n ? malloc(n + 1) : NULL;
+  if (!text || json_dumpb(v, text, n, DUMP_FLAGS) != n) {
+    free(text);
+    return NULL;
+  }
+  text[n] = '\0';
+  return text;
+}
+
+/* Bind `v` as compact JSON text (NULL → `dflt`, which may be NULL for SQL NULL). `n` is its measured size,
+ * or 0: then a small value (almost every one) is dumped in one pass, a large one measured first. */
+static int bind_json_n(sqlite3_stmt *st, int i, const json_t *v, const char *dflt, size_t n) {
+  if (!v || json_is_null(v))
+    return dflt ? sqlite3_bind_text(st, i, dflt, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
+  char *text = NULL;
+  if (!n && string_bytes(v, 65536) < 65536) {
+    text = json_dumps(v, DUMP_FLAGS);
+    n = text ? strlen(text) : 0;
+  } else {
+    n = n ? n : json_dumpb(v, NULL, 0, DUMP_FLAGS);
+    text = dump_sized(v, n);
+  }
+  if (!text)
+    return SQLITE_NOMEM;
+  return sqlite3_bind_text64(st, i, text, n, free, SQLITE_UTF8);
+}
+
+static int bind_json(sqlite3_stmt *st, int i, const json_t *v, const char *dflt) {
+  return bind_json_n(st, i, v, dflt, 0);
+}
+
+/* JSON texts at least this long are written in pieces: bound as a zero-filled value of their length, then
+ * filled through SQLite's incremental I/O once the row exists. Bound whole, a value is in memory three
+ * times during its insert (the JSON, its dumped text and the record SQLite builds); in pieces, once. Such
+ * a value reads back as a BLOB of the same UTF-8 bytes (sqlite3_column_text and CAST(x AS TEXT) give the
+ * text). */
+#define STREAM_MIN ((size_t)1 << 20)
+
+/* bind_json for a column of a row being inserted: *big is set to the length when `v` is to be streamed
+ * with fill_big() after the step, else 0. */
 static int bind_json_big(sqlite3_stmt *st, int i, const json_t *v, const char *dflt, size_t *big) {
   *big = 0;
-  if (v && !json_is_null(v) && string_bytes(v, STREAM_MIN / 2) >= STREAM_MIN / 2) {
-    size_t n = json_dumpb(v, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
+  size_t n = 0;
+  /* Escapes make a string's text at most six times its bytes: a value with fewer string bytes than
+   * STREAM_MIN / 6 is bound whole without being measured (a large value made of numbers is too). */
+  if (v && !json_is_null(v) && string_bytes(v, STREAM_MIN / 6) >= STREAM_MIN / 6) {
+    n = json_dumpb(v, NULL, 0, DUMP_FLAGS);
     if (n >= STREAM_MIN) {
       *big = n;
       return sqlite3_bind_zeroblob64(st, i, n);
     }
   }
-  return bind_json(st, i, v, dflt);
+  return bind_json_n(st, i, v, dflt, n);
 }
 
 typedef struct filler {
@@ -489,7 +495,7 @@ static int fill_big(sq_store *q, const char *table, const char *col, sqlite3_int
   f->cap = n;
   int rc = sqlite3_blob_open(q->w.db, "main", table, col, rowid, 1, &f->blob);
   if (rc == SQLITE_OK) {
-    if (json_dump_callback(v, fill_piece, f, JSON_COMPACT | JSON_ENCODE_ANY) == 0)
+    if (json_dump_callback(v, fill_piece, f, DUMP_FLAGS) == 0)
       fill_flush(f);
     rc = f->rc != SQLITE_OK ? f->rc : f->off != n ? SQLITE_CORRUPT : SQLITE_OK;
   }

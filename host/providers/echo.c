@@ -86,17 +86,17 @@ struct ah_provider_turn {
   unsigned calls;
   char *pending_commit; /* a directive's result, committed on the next tick (owned) */
 
-  /* The turn is compiled on the loop's thread pool (a prompt may be large: nothing on the loop copies or
-   * scans it): from turn_start() until the work's completion the turn only records cancel and free. */
+  /* A large prompt is compiled on the loop's thread pool (nothing on the loop copies or scans it): from
+   * turn_start() until the work's completion the turn only records cancel and free. */
   uv_work_t work;
   bool compiling;
   json_t *content; /* the prompt's content blocks while compiling (a reference) */
 
-  const char *text; /* the echo's text (the non-directive lines): a span of the prompt or of text_own,
-                     * NULL once compiled (then only text_n is read) */
-  size_t text_n;
+  /* While compiling only: the echo's text (the non-directive lines), a span of the prompt or of text_own. */
+  const char *text;
+  size_t text_n;  /* its length (kept) */
   char *text_own; /* the text when it is not one span of the prompt (owned) */
-  char *prompt;   /* the concatenated blocks, when there are several (owned; freed after compiling) */
+  char *prompt;   /* the concatenated blocks, when there are several (owned) */
   json_t *echo;   /* "echo: <text>", built while compiling (a reference) */
   size_t *cuts;   /* byte offsets of the /chunks boundaries in `echo`, ndeltas + 1 of them (owned) */
   size_t ndeltas;
@@ -401,10 +401,10 @@ static bool echo_parse(ah_provider_turn *t, const char *prompt, size_t len) {
   return !t->oom && !t->error;
 }
 
-/* Check the content blocks (cheap: no text is read). Returns the number of blocks that make up the prompt,
- * or AH_EINVAL. */
-static int echo_check_content(const json_t *content) {
-  int contributing = 0;
+/* Check the content blocks (cheap: no text is read). Returns 0 and, in *bytes, about how long the prompt
+ * text is (its blocks' strings), or AH_EINVAL. */
+static int echo_check_content(const json_t *content, size_t *bytes) {
+  *bytes = 0;
   size_t i = 0;
   const json_t *block = NULL;
   json_array_foreach(content, i, block) {
@@ -412,31 +412,21 @@ static int echo_check_content(const json_t *content) {
     if (!json_is_object(block) || !type)
       return AH_EINVAL;
     if (strcmp(type, "text") == 0) {
-      if (!json_is_string(json_object_get(block, "text")))
+      const json_t *tx = json_object_get(block, "text");
+      if (!json_is_string(tx))
         return AH_EINVAL;
-      contributing++;
+      *bytes += json_string_length(tx);
     } else if (strcmp(type, "resource_link") == 0) {
-      if (!json_is_string(json_object_get(block, "uri")))
+      const json_t *uri = json_object_get(block, "uri");
+      if (!json_is_string(uri))
         return AH_EINVAL;
-      contributing++;
+      *bytes += json_string_length(uri) + json_string_length(json_object_get(block, "name"));
     } else {
       /* Other block types (images, audio) carry nothing the echo could repeat. */
       AH_LOG_D("echo", "ignoring a content block of type \"%s\"", type);
     }
   }
-  return contributing;
-}
-
-/* About how many bytes the prompt text has (its blocks' strings; no text is read). */
-static size_t echo_content_bytes(const json_t *content) {
-  size_t n = 0, i = 0;
-  const json_t *block = NULL;
-  json_array_foreach(content, i, block) {
-    n += json_string_length(json_object_get(block, "text")) +
-         json_string_length(json_object_get(block, "uri")) +
-         json_string_length(json_object_get(block, "name"));
-  }
-  return n;
+  return 0;
 }
 
 /* The prompt text: the text blocks and rendered links concatenated (into t->prompt), or the one text block
@@ -876,36 +866,36 @@ static void echo_turn_free(ah_provider_turn *t) {
     echo_close(t);
 }
 
-/* On the thread pool: the prompt text, its directives, the echo and its cuts. Reads only the content
- * (immutable while the turn holds it) and writes only the turn, which the loop does not read meanwhile. */
+/* The prompt text, its directives, the echo and its cuts (on the thread pool for a large prompt). Reads
+ * only the content (immutable while the turn holds it) and writes only the turn, which the loop does not
+ * read meanwhile. Then the prompt is released, here too: the echo has its own copy, and only the text's
+ * length is read later. */
 static void echo_compile(uv_work_t *w) {
   ah_provider_turn *t = w->data;
   const char *prompt = NULL;
   size_t len = 0;
   if (!echo_prompt(t, &prompt, &len)) {
     t->oom = true;
-    return;
+  } else {
+    t->input_bytes = len;
+    if (echo_parse(t, prompt, len))
+      echo_build(t);
   }
-  t->input_bytes = len;
-  if (echo_parse(t, prompt, len))
-    echo_build(t);
+  t->text = NULL; /* a span of the prompt or of text_own */
+  free(t->text_own);
+  t->text_own = NULL;
+  free(t->prompt);
+  t->prompt = NULL;
+  json_decref(t->content);
+  t->content = NULL;
 }
 
-/* Back on the loop: the prompt is no longer needed (the echo has its own copy); the first tick reports a
- * malformed directive or starts the first step. */
+/* Back on the loop: the first tick reports a malformed directive or starts the first step. */
 static void echo_compiled(uv_work_t *w, int status) {
   ah_provider_turn *t = w->data;
   t->compiling = false;
   if (status != 0)
     t->oom = true; /* not run (the loop is closing); the turn ends "error" if anyone still listens */
-  /* The text was a span of the prompt or of text_own, which go now; only its length is read later. */
-  t->text = NULL;
-  free(t->text_own);
-  t->text_own = NULL;
-  json_decref(t->content);
-  t->content = NULL;
-  free(t->prompt);
-  t->prompt = NULL;
   if (t->freed)
     echo_close(t);
   else
@@ -919,7 +909,8 @@ static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_tur
       !sink->commit || !sink->end)
     return AH_EINVAL;
   echo_state *st = p->data;
-  int rc = echo_check_content(in->content);
+  size_t bytes = 0;
+  int rc = echo_check_content(in->content, &bytes);
   if (rc < 0)
     return rc;
   ah_provider_turn *t = calloc(1, sizeof *t);
@@ -947,7 +938,7 @@ static int echo_turn_start(ah_provider *p, const ah_turn_input *in, const ah_tur
   t->content = json_incref((json_t *)in->content);
   t->work.data = t;
   t->compiling = true;
-  if (echo_content_bytes(in->content) < ECHO_OFF_LOOP_BYTES) {
+  if (bytes < ECHO_OFF_LOOP_BYTES) {
     echo_compile(&t->work);
     echo_compiled(&t->work, 0); /* arms the first tick: the sink is never called from in here */
   } else if (uv_queue_work(st->loop, &t->work, echo_compile, echo_compiled) != 0) {
