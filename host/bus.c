@@ -101,7 +101,8 @@ void ah__bus_unsubscribe(ah_sub *s) {
   free(s);
 }
 
-bool ah__bus_pending(ah_host *h) {
+bool ah__bus_pending(void *host) {
+  ah_host *h = host;
   AH__LIST_EACH(it, &h->subs) {
     ah_sub *s = AH__CONTAINER(it, ah_sub, host_link);
     if (s->active && json_array_size(s->queue) > 0)
@@ -110,7 +111,8 @@ bool ah__bus_pending(ah_host *h) {
   return false;
 }
 
-void ah__bus_deliver(ah_host *h) {
+void ah__bus_deliver(void *host) {
+  ah_host *h = host;
   /* One event per subscriber per pass. A callback may unsubscribe any subscriber (freeing it), so no
    * list pointer is held across a callback: each step scans from the head for the next subscriber that
    * has not been served in this pass. */
@@ -132,12 +134,4 @@ void ah__bus_deliver(ah_host *h) {
     s->fn(json_string_value(json_array_get(item, 0)), json_array_get(item, 1), s->arg);
     json_decref(item);
   }
-}
-
-void ah__bus_drain(void *host) {
-  ah__bus_deliver(host);
-}
-
-bool ah__bus_drain_pending(void *host) {
-  return ah__bus_pending(host);
 }

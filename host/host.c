@@ -19,7 +19,7 @@ int ah__core_register(ah_host *h, ah_mount *m);
 static const ah__drain drains[] = {
     {.run = ah__calls_drain, .pending = ah__calls_pending},
     {.run = ah__services_drain_posts, .pending = ah__services_posts_pending},
-    {.run = ah__bus_drain, .pending = ah__bus_drain_pending},
+    {.run = ah__bus_deliver, .pending = ah__bus_pending},
 };
 
 /* A mount starts its withdraw: the turns on its providers end while its code is mapped. */

@@ -280,8 +280,9 @@ struct ah_sub {
 int ah__bus_emit(ah_host *h, ah_mount *m, const char *name, json_t *data);
 int ah__bus_subscribe(ah_host *h, ah_mount *m, const char *pattern, ah_event_fn fn, void *arg, ah_sub **out);
 void ah__bus_unsubscribe(ah_sub *s);
-void ah__bus_deliver(ah_host *h); /* one delivery pass (the pump) */
-bool ah__bus_pending(ah_host *h);
+/* The pump's drain of bus events (`host` is the ah_host): one delivery pass, and whether events wait. */
+void ah__bus_deliver(void *host);
+bool ah__bus_pending(void *host);
 bool ah__pattern_match(const char *pattern, const char *name);
 
 /* ---- services (services.c, process.c) ------------------------------------------------------------- */
@@ -409,13 +410,12 @@ void ah__audit(ah_host *h, const char *method, const ah_caller *caller, int stat
 void ah__audit_open(ah_host *h); /* state_dir/audit.log; a warning when it cannot be opened */
 void ah__audit_close(ah_host *h);
 
-/* ---- the pump's drains (pump.h): call outcomes (calls.c), posted tasks (services.c), bus events (bus.c) */
+/* ---- the pump's drains (pump.h): call outcomes (calls.c), posted tasks (services.c); bus events above */
 void ah__calls_drain(void *host);
 bool ah__calls_pending(void *host);
 void ah__services_drain_posts(void *host);
 bool ah__services_posts_pending(void *host);
-void ah__bus_drain(void *host);
-bool ah__bus_drain_pending(void *host);
+
 ah_mount *ah__host_find_mount(ah_host *h, const char *name);
 int ah__host_register_core(ah_host *h); /* core_methods.c */
 /* ---- what a mount has in flight (holds.c): read by the withdraw machine ------------------------------- */

@@ -34,8 +34,12 @@ static void req_unlink(bp_req *r) {
 
 /* A body as large as a parse off the loop gets a mapping of its own: its pages can be given back while it
  * is parsed (read_body), which memory from malloc must not be. */
+static size_t body_size(const bp_req *r) {
+  return r->content_length ? (size_t)r->content_length : 1;
+}
+
 static int body_alloc(bp_req *r) {
-  size_t n = r->content_length ? (size_t)r->content_length : 1;
+  size_t n = body_size(r);
   if (n >= PARSE_OFF_LOOP_BYTES) {
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     r->body = p == MAP_FAILED ? NULL : p;
@@ -48,7 +52,7 @@ static int body_alloc(bp_req *r) {
 
 static void body_free(bp_req *r) {
   if (r->body && r->body_mapped)
-    munmap(r->body, r->content_length ? (size_t)r->content_length : 1);
+    munmap(r->body, body_size(r));
   else
     free(r->body);
   r->body = NULL;

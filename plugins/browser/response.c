@@ -174,6 +174,13 @@ void bp_hold_input(bp_http *h, struct lws *wsi) {
     h->rx_held = true;
 }
 
+static void resume_input(bp_http *h, struct lws *wsi) {
+  if (h->rx_held) {
+    h->rx_held = false;
+    lws_rx_flow_control(wsi, 1);
+  }
+}
+
 /* Write the pending answer: reading resumes and the transaction ends (libwebsockets then reads a pipelined
  * request, or the end of a half-closed connection). An answer larger than the socket takes at once is
  * finished by libwebsockets; a pipelined request read meanwhile closes the connection once the answer is
@@ -185,10 +192,7 @@ static int write_out(bp_http *h, struct lws *wsi) {
     return 0;
   int n = lws_write(wsi, out.buf + LWS_PRE, out.len, LWS_WRITE_HTTP_FINAL);
   free(out.buf);
-  if (h->rx_held) {
-    h->rx_held = false;
-    lws_rx_flow_control(wsi, 1);
-  }
+  resume_input(h, wsi);
   if (n < 0 || out.close_after)
     return -1;
   return lws_http_transaction_completed(wsi) ? -1 : 0;
@@ -210,10 +214,7 @@ void bp_send_later(bp_http *h, struct lws *wsi) {
   if (!h->flush && h->st->api->timer_start(h->st->m, 0, 0, flush_now, h, &h->flush) != 0) {
     h->flush = NULL;
     /* No timer: reading resumes and libwebsockets' HTTP_WRITEABLE writes it. */
-    if (h->rx_held) {
-      h->rx_held = false;
-      lws_rx_flow_control(wsi, 1);
-    }
+    resume_input(h, wsi);
     lws_callback_on_writable(wsi);
   }
 }
