@@ -894,3 +894,35 @@ Test(sessions, provider_registrations_are_checked) {
   cr_assert_eq(th_load(w.h, "provider", NULL), 0, "a correct registration mounts after the refusals");
   world_down(&w);
 }
+
+/* The ABI growth rule, for the minor before today's: a module built against the frozen 1.1 headers
+ * (tests/abi/1.1) runs turns — its sink, shorter than today's, has no commit_json, so it commits a C string —
+ * and its remote descriptor, with `data` but without `param_size`, is called with the 1.0 parameter layout.
+ */
+Test(sessions, a_module_built_for_abi_1_1_runs_turns_and_descriptors) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s}}", "old", "type", "abi11");
+  cr_assert_eq(th_load(w.h, "abi-1-1", NULL), 0);
+  json_t *r = ok_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", w.work, "provider", "old"));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  free(prompt(&w, id, "hi"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_expect_str_eq(event_text(ev, "message/committed", "text"), "abi11: hi");
+  cr_expect_str_eq(event_text(ev, "turn/ended", "reason"), "end");
+  json_decref(ev);
+  const ah_caller lan = {.struct_size = sizeof(ah_caller), .authority = AH_AUTH_LAN, .surface = "test"};
+  ts_outcome o;
+  memset(&o, 0, sizeof o);
+  json_t *args = json_pack("{s:i}", "n", 6);
+  cr_assert_eq(ah__remote_invoke(w.h, &lan, "abi11", "scale", args, NULL, th_reply, &o), 0);
+  json_decref(args);
+  cr_assert(ts_run_until(&w.loop, &o.done, 10000), "no outcome");
+  cr_expect_eq(o.status, 0, "%s", o.message ? o.message : "");
+  cr_expect_eq(json_integer_value(o.result), 42);
+  th_outcome_clear(&o);
+  free(id);
+  world_down(&w);
+}
