@@ -271,9 +271,9 @@ Test(mount, core_methods_and_events_described) {
   cr_assert(th_described(host, "methods", "plugin.load"));
 }
 
-/* The growth rule: a module built against the frozen ABI 1.0 headers (tests/abi/1.0) mounts in today's host,
- * and what it registered runs — a method, and a remote descriptor whose params have the 1.0 layout and
- * whose definition ends before `data` and `param_size`. */
+/* Core "plugin load" (the ABI minor check) and the growth rule: a module built against the frozen ABI 1.0
+ * headers (tests/abi/1.0) mounts in today's host, and what it registered runs — a method, and a remote
+ * descriptor whose params have the 1.0 layout and whose definition ends before `data` and `param_size`. */
 Test(mount, a_module_built_for_abi_1_0_mounts_and_runs) {
   cr_assert_eq(th_load(host, "abi-1-0", NULL), 0);
   ts_outcome o;
@@ -295,10 +295,10 @@ Test(mount, a_module_built_for_abi_1_0_mounts_and_runs) {
   th_outcome_clear(&o);
 }
 
-/* The growth rule: a plugin that needs entries the host lacks sees them absent and refuses to mount, naming
- * the entry, instead of calling NULL. The remote plugin against two older tables: an earlier 1.1 host
- * (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before the 1.1
- * entries). */
+/* Core "plugin load" and the growth rule: a plugin that needs entries the host lacks sees them absent and
+ * refuses to mount, naming the entry, instead of calling NULL. The remote plugin against two older tables: an
+ * earlier 1.1 host (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before
+ * the 1.1 entries). */
 static char probe_log[512];
 static void probe_logf(ah_mount *m, int level, const char *fmt, ...) {
   (void)m;

@@ -895,9 +895,10 @@ Test(sessions, provider_registrations_are_checked) {
   world_down(&w);
 }
 
-/* The ABI growth rule, for the minor before today's: a module built against the frozen 1.1 headers
- * (tests/abi/1.1) runs turns — its sink, shorter than today's, has no commit_json, so it commits a C string —
- * and its remote descriptor, with `data` but without `param_size`, is called with the 1.0 parameter layout.
+/* Core "plugin load" and the ABI growth rule, for the minor before today's: a module built against the
+ * frozen 1.1 headers (tests/abi/1.1) runs turns — its sink, shorter than today's, has no commit_json, so it
+ * commits a C string — and its remote descriptor, with `data` but without `param_size`, is called with
+ * the 1.0 parameter layout.
  */
 Test(sessions, a_module_built_for_abi_1_1_runs_turns_and_descriptors) {
   world w;
