@@ -239,7 +239,7 @@ static void store_written(int status, const json_t *results, void *arg) {
     store_send(r);
 }
 
-/* The opset a prompt writes: the inbox row and its inbox/received event (see sessions.c). */
+/* The opset a prompt writes: the inbox row and its inbox/received event (see host/sessions/live.c). */
 static void store_send(store_run *r) {
   char mid[37], now[32];
   ah__uuid7(mid);

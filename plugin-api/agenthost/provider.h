@@ -1,8 +1,9 @@
 /* agenthost — the model provider interface: what runs one turn of an agent.
  *
- * The agent (the host's sessions, host/sessions.c) owns the conversation, the tools and the durable events; a
- * provider only produces the assistant's side of one turn. The agent starts a turn with the conversation so
- * far, the new user message and the tools the agent offers; the provider reports through the sink:
+ * The agent (the host's sessions engine, host/sessions/) owns the conversation, the tools and the durable
+ * events; a provider only produces the assistant's side of one turn. The agent starts a turn with the
+ * conversation so far, the new user message and the tools the agent offers; the provider reports through
+ * the sink:
  *   delta(text)              transient streamed text (never stored)
  *   commit(text)             a committed assistant message (stored as message/committed);
  *                            commit_json(text) the same for a JSON string, without a copy (ABI 1.2)

@@ -1,0 +1,502 @@
+/* Live sessions: a session loaded from the store (a cold resume, coalesced: callers of a session being
+ * loaded wait for the one load), its lease (taken at load, renewed, fenced, lost), its prompt queue, its
+ * creation, close and release, and what happens when it can no longer run here (lease lost, write failed).
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "session.h"
+
+static void stop_here(session *s, int status);
+static void retry_tick(ah_timer *t, void *arg);
+static void recover_after_load(session *s);
+
+session *ah__live_find(ah_sessions *m, const char *id) {
+  AH__LIST_EACH(it, &m->sessions) {
+    session *s = AH__CONTAINER(it, session, link);
+    if (strcmp(s->id, id) == 0)
+      return s;
+  }
+  return NULL;
+}
+
+/* Forget the prompts queued in memory (their inbox rows stay in the store). */
+static void drop_queue(session *s) {
+  while (!ah__list_empty(&s->queue)) {
+    queued *q = AH__CONTAINER(s->queue.next, queued, link);
+    ah__list_remove(&q->link);
+    free(q->message_id);
+    json_decref(q->content);
+    free(q);
+  }
+}
+
+static void session_free(session *s) {
+  drop_queue(s);
+  json_decref(s->row);
+  free(s->parent_message);
+  free(s->id);
+  free(s);
+}
+
+/* A disposed session's memory goes after its last write and hold, and after its turn ended. */
+void ah__live_free_if_unused(session *s) {
+  if (!s->disposed || s->pending_writes > 0 || s->holds > 0 || s->turn)
+    return;
+  ah_sessions *m = s->m;
+  session_free(s);
+  ah__sm_check_stopped(m);
+}
+
+/* ---- leases ------------------------------------------------------------------------------------------ */
+
+/* A lease held by a process of this machine that no longer exists can be taken at once: owners are
+ * "host:pid:nonce". */
+static bool owner_dead_here(ah_sessions *m, const char *owner) {
+  if (!owner)
+    return false;
+  char host[64] = "";
+  long pid = 0;
+  const char *c1 = strchr(owner, ':');
+  if (!c1 || (size_t)(c1 - owner) >= sizeof host)
+    return false;
+  memcpy(host, owner, (size_t)(c1 - owner));
+  host[c1 - owner] = '\0';
+  pid = strtol(c1 + 1, NULL, 10);
+  if (strcmp(host, m->hostname) != 0 || pid <= 0 || pid == (long)getpid())
+    return false;
+  return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+static json_t *lease_op(ah_sessions *m, const char *id, const json_t *row) {
+  uint64_t now = ah__time_ms();
+  json_t *op = json_pack("{s:s, s:s, s:s, s:I, s:I}", "op", "lease", "id", id, "owner", m->owner, "until",
+                         (json_int_t)(now + m->lease_ttl), "now", (json_int_t)now);
+  const char *holder = row ? str(row, "leaseOwner") : NULL;
+  if (holder && strcmp(holder, m->owner) != 0 && owner_dead_here(m, holder))
+    json_object_set_new(op, "steal", json_string(holder));
+  return op;
+}
+
+void ah__live_renew_leases(ah_timer *t, void *arg) {
+  (void)t;
+  ah_sessions *m = arg;
+  AH__LIST_EACH(it, &m->sessions) {
+    session *s = AH__CONTAINER(it, session, link);
+    if (!s->ready || s->disposed)
+      continue;
+    ah__write_ops(s, json_pack("[o]", lease_op(m, s->id, NULL)), NULL, NULL, NULL, NULL, NULL, NULL);
+  }
+}
+
+/* ---- live sessions: load (cold resume) with coalescing ------------------------------------------------- */
+
+static session *session_new(ah_sessions *m, const char *id, json_t *row) {
+  session *s = calloc(1, sizeof *s);
+  if (!s)
+    return NULL;
+  s->m = m;
+  s->id = strdup(id);
+  s->row = row;
+  s->seq = json_integer_value(json_object_get(row, "lastSeq"));
+  ah__list_init(&s->queue);
+  ah__list_init(&s->waiters);
+  ah__list_init(&s->close_waiters);
+  ah__list_push(&m->sessions, &s->link);
+  m->nlive++;
+  return s;
+}
+
+void ah__live_wake(session *s, int status) {
+  while (!ah__list_empty(&s->waiters)) {
+    waiter *w = AH__CONTAINER(s->waiters.next, waiter, link);
+    ah__list_remove(&w->link);
+    w->cb(status, status == 0 ? s : NULL, w->arg);
+    free(w);
+  }
+}
+
+/* Drop a live session from the manager (after its lease is released or was never taken). */
+static void session_dispose(session *s) {
+  if (s->disposed)
+    return;
+  ah__live_wake(s, AH_ECLOSED); /* nobody waits on a session that is going away */
+  s->disposed = true;
+  ah__list_remove(&s->link);
+  s->m->nlive--;
+  ah__live_free_if_unused(s);
+}
+
+/* Another process holds the session's lease now (this one was stopped past the lease's TTL and the session
+ * was taken over): it stops here at once — its turn is cancelled (nothing of it is written: every write is
+ * fenced), prompts waiting in memory are dropped (they are in the store's inbox for the owner), and the
+ * next call for the session loads it afresh, which is refused while the other process holds it. */
+void ah__live_lease_lost(session *s, const char *why) {
+  if (s->lost || s->broken)
+    return;
+  s->lost = true;
+  json_t *row = ah__store_get_session(ah__sm_store(s->m), s->id);
+  AH_LOG_W(LOG, "session %s: this process lost its lease (%s; held by %s now): it no longer runs here", s->id,
+           why, row && str(row, "leaseOwner") ? str(row, "leaseOwner") : "no process");
+  json_decref(row);
+  stop_here(s, AH_EAGENTBUSY);
+}
+
+/* A write of a live session failed (disk full, I/O error): what it did since can no longer be recorded in
+ * order, so it stops here — its turn is cancelled, nothing more of it is written — and it is reloaded from
+ * the store once writes succeed again: the load records the interrupted turn (turn/ended "error", its
+ * prompt done) and runs the prompts still queued. Meanwhile prompts for it are refused (not acknowledged). */
+void ah__live_broken(session *s, int status) {
+  if (s->lost || s->broken)
+    return;
+  s->broken = true;
+  ah_sessions *m = s->m;
+  char detail[300] = "";
+  ah__store_health(ah__sm_store(m), detail, sizeof detail);
+  AH_LOG_E(LOG,
+           "session %s: a write failed (%s%s%s): its turn is cancelled and the session is reloaded once the "
+           "store takes writes again",
+           s->id, ah_strerror(status), detail[0] ? ": " : "", detail);
+  if (!m->retry)
+    m->retry = json_object();
+  json_object_set_new(m->retry, s->id, json_true());
+  if (!m->retry_timer && !m->stopping)
+    ah__services_timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
+  stop_here(s, AH_EIO);
+}
+
+/* The session runs here no more: prompts waiting in memory are dropped (they are in the store's inbox),
+ * its turn is cancelled, and it leaves the live sessions (its memory goes once nothing uses it). */
+static void stop_here(session *s, int status) {
+  drop_queue(s);
+  if (s->turn && s->turn->cancel)
+    ah__cancel_trip(s->turn->cancel);
+  if (!s->disposed) {
+    ah__live_wake(s, status);
+    session_dispose(s);
+  }
+}
+
+typedef struct retry_ctx {
+  ah_sessions *m;
+  char id[40];
+} retry_ctx;
+
+static void retry_loaded(int status, session *s, void *arg) {
+  (void)s;
+  retry_ctx *r = arg;
+  /* A load that succeeded took the id out of m->retry (recover_after_load). One that cannot succeed any
+   * more stops the retries: the session was closed or deleted, or another process holds it now. */
+  if (status == AH_ENOENT || status == AH_ECLOSED || status == AH_EAGENTBUSY) {
+    AH_LOG_I(LOG, "session %s: no longer reloaded here (%s)", r->id, ah_strerror(status));
+    json_object_del(r->m->retry, r->id);
+  }
+  free(r);
+}
+
+/* Reload the sessions whose writes failed: a load is one write (the lease), so it succeeds once the store
+ * takes writes again. */
+static void retry_tick(ah_timer *t, void *arg) {
+  (void)t;
+  ah_sessions *m = arg;
+  if (json_object_size(m->retry) == 0 || m->stopping) {
+    if (m->retry_timer)
+      ah__services_timer_stop(m->retry_timer);
+    m->retry_timer = NULL;
+    return;
+  }
+  const char *id = NULL;
+  json_t *v = NULL;
+  void *tmp = NULL;
+  json_object_foreach_safe(m->retry, tmp, id, v) {
+    if (ah__live_find(m, id))
+      continue; /* a load is in progress */
+    retry_ctx *r = calloc(1, sizeof *r);
+    if (!r)
+      continue;
+    r->m = m;
+    snprintf(r->id, sizeof r->id, "%s", id);
+    ah__live_lookup(m, r->id, retry_loaded, r);
+  }
+}
+
+static void recover_after_load(session *s) {
+  ah_sessions *m = s->m;
+  bool retried = json_object_get(m->retry, s->id) != NULL;
+  const char *why = retried ? "interrupted: the store could not record this turn (disk full or I/O error)"
+                            : "interrupted: the host stopped during this turn";
+  if (retried) {
+    json_object_del(m->retry, s->id);
+    AH_LOG_I(LOG, "session %s: reloaded after a failed write; its interrupted turn is recorded", s->id);
+  }
+  /* Prompts acknowledged before a restart: a claimed one was interrupted (its turn is recorded as ended
+   * with an error, attributed to its own message), queued ones are run in order. */
+  json_t *open = ah__store_inbox_open(ah__sm_store(m), s->id);
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(open, i, row) {
+    const char *mid = str(row, "messageId");
+    if (strcmp(str(row, "state"), "claimed") == 0) {
+      const char *tid = str(row, "turnId");
+      json_t *ops = json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "done");
+      ah__write_ops(s, ops, "turn/ended", tid, mid,
+                    json_pack("{s:s, s:{s:i, s:i}, s:s}", "reason", "error", "usage", "inputTokens", 0,
+                              "outputTokens", 0, "error", why),
+                    NULL, NULL);
+    } else {
+      queued *q = calloc(1, sizeof *q);
+      if (!q)
+        continue;
+      q->message_id = strdup(mid);
+      q->content = json_incref(json_object_get(row, "content"));
+      ah__list_push(&s->queue, &q->link);
+    }
+  }
+  json_decref(open);
+  json_t *reqs = ah__store_requests_pending(ah__sm_store(m), s->id);
+  char now[32];
+  ah__time_rfc3339(now);
+  json_array_foreach(reqs, i, row) {
+    ah__write_ops(s,
+                  json_pack("[{s:s, s:s, s:s, s:s}]", "op", "request.state", "id", str(row, "id"), "state",
+                            "cancelled", "resolved", now),
+                  NULL, NULL, NULL, NULL, NULL, NULL);
+    ah__sm_emit(m, "request.resolved",
+                json_pack("{s:s, s:s, s:s}", "id", str(row, "id"), "sessionId", s->id, "state", "cancelled"));
+  }
+  json_decref(reqs);
+  if (strcmp(str(s->row, "status") ? str(s->row, "status") : "idle", "idle") != 0) {
+    char t[32];
+    ah__time_rfc3339(t);
+    ah__write_fields(s, json_pack("{s:s, s:s}", "status", "idle", "updated", t));
+  }
+}
+
+static void load_written(int status, const json_t *results, void *arg) {
+  session *s = arg;
+  s->pending_writes--;
+  bool got = status == 0 && json_is_true(json_array_get(results, 0));
+  if (!got || s->m->stopping) {
+    int rc = status ? status : s->m->stopping ? AH_ESTATE : AH_EAGENTBUSY;
+    if (!got && status == 0)
+      AH_LOG_I(LOG, "session %s is owned by another process (%s)", s->id,
+               str(s->row, "leaseOwner") ? str(s->row, "leaseOwner") : "?");
+    ah__live_wake(s, rc);
+    session_dispose(s);
+    return;
+  }
+  json_object_set_new(s->row, "leaseOwner", json_string(s->m->owner));
+  s->fenced = true;
+  recover_after_load(s);
+  s->ready = true;
+  s->m->loads++;
+  ah__live_wake(s, 0);
+  ah__turn_claim(s);
+}
+
+void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
+  if (m->stopping) {
+    cb(AH_ESTATE, NULL, arg);
+    return;
+  }
+  session *s = ah__live_find(m, id);
+  if (s && (s->ready || s->closing)) {
+    cb(s->closing ? AH_ECLOSED : 0, s->closing ? NULL : s, arg);
+    return;
+  }
+  waiter *w = calloc(1, sizeof *w);
+  if (!w) {
+    cb(AH_ENOMEM, NULL, arg);
+    return;
+  }
+  w->cb = cb;
+  w->arg = arg;
+  if (s) { /* a load is in progress: coalesce */
+    ah__list_push(&s->waiters, &w->link);
+    return;
+  }
+  json_t *row = ah__store_get_session(ah__sm_store(m), id);
+  if (!row || json_is_true(json_object_get(row, "closed"))) {
+    free(w);
+    cb(row ? AH_ECLOSED : AH_ENOENT, NULL, arg);
+    json_decref(row);
+    return;
+  }
+  json_t *op = lease_op(m, id, row);
+  s = session_new(m, id, row);
+  if (!s) {
+    json_decref(op);
+    json_decref(row);
+    free(w);
+    cb(AH_ENOMEM, NULL, arg);
+    return;
+  }
+  ah__list_push(&s->waiters, &w->link);
+  s->pending_writes++;
+  int rc = ah__store_write(ah__sm_store(m), json_pack("[o]", op), load_written, s);
+  if (rc)
+    load_written(rc, NULL, s);
+}
+
+/* ---- sessions: create ------------------------------------------------------------------------------------
+ */
+
+static void created_written(int status, const json_t *results, void *arg) {
+  session *s = arg;
+  s->pending_writes--;
+  bool got = status == 0 && json_is_true(json_array_get(results, 1));
+  if (!got) {
+    ah__live_wake(s, status ? status : AH_EAGENTBUSY);
+    session_dispose(s);
+    return;
+  }
+  s->ready = true;
+  s->fenced = true;
+  ah__sm_emit(s->m, "session.created", json_pack("{s:o}", "session", ah__sm_public_row(s->row, "idle")));
+  ah__live_wake(s, 0);
+}
+
+/* Create a session row and its live agent (lease taken in the same commit). `cb` runs after the commit. */
+int ah__live_create(ah_sessions *m, const char *cwd, const char *provider, const char *model,
+                    const char *title, const char *parent, bool local, int depth, lookup_fn cb, void *arg) {
+  char id[37];
+  char now[32];
+  ah__uuid7(id);
+  ah__time_rfc3339(now);
+  json_t *row = json_pack("{s:s, s:s, s:s, s:s, s:s?, s:s?, s:b, s:i, s:s, s:b, s:s, s:s, s:{}, s:[], s:i}",
+                          "id", id, "cwd", cwd, "title", title ? title : "", "provider", provider, "model",
+                          model, "parent", parent, "local", local, "depth", depth, "status", "idle", "closed",
+                          0, "created", now, "updated", now, "policy", "tags", "lastSeq", 0);
+  if (!row)
+    return AH_ENOMEM;
+  session *s = session_new(m, id, row);
+  if (!s) {
+    json_decref(row);
+    return AH_ENOMEM;
+  }
+  waiter *w = calloc(1, sizeof *w);
+  if (w) {
+    w->cb = cb;
+    w->arg = arg;
+    ah__list_push(&s->waiters, &w->link);
+  }
+  json_t *put = json_pack("{s:s, s:O}", "op", "session.put", "session", row);
+  json_t *ops = json_pack("[o, o]", put, lease_op(m, id, NULL));
+  s->pending_writes++;
+  int rc = ah__store_write(ah__sm_store(m), ops, created_written, s);
+  if (rc)
+    created_written(rc, NULL, s);
+  return 0;
+}
+
+/* ---- prompts ----------------------------------------------------------------------------------------------
+ */
+
+void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]) {
+  queued *q = calloc(1, sizeof *q);
+  char mid[37];
+  ah__uuid7(mid);
+  if (out_id)
+    memcpy(out_id, mid, 37);
+  char now[32];
+  ah__time_rfc3339(now);
+  json_t *ops = json_pack("[{s:s, s:s, s:s, s:O, s:s}]", "op", "inbox.put", "messageId", mid, "sessionId",
+                          s->id, "content", content, "time", now);
+  if (q) {
+    q->message_id = strdup(mid);
+    q->content = json_incref(content);
+  }
+  /* Queued in memory now (order = submission order); claimed only after the receipt is durable, since
+   * ah__turn_claim runs from the write callback. */
+  if (q)
+    ah__list_push(&s->queue, &q->link);
+  ah__write_ops(s, ops, "inbox/received", NULL, mid, json_pack("{s:o}", "content", content), cb, arg);
+}
+
+/* ---- close
+ * --------------------------------------------------------------------------------------------------- */
+
+static void close_written(session *s, int status, const json_t *event, void *arg) {
+  (void)event;
+  (void)arg;
+  while (!ah__list_empty(&s->close_waiters)) {
+    ah__link *l = s->close_waiters.next;
+    ah__list_remove(l);
+    ah_call *call = *(ah_call **)((char *)l + sizeof(ah__link));
+    free(l);
+    if (status)
+      ah__call_error(call, status, "the session could not be closed", NULL);
+    else
+      ah__call_reply(call, json_object());
+  }
+  if (status) {
+    /* Not closed in the store: the session stays live (its queued prompts were already cancelled). */
+    AH_LOG_E(LOG, "session %s could not be closed: %s", s->id, ah_strerror(status));
+    s->closing = false;
+    s->ready = true;
+    return;
+  }
+  ah__sm_emit(s->m, "session.closed", json_pack("{s:s}", "sessionId", s->id));
+  session_dispose(s);
+}
+
+void ah__live_finish_close(session *s) {
+  /* Queued prompts will never run: record them as cancelled. */
+  json_t *ops = json_array();
+  while (!ah__list_empty(&s->queue)) {
+    queued *q = AH__CONTAINER(s->queue.next, queued, link);
+    ah__list_remove(&q->link);
+    json_array_append_new(ops, json_pack("{s:s, s:s, s:s}", "op", "inbox.state", "messageId", q->message_id,
+                                         "state", "cancelled"));
+    free(q->message_id);
+    json_decref(q->content);
+    free(q);
+  }
+  char now[32];
+  ah__time_rfc3339(now);
+  s->running = false;
+  json_array_append_new(ops, json_pack("{s:s, s:s, s:{s:b, s:s, s:s}}", "op", "session.update", "id", s->id,
+                                       "set", "closed", 1, "status", "idle", "updated", now));
+  json_array_append_new(
+      ops, json_pack("{s:s, s:s, s:s}", "op", "lease.release", "id", s->id, "owner", s->m->owner));
+  s->ready = false;
+  ah__write_ops(s, ops, NULL, NULL, NULL, NULL, close_written, NULL);
+}
+
+void ah__live_close(session *s, ah_call *call) {
+  if (call) {
+    ah__link *l = calloc(1, sizeof(ah__link) + sizeof(ah_call *));
+    if (l) {
+      *(ah_call **)((char *)l + sizeof(ah__link)) = call;
+      ah__list_init(l);
+      ah__list_push(&s->close_waiters, l);
+    } else {
+      ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    }
+  }
+  if (s->closing)
+    return;
+  s->closing = true;
+  if (s->turn)
+    ah__cancel_trip(s->turn->cancel); /* ah__live_finish_close runs when the turn has ended */
+  else
+    ah__live_finish_close(s);
+}
+
+/* Release a live session without closing it (host stop): the lease goes, the row stays open. */
+static void release_written(session *s, int status, const json_t *event, void *arg) {
+  (void)status;
+  (void)event;
+  (void)arg;
+  session_dispose(s);
+}
+
+void ah__live_release(session *s) {
+  s->ready = false;
+  ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "lease.release", "id", s->id, "owner", s->m->owner),
+                NULL, NULL, NULL, NULL, release_written, NULL);
+}

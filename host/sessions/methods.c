@@ -1,0 +1,604 @@
+/* The methods session.* and request.*: validation of the parameters, answers for store failures, and the
+ * calls into the live sessions, turns and requests.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "session.h"
+
+#define SM(data) ((ah_sessions *)(data))
+
+/* Every session method needs the store; a store that cannot be opened fails them all the same way. */
+static bool store_ready(ah_call *call, void *data) {
+  if (ah__sm_store(SM(data)))
+    return true;
+  ah__call_error(call, AH_EIO, "the store cannot be opened (see the host's log)", NULL);
+  return false;
+}
+
+/* A failed read is answered as an error (AH_EIO with the store's health), never as an empty or null
+ * success. */
+static void answer_read_error(ah_call *call, ah_sessions *m) {
+  char detail[300];
+  int h = ah__store_health(ah__sm_store(m), detail, sizeof detail);
+  char msg[400];
+  snprintf(msg, sizeof msg, "the store could not be read%s%s", h != AH_STORE_OK ? ": " : "",
+           h != AH_STORE_OK ? detail : "");
+  ah__call_error(call, AH_EIO, msg, NULL);
+}
+
+/* After a read that returned NULL: true (and the call answered) when the read failed, false when the NULL
+ * only means "not found". */
+static bool read_failed(ah_call *call, ah_sessions *m) {
+  if (ah__store_read_status(ah__sm_store(m)) == 0)
+    return false;
+  answer_read_error(call, m);
+  return true;
+}
+
+static bool absolute_dir(const char *p) {
+  struct stat st;
+  return p && p[0] == '/' && stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void reply_created(int status, session *s, void *arg) {
+  ah_call *call = arg;
+  if (status)
+    ah__call_error(call, status,
+                   status == AH_EAGENTBUSY ? "the session is owned by another process"
+                                           : "cannot create the session",
+                   NULL);
+  else
+    ah__call_reply(call,
+                   json_pack("{s:s, s:o}", "sessionId", s->id, "session", ah__sm_public_row(s->row, "idle")));
+}
+
+static void m_create(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *cwd = str(p, "cwd");
+  const char *provider = str(p, "provider");
+  const char *model = str(p, "model");
+  const char *title = str(p, "title");
+  const char *parent = str(p, "parent");
+  if (!absolute_dir(cwd)) {
+    ah__call_error(call, AH_EINVAL, "params.cwd: an absolute path to an existing directory is required",
+                   NULL);
+    return;
+  }
+  if ((json_object_get(p, "provider") && !provider) || (json_object_get(p, "model") && !model) ||
+      (json_object_get(p, "title") && !title) || (json_object_get(p, "parent") && !parent)) {
+    ah__call_error(call, AH_EINVAL, "params: provider, model, title and parent must be strings", NULL);
+    return;
+  }
+  if (!provider)
+    provider = ah__host_config(m->host) && ah__host_config(m->host)->default_provider
+                   ? ah__host_config(m->host)->default_provider
+                   : "echo";
+  if (!ah__turn_provider(m, provider, NULL, NULL)) {
+    ah__call_error(call, AH_EUNAVAILABLE, "params.provider: no such provider is available", NULL);
+    return;
+  }
+  int depth = 0;
+  if (parent) {
+    json_t *prow = ah__store_get_session(ah__sm_store(m), parent);
+    if (!prow) {
+      ah__call_error(call, AH_ENOENT, "params.parent: no such session", NULL);
+      return;
+    }
+    depth = (int)json_integer_value(json_object_get(prow, "depth")) + 1;
+    json_decref(prow);
+    if (depth > m->max_depth) {
+      ah__call_error(call, AH_EINVAL, "params.parent: the subagent depth limit is reached", NULL);
+      return;
+    }
+  }
+  int rc = ah__live_create(m, cwd, provider, model, title, parent, false, depth, reply_created, call);
+  if (rc)
+    ah__call_error(call, rc, ah_strerror(rc), NULL);
+}
+
+static int parse_limit(const json_t *p, size_t def, size_t max, size_t *out) {
+  json_t *l = json_object_get(p, "limit");
+  if (!l) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_integer(l) || json_integer_value(l) < 1 || (size_t)json_integer_value(l) > max)
+    return AH_EINVAL;
+  *out = (size_t)json_integer_value(l);
+  return 0;
+}
+
+static json_t *live_status_row(ah_sessions *m, json_t *row) {
+  session *s = ah__live_find(m, str(row, "id"));
+  const char *status = s && s->ready                                  ? status_of(s)
+                       : json_is_true(json_object_get(row, "closed")) ? "closed"
+                                                                      : "idle";
+  json_t *r = ah__sm_public_row(row, status);
+  json_object_set_new(r, "live", json_boolean(s && s->ready));
+  /* A live session's own fields may be ahead of the store (ah__session_update is written behind). */
+  static const char *const own[] = {"title", "tags", "policy"};
+  for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
+    if (json_object_get(s->row, own[i]))
+      json_object_set(r, own[i], json_object_get(s->row, own[i]));
+  return r;
+}
+
+static void m_list(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  size_t limit = 0;
+  json_t *cursor = json_object_get(p, "cursor");
+  if (parse_limit(p, 50, 500, &limit) || (cursor && !json_is_string(cursor))) {
+    ah__call_error(call, AH_EINVAL, "params: cursor must be a string and limit an integer in 1..500", NULL);
+    return;
+  }
+  json_t *rows = ah__store_list_sessions(ah__sm_store(m), json_string_value(cursor), limit + 1);
+  if (!rows && read_failed(call, m))
+    return;
+  json_t *out = json_array();
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(rows, i, row) {
+    if (i < limit)
+      json_array_append_new(out, live_status_row(m, row));
+  }
+  json_t *next = json_array_size(rows) > limit ? json_object_get(json_array_get(out, limit - 1), "id") : NULL;
+  ah__call_reply(call, json_pack("{s:o, s:O?}", "sessions", out, "nextCursor", next));
+  json_decref(rows);
+}
+
+/* The stored row of params.sessionId, or NULL after answering the call (missing id or no such session). */
+static json_t *stored_row(ah_call *call, ah_sessions *m, const char *id) {
+  json_t *row = id ? ah__store_get_session(ah__sm_store(m), id) : NULL;
+  if (!row && id && read_failed(call, m))
+    return NULL;
+  if (!row)
+    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
+                   NULL);
+  return row;
+}
+
+static void m_get(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "sessionId");
+  json_t *row = stored_row(call, m, id);
+  if (!row)
+    return;
+  ah__call_reply(call, json_pack("{s:o}", "session", live_status_row(m, row)));
+  json_decref(row);
+}
+
+static void m_history(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  /* A pure store read: never wakes an agent, never changes state. */
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "sessionId");
+  json_t *after = json_object_get(p, "afterSeq");
+  size_t limit = 0;
+  if (!id || (after && (!json_is_integer(after) || json_integer_value(after) < 0)) ||
+      parse_limit(p, 200, 1000, &limit)) {
+    ah__call_error(call, AH_EINVAL, "params: sessionId (string), afterSeq (integer ≥ 0), limit (1..1000)",
+                   NULL);
+    return;
+  }
+  json_t *row = stored_row(call, m, id);
+  if (!row)
+    return;
+  json_decref(row);
+  json_t *events = ah__store_events(ah__sm_store(m), id, after ? json_integer_value(after) : 0, limit + 1);
+  if (!events) { /* an array, empty or not, unless the read failed */
+    answer_read_error(call, m);
+    return;
+  }
+  json_t *next = NULL;
+  if (json_array_size(events) > limit) {
+    json_array_remove(events, limit);
+    next = json_object_get(json_array_get(events, limit - 1), "seq");
+  }
+  ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfterSeq", next));
+}
+
+static void m_export(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "sessionId");
+  json_t *row = stored_row(call, m, id);
+  if (!row)
+    return;
+  json_decref(row);
+  size_t cap = 4096;
+  size_t len = 0;
+  char *buf = malloc(cap);
+  int64_t after = 0;
+  for (bool more = true; more && buf;) {
+    json_t *page = ah__store_events(ah__sm_store(m), id, after, 1000);
+    if (!page) {
+      free(buf);
+      answer_read_error(call, m);
+      return;
+    }
+    more = json_array_size(page) == 1000;
+    size_t i = 0;
+    json_t *ev = NULL;
+    json_array_foreach(page, i, ev) {
+      char *line = json_dumps(ev, JSON_COMPACT);
+      size_t n = line ? strlen(line) : 0;
+      if (len + n + 2 > cap) {
+        while (len + n + 2 > cap)
+          cap *= 2;
+        char *grown = realloc(buf, cap);
+        if (!grown) {
+          free(line);
+          free(buf);
+          buf = NULL;
+          break;
+        }
+        buf = grown;
+      }
+      memcpy(buf + len, line, n);
+      len += n;
+      buf[len++] = '\n';
+      free(line);
+      after = json_integer_value(json_object_get(ev, "seq"));
+    }
+    json_decref(page);
+  }
+  if (!buf) {
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  ah__call_reply(call, json_pack("{s:s%}", "jsonl", buf, len));
+  free(buf);
+}
+
+typedef struct prompt_ctx {
+  ah_call *call;
+  json_t *content;
+} prompt_ctx;
+
+static void prompt_written(session *s, int status, const json_t *event, void *arg) {
+  ah_call *call = arg;
+  if (status) {
+    /* No receipt, no run: take the prompt out of the queue unless a turn already claimed it. */
+    const char *mid = event ? str(event, "messageId") : NULL;
+    AH__LIST_EACH(it, &s->queue) {
+      queued *q = AH__CONTAINER(it, queued, link);
+      if (mid && strcmp(q->message_id, mid) == 0) {
+        ah__list_remove(&q->link);
+        free(q->message_id);
+        json_decref(q->content);
+        free(q);
+        break;
+      }
+    }
+    ah__call_error(call, status, "the prompt could not be stored", NULL);
+    return;
+  }
+  ah__call_reply(call, json_pack("{s:s, s:s}", "sessionId", s->id, "messageId", str(event, "messageId")));
+  ah__turn_claim(s);
+}
+
+static void prompt_found(int status, session *s, void *arg) {
+  prompt_ctx *c = arg;
+  if (status) {
+    ah__call_error(c->call, status,
+                   status == AH_ENOENT       ? "no such session"
+                   : status == AH_ECLOSED    ? "the session is closed"
+                   : status == AH_EAGENTBUSY ? "the session is owned by another process"
+                                             : ah_strerror(status),
+                   NULL);
+  } else {
+    ah__live_enqueue(s, json_incref(c->content), prompt_written, c->call, NULL);
+  }
+  json_decref(c->content);
+  free(c);
+}
+
+static json_t *prompt_content(const json_t *p, const char **why) {
+  json_t *text = json_object_get(p, "text");
+  json_t *content = json_object_get(p, "content");
+  if ((text != NULL) == (content != NULL)) {
+    *why = "params: exactly one of text (string) or content (array of blocks) is required";
+    return NULL;
+  }
+  if (text) {
+    if (!json_is_string(text)) {
+      *why = "params.text: must be a string";
+      return NULL;
+    }
+    return json_pack("[{s:s, s:O}]", "type", "text", "text", text);
+  }
+  if (!json_is_array(content) || json_array_size(content) == 0 || json_array_size(content) > 1000) {
+    *why = "params.content: a non-empty array of content blocks is required";
+    return NULL;
+  }
+  size_t i = 0;
+  json_t *b = NULL;
+  json_array_foreach(content, i, b) {
+    const char *type = str(b, "type");
+    bool ok = type && ((strcmp(type, "text") == 0 && json_is_string(json_object_get(b, "text"))) ||
+                       (strcmp(type, "resource_link") == 0 && json_is_string(json_object_get(b, "uri")) &&
+                        json_is_string(json_object_get(b, "name"))));
+    if (!ok) {
+      *why = "params.content: blocks must be {type:\"text\", text} or {type:\"resource_link\", uri, name}";
+      return NULL;
+    }
+  }
+  return json_deep_copy(content);
+}
+
+static void m_prompt(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  /* A store found damaged takes no more work it may not keep: the prompt is refused, not acknowledged. */
+  char detail[300];
+  if (ah__store_health(ah__sm_store(m), detail, sizeof detail) == AH_STORE_DAMAGED) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "the store is damaged (%s): prompts are refused until it is repaired", detail);
+    ah__call_error(call, AH_EUNAVAILABLE, msg, NULL);
+    return;
+  }
+  const char *id = str(p, "sessionId");
+  const char *why = NULL;
+  json_t *content = id ? prompt_content(p, &why) : NULL;
+  if (!content) {
+    ah__call_error(call, AH_EINVAL, id ? why : "params.sessionId is required", NULL);
+    return;
+  }
+  prompt_ctx *c = calloc(1, sizeof *c);
+  if (!c) {
+    json_decref(content);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  c->call = call;
+  c->content = content;
+  ah__live_lookup(m, id, prompt_found, c);
+}
+
+static void m_cancel(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "sessionId");
+  if (!id) {
+    ah__call_error(call, AH_EINVAL, "params.sessionId is required", NULL);
+    return;
+  }
+  session *s = ah__live_find(m, id);
+  bool cancelled = s && s->ready && s->turn && !s->turn->ended && !s->turn->cancelled;
+  if (cancelled)
+    ah__cancel_trip(s->turn->cancel);
+  else if (!s) {
+    json_t *row = ah__store_get_session(ah__sm_store(m), id);
+    if (!row) {
+      ah__call_error(call, AH_ENOENT, "no such session", NULL);
+      return;
+    }
+    json_decref(row);
+  }
+  ah__call_reply(call, json_pack("{s:b}", "cancelled", cancelled));
+}
+
+static void close_found(int status, session *s, void *arg) {
+  ah_call *call = arg;
+  if (status == AH_ECLOSED) {
+    ah__call_reply(call, json_object()); /* closing a closed session is a no-op */
+    return;
+  }
+  if (status) {
+    ah__call_error(call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
+    return;
+  }
+  ah__live_close(s, call);
+}
+
+static void m_close(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  const char *id = str(p, "sessionId");
+  if (!id) {
+    ah__call_error(call, AH_EINVAL, "params.sessionId is required", NULL);
+    return;
+  }
+  /* A cold session is resumed (lease) to be closed, so two processes never close and run it at once. */
+  ah__live_lookup(SM(data), id, close_found, call);
+}
+
+static void delete_written(int status, const json_t *results, void *arg) {
+  (void)results;
+  ah_call *call = arg;
+  if (status)
+    ah__call_error(call, status, "the session could not be deleted", NULL);
+  else
+    ah__call_reply(call, json_object());
+}
+
+static void m_delete(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "sessionId");
+  json_t *row = stored_row(call, m, id);
+  if (!row)
+    return;
+  bool closed = json_is_true(json_object_get(row, "closed"));
+  json_decref(row);
+  if (!closed || ah__live_find(m, id)) {
+    ah__call_error(call, AH_EBUSY, "close the session before deleting it", NULL);
+    return;
+  }
+  int rc = ah__store_write(ah__sm_store(m), json_pack("[{s:s, s:s}]", "op", "session.delete", "id", id),
+                           delete_written, call);
+  if (rc)
+    ah__call_error(call, rc, ah_strerror(rc), NULL);
+}
+
+typedef struct policy_ctx {
+  ah_call *call;
+  json_t *policy;
+} policy_ctx;
+
+static void policy_found(int status, session *s, void *arg) {
+  policy_ctx *c = arg;
+  ah_call *call = c->call;
+  json_t *p = c->policy;
+  free(c);
+  if (status) {
+    ah__call_error(call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
+    json_decref(p);
+    return;
+  }
+  json_t *policy = json_deep_copy(json_object_get(s->row, "policy"));
+  if (!json_is_object(policy)) {
+    json_decref(policy);
+    policy = json_object();
+  }
+  json_object_update(policy, p);
+  json_decref(p);
+  ah__write_fields(s, json_pack("{s:O}", "policy", policy));
+  ah__call_reply(call, json_pack("{s:o}", "policy", policy));
+}
+
+static void m_set_policy(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  const char *id = str(p, "sessionId");
+  json_t *policy = json_object_get(p, "policy");
+  const char *k = NULL;
+  json_t *v = NULL;
+  bool ok = id && json_is_object(policy);
+  json_object_foreach(policy, k, v) {
+    const char *val = json_string_value(v);
+    ok = ok && ah__tool_known(k) && val &&
+         (strcmp(val, "allow") == 0 || strcmp(val, "ask") == 0 || strcmp(val, "deny") == 0);
+  }
+  if (!ok) {
+    ah__call_error(call, AH_EINVAL, "params: sessionId and policy {TOOL: allow|ask|deny} for known tools",
+                   NULL);
+    return;
+  }
+  policy_ctx *c = calloc(1, sizeof *c);
+  if (!c) {
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  c->call = call;
+  c->policy = json_deep_copy(policy);
+  ah__live_lookup(SM(data), id, policy_found, c);
+}
+
+static void m_request_list(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *sid = str(p, "sessionId");
+  json_t *out = json_array();
+  AH__LIST_EACH(it, &m->requests) {
+    request *r = AH__CONTAINER(it, request, link);
+    if (!sid || strcmp(sid, r->session_id) == 0)
+      json_array_append_new(out, ah__request_json(r));
+  }
+  ah__call_reply(call, json_pack("{s:o}", "requests", out));
+}
+
+static void m_request_respond(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  const char *id = str(p, "id");
+  json_t *value = json_object_get(p, "value");
+  json_t *error = json_object_get(p, "error");
+  if (!id || (value != NULL) == (error != NULL)) {
+    ah__call_error(call, AH_EINVAL, "params: id and exactly one of value or error are required", NULL);
+    return;
+  }
+  const ah_caller *by = ah__call_caller(call);
+  request *r = ah__request_find(m, id);
+  if (!r) {
+    /* Late or duplicate: a receipt, never a second resolution. */
+    json_t *seen = json_object_get(m->resolved, id);
+    const char *reason = "unknown";
+    if (seen) {
+      char who[96];
+      snprintf(who, sizeof who, "%s:%llu", by->surface ? by->surface : "",
+               (unsigned long long)by->connection_id);
+      reason = strcmp(str(seen, "by"), who) == 0 ? "duplicate" : "resolved";
+    } else {
+      json_t *row = ah__store_get_request(ah__sm_store(m), id);
+      if (row)
+        reason = "resolved";
+      json_decref(row);
+    }
+    ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", reason));
+    return;
+  }
+  if (strcmp(r->kind, "approval") == 0) {
+    const char *opt = value ? str(value, "optionId") : NULL;
+    if (value && (!opt || !ah__request_is_option(r->options, opt))) {
+      ah__call_error(call, AH_EINVAL, "value.optionId: must be one of the request's options", NULL);
+      return;
+    }
+    const char *state = opt && strncmp(opt, "allow", 5) == 0 ? "granted" : "denied";
+    json_t *answer = opt ? json_pack("{s:s}", "optionId", opt) : NULL;
+    ah__request_resolve(r, state, answer, opt, by);
+    json_decref(answer);
+  } else {
+    json_t *ans = value ? json_object_get(value, "answer") : NULL;
+    if (value && !json_is_string(ans)) {
+      ah__call_error(call, AH_EINVAL, "value.answer: a string is required", NULL);
+      return;
+    }
+    json_t *answer = ans ? json_pack("{s:O}", "answer", ans) : NULL;
+    ah__request_resolve(r, ans ? "answered" : "cancelled", answer, NULL, by);
+    json_decref(answer);
+  }
+  ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
+}
+
+/* ---- registration, start, stop
+ * --------------------------------------------------------------------------------- */
+
+int ah__sessions_register(ah_sessions *m, ah_mount *core) {
+  const struct {
+    const char *name;
+    ah_method_fn fn;
+    uint32_t flags;
+  } methods[] = {
+      {"session.create", m_create, AH_METHOD_PUBLIC},
+      {"session.list", m_list, AH_METHOD_PUBLIC},
+      {"session.get", m_get, AH_METHOD_PUBLIC},
+      {"session.history", m_history, AH_METHOD_PUBLIC},
+      {"session.prompt", m_prompt, AH_METHOD_PUBLIC},
+      {"session.cancel", m_cancel, AH_METHOD_PUBLIC},
+      {"session.close", m_close, AH_METHOD_PUBLIC},
+      {"session.export", m_export, AH_METHOD_PUBLIC},
+      {"session.delete", m_delete, AH_METHOD_PRIVILEGED},
+      {"session.set-policy", m_set_policy, AH_METHOD_PRIVILEGED},
+      {"request.list", m_request_list, AH_METHOD_PUBLIC},
+      {"request.respond", m_request_respond, AH_METHOD_PUBLIC},
+  };
+  for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
+    ah_method_def def = {.struct_size = sizeof def,
+                         .name = methods[i].name,
+                         .handler = methods[i].fn,
+                         .flags = methods[i].flags,
+                         .data = m};
+    int rc = ah__services_register_method(core, &def);
+    if (rc)
+      return rc;
+  }
+  /* Transient deltas are for clients that stream text; not on the remote allowlist (DECISIONS.md). */
+  return ah__services_register_event(core, "session.delta", 0);
+}

@@ -1,0 +1,147 @@
+/* Server requests: the approvals and questions a turn waits on (request.pending / request.resolved), their
+ * stored rows, and the recent resolutions kept for late answers.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+json_t *ah__request_json(const request *r) {
+  return json_pack("{s:s, s:s, s:s?, s:s, s:O, s:O, s:s}", "id", r->id, "sessionId", r->session_id, "turnId",
+                   r->turn_id, "kind", r->kind, "params", r->params, "options", r->options, "state",
+                   "pending");
+}
+
+request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *options) {
+  ah_sessions *m = t->s->m;
+  request *r = calloc(1, sizeof *r);
+  if (!r) {
+    json_decref(params);
+    json_decref(options);
+    return NULL;
+  }
+  r->m = m;
+  ah__uuid7(r->id);
+  r->session_id = strdup(t->s->id);
+  r->turn_id = strdup(t->id);
+  r->kind = strdup(kind);
+  r->params = params;
+  r->options = options;
+  r->t = t;
+  t->pending = r;
+  ah__list_push(&m->requests, &r->link);
+  char now[32];
+  ah__time_rfc3339(now);
+  json_t *row = ah__request_json(r);
+  json_object_set_new(row, "created", json_string(now));
+  ah__write_ops(t->s, json_pack("[{s:s, s:o}]", "op", "request.put", "request", row), NULL, NULL, NULL, NULL,
+                NULL, NULL);
+  ah__sm_emit(m, "request.pending", json_pack("{s:o}", "request", ah__request_json(r)));
+  return r;
+}
+
+void ah__request_free(request *r) {
+  ah__list_remove(&r->link);
+  free(r->session_id);
+  free(r->turn_id);
+  free(r->kind);
+  json_decref(r->params);
+  json_decref(r->options);
+  free(r->call_id);
+  free(r->tool);
+  json_decref(r->args);
+  free(r);
+}
+
+request *ah__request_find(ah_sessions *m, const char *id) {
+  AH__LIST_EACH(it, &m->requests) {
+    request *r = AH__CONTAINER(it, request, link);
+    if (strcmp(r->id, id) == 0)
+      return r;
+  }
+  return NULL;
+}
+
+static void remember_resolution(ah_sessions *m, const char *id, const char *state, const ah_caller *by) {
+  char who[96] = "";
+  if (by)
+    snprintf(who, sizeof who, "%s:%llu", by->surface ? by->surface : "",
+             (unsigned long long)by->connection_id);
+  json_object_set_new(m->resolved, id, json_pack("{s:s, s:s}", "state", state, "by", who));
+  json_array_append_new(m->resolved_order, json_string(id));
+  if (json_array_size(m->resolved_order) > 4096) {
+    json_object_del(m->resolved, json_string_value(json_array_get(m->resolved_order, 0)));
+    json_array_remove(m->resolved_order, 0);
+  }
+}
+
+/* ---- requests: answers
+ * ------------------------------------------------------------------------------------- */
+
+void ah__request_resolve(request *r, const char *state, const json_t *answer, const char *option_id,
+                         const ah_caller *by) {
+  ah_sessions *m = r->m;
+  turn *t = r->t;
+  if (t && t->pending == r)
+    t->pending = NULL;
+  char now[32];
+  ah__time_rfc3339(now);
+  remember_resolution(m, r->id, state, by);
+  json_t *op =
+      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", r->id, "state", state, "resolved", now);
+  if (answer)
+    json_object_set(op, "answer", (json_t *)answer);
+  if (t)
+    ah__write_ops(t->s, json_pack("[o]", op), NULL, NULL, NULL, NULL, NULL, NULL);
+  else
+    json_decref(op);
+  json_t *ev = json_pack("{s:s, s:s, s:s}", "id", r->id, "sessionId", r->session_id, "state", state);
+  if (answer)
+    json_object_set(ev, "answer", (json_t *)answer);
+  ah__sm_emit(m, "request.resolved", ev);
+  if (t && strcmp(r->kind, "approval") == 0) {
+    const char *outcome = strcmp(state, "granted") == 0  ? "granted"
+                          : strcmp(state, "denied") == 0 ? "denied"
+                                                         : "cancelled";
+    json_t *data = json_pack("{s:s, s:s, s:s, s:s}", "callId", r->call_id, "name", r->tool, "requestId",
+                             r->id, "outcome", outcome);
+    if (option_id)
+      json_object_set_new(data, "optionId", json_string(option_id));
+    ah__write_event(t->s, "tool/approval", t->id, NULL, data);
+    /* allow_always / reject_always set the session's policy for that tool, stored with the session. */
+    if (option_id && (strcmp(option_id, "allow_always") == 0 || strcmp(option_id, "reject_always") == 0)) {
+      json_t *policy = json_deep_copy(json_object_get(t->s->row, "policy"));
+      if (!json_is_object(policy)) {
+        json_decref(policy);
+        policy = json_object();
+      }
+      json_object_set_new(policy, r->tool, json_string(option_id[0] == 'a' ? "allow" : "deny"));
+      ah__write_fields(t->s, json_pack("{s:o}", "policy", policy));
+    }
+    if (strcmp(outcome, "granted") == 0 && !t->ended && !t->cancelled)
+      ah__turn_run_tool(t, r->call_id, r->tool, r->args);
+    else
+      ah__turn_tool_refused(t, r->call_id, r->tool,
+                            strcmp(outcome, "denied") == 0 ? "denied by the user" : "cancelled");
+  } else if (t) {
+    json_t *data = json_pack("{s:s, s:s}", "requestId", r->id, "outcome", state);
+    if (answer)
+      json_object_set(data, "answer", json_object_get(answer, "answer"));
+    ah__write_event(t->s, "question/answered", t->id, NULL, data);
+    if (!t->ended && t->pt && !t->cancelled)
+      t->prov->turn_answer(t->pt, answer ? json_object_get(answer, "answer") : NULL,
+                           strcmp(state, "answered") != 0);
+  }
+  ah__request_free(r);
+}
+
+bool ah__request_is_option(const json_t *options, const char *id) {
+  size_t i = 0;
+  json_t *o = NULL;
+  json_array_foreach(options, i, o) {
+    if (json_is_string(o) && strcmp(json_string_value(o), id) == 0)
+      return true;
+  }
+  return false;
+}

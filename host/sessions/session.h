@@ -1,0 +1,206 @@
+/* The sessions engine inside the core (internal to host/sessions/): the types of the manager, a live
+ * session, a turn and a server request, and the functions its files share. sessions.h is what the rest of
+ * the host sees.
+ *
+ * manager.c    the manager: store, start, stop, the gateway of sessions.h
+ * live.c       live sessions: load, leases, prompt queue, create, close, release
+ * writes.c     every durable write: events with their seq, row updates, the running status
+ * requests.c   server requests (approvals, questions) and their answers
+ * turns.c      turns, the provider sink, the tools a turn runs
+ * subagents.c  child sessions of a turn
+ * methods.c    the methods session.* and request.*
+ */
+#ifndef AGENTHOST_HOST_SESSIONS_SESSION_H
+#define AGENTHOST_HOST_SESSIONS_SESSION_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "../internal.h"
+#include "../providers/echo.h"
+#include "../sessions.h"
+#include "../tools.h"
+
+#define LOG "sessions"
+
+typedef struct ah_session session; /* the plugin API's ah_session */
+typedef struct turn turn;
+typedef struct request request;
+
+typedef void (*lookup_fn)(int status, session *s, void *arg);
+
+typedef struct waiter {
+  lookup_fn cb;
+  void *arg;
+  ah__link link;
+} waiter;
+
+typedef struct queued {
+  char *message_id;
+  json_t *content;
+  ah__link link;
+} queued;
+
+struct ah_sessions {
+  ah_host *host;
+  ah_mount *core;
+  ah_store *store; /* the configuration is read through the host: SIGHUP replaces it */
+  uint64_t lease_ttl;
+  int max_depth;
+  bool stopping;
+  char owner[160];
+  char hostname[64];
+  ah__link sessions; /* live (loaded or loading) */
+  size_t nlive;
+  size_t loads;
+  ah_provider *echo;
+  ah_timer *lease_timer;
+  ah__link requests; /* pending server requests */
+  ah__link turns;    /* every turn not yet freed (also ended ones waiting for their posted free) */
+  json_t *resolved;  /* request id → {state, by}: the recent resolutions, for late-answer receipts */
+  json_t *resolved_order;
+  void (*stop_cb)(void *arg);
+  void *stop_arg;
+  ah_timer *stop_deadline;
+  bool stop_finishing;
+  bool recover_on_start;
+  char *store_path; /* the store is opened on first use when opts.lazy_store */
+  ah_store_sync store_sync;
+  bool store_failed;
+  /* Sessions whose writes failed (disk full, I/O error): reloaded from the store once writes succeed,
+   * which records their interrupted turn. {id: true} */
+  json_t *retry;
+  ah_timer *retry_timer;
+};
+
+struct ah_session {
+  ah_sessions *m;
+  char *id;
+  json_t *row; /* the stored session row, kept current */
+  int64_t seq;
+  bool ready;   /* loaded, lease held */
+  bool closing; /* close requested: no new prompts */
+  bool running;
+  ah__link queue;
+  turn *turn;
+  ah__link waiters;
+  /* A subagent: the parent's turn waiting for the turn of `parent_message` to end. */
+  turn *parent_turn;
+  char *parent_message;
+  ah__link close_waiters; /* ah_call * answered when the close completed */
+  int pending_writes;     /* store writes in flight for this session (it is freed after the last) */
+  int holds;              /* remote calls running with this session (ah__session_hold) */
+  bool disposed;
+  bool fenced; /* its lease is held: every write carries the fence (the store checks the owner) */
+  bool lost;   /* a fenced write found the lease taken by another process: it runs here no more */
+  bool broken; /* a write failed (disk full, I/O error): it runs no more until reloaded (m->retry) */
+  /* A turn ended and its turn/ended is not stored yet: the next turn waits, so that whatever it reads of
+   * the conversation (the provider's history) has every earlier turn's messages. */
+  bool end_unwritten;
+  ah__link link;
+};
+
+struct turn {
+  session *s;
+  ah_sessions *m; /* the turn may outlive its session's memory until its posted free */
+  char id[37];
+  char *message_id;
+  json_t *content;
+  ah_cancel *cancel;
+  ah_provider *prov;
+  ah_mount *prov_mount; /* the plugin providing `prov`; NULL for the embedded echo */
+  ah_provider_turn *pt;
+  ah__link all;       /* in the manager's `turns` until freed */
+  bool provider_gone; /* its plugin is being withdrawn: the turn ends with that error */
+  bool ended;
+  bool cancelled;
+  json_t *last_text; /* the last committed text (a JSON string), for a waiting parent */
+  int tools_running;
+  request *pending; /* an approval or question waiting for an answer */
+  json_t *history;  /* read on the provider's first sink->history() call */
+  /* The provider ended while tools still ran: the end is recorded once they stopped, so turn/ended is
+   * always the turn's last event. */
+  bool end_pending;
+  char *end_reason;
+  json_t *end_usage;
+  char *end_error;
+  session *child; /* a subagent running for this turn */
+  char *child_message;
+};
+
+struct request {
+  ah_sessions *m;
+  char id[37];
+  char *session_id;
+  char *turn_id;
+  char *kind; /* "approval" | "question" */
+  json_t *params;
+  json_t *options;
+  turn *t;
+  /* Approval: the tool to run once granted. */
+  char *call_id;
+  char *tool;
+  json_t *args;
+  ah__link link;
+};
+
+typedef void (*written_fn)(session *s, int status, const json_t *event, void *arg);
+
+static inline const char *str(const json_t *o, const char *k) {
+  return json_string_value(json_object_get(o, k));
+}
+
+static inline const char *status_of(const session *s) {
+  return s->running ? "running" : "idle";
+}
+
+/* manager.c */
+ah_store *ah__sm_store(ah_sessions *m);
+json_t *ah__sm_public_row(const json_t *row, const char *status);
+void ah__sm_emit(ah_sessions *m, const char *name, json_t *data);
+void ah__sm_check_stopped(ah_sessions *m);
+
+/* live.c */
+session *ah__live_find(ah_sessions *m, const char *id);
+void ah__live_free_if_unused(session *s);
+void ah__live_renew_leases(ah_timer *t, void *arg);
+void ah__live_wake(session *s, int status);
+void ah__live_lease_lost(session *s, const char *why);
+void ah__live_broken(session *s, int status);
+void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
+int ah__live_create(ah_sessions *m, const char *cwd, const char *provider, const char *model,
+                    const char *title, const char *parent, bool local, int depth, lookup_fn cb, void *arg);
+void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]);
+void ah__live_finish_close(session *s);
+void ah__live_close(session *s, ah_call *call);
+void ah__live_release(session *s);
+
+/* writes.c */
+void ah__write_ops(session *s, json_t *ops, const char *kind, const char *turn_id, const char *message_id,
+                   json_t *data, written_fn cb, void *arg);
+void ah__write_event(session *s, const char *kind, const char *turn_id, const char *message_id, json_t *data);
+void ah__write_fields(session *s, json_t *set);
+void ah__write_running(session *s, bool running);
+
+/* requests.c */
+json_t *ah__request_json(const request *r);
+request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *options);
+void ah__request_free(request *r);
+request *ah__request_find(ah_sessions *m, const char *id);
+void ah__request_resolve(request *r, const char *state, const json_t *answer, const char *option_id,
+                         const ah_caller *by);
+bool ah__request_is_option(const json_t *options, const char *id);
+
+/* turns.c */
+ah_provider *ah__turn_provider(ah_sessions *m, const char *name, ah_mount **mount, const json_t **config);
+void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error);
+void ah__turn_tool_refused(turn *t, const char *call_id, const char *name, const char *why);
+void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const json_t *args);
+void ah__turn_claim(session *s);
+
+/* subagents.c */
+session *ah__subagent_start(session *parent, turn *t, const char *prompt, int *rc);
+void ah__subagent_notify_parent(session *child, const char *message_id, const char *reason, const char *text);
+
+#endif

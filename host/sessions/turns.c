@@ -1,0 +1,482 @@
+/* Turns: a queued prompt claimed by its session, the provider found for it, the provider's sink (deltas,
+ * commits, tool calls, questions, subagents, the end), the tools a turn runs under the session's policy, and
+ * the turn's end, always its last event.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+#define HISTORY_MAX 200
+#define HISTORY_WINDOW 2000 /* events read to build the history */
+
+static void on_turn_token(ah_cancel *token, void *arg);
+
+/* The provider of the configured [provider.NAME]: the embedded echo for type echo (and the built-in
+ * "echo"), else the provider type a mounted plugin registered (acp, openai, …), with its mount in *mount.
+ * NULL when the name is not configured or no active mount provides its type. */
+ah_provider *ah__turn_provider(ah_sessions *m, const char *name, ah_mount **mount, const json_t **config) {
+  if (mount)
+    *mount = NULL;
+  const ah_config *cfg = ah__host_config(m->host);
+  const json_t *p = cfg && name ? json_object_get(cfg->providers, name) : NULL;
+  if (config)
+    *config = p;
+  if (!name || strcmp(name, "echo") == 0)
+    return m->echo;
+  const char *type = p ? str(p, "type") : NULL;
+  if (!type)
+    return NULL;
+  if (strcmp(type, "echo") == 0)
+    return m->echo;
+  return ah__registry_provider(&m->host->reg, type, mount);
+}
+
+/* The end of a turn whose provider's plugin is withdrawn: a host that stops cancels its turns (as
+ * ah__sessions_stop does); an unload is a failure of the turn. */
+static void turn_end_provider_gone(turn *t, json_t *usage) {
+  if (t->s->m->host->stopping)
+    ah__turn_end(t, "cancelled", usage, NULL);
+  else
+    ah__turn_end(t, "error", usage, "the provider's plugin was withdrawn during the turn");
+}
+
+void ah__sessions_provider_withdrawn(ah_sessions *m, ah_mount *mount) {
+  /* Before the plugin's withdraw() runs: every turn on one of its providers is cancelled and its provider
+   * turn freed now (the plugin may finish reclaiming children before its withdraw completes). The provider
+   * may still commit what it has while cancelling; the turn's end is recorded by the core. Ended turns
+   * waiting for their posted free lose only their provider turn. */
+  if (!m)
+    return;
+  ah__link *it = m->turns.next;
+  while (it != &m->turns) {
+    turn *t = AH__CONTAINER(it, turn, all);
+    it = it->next;
+    if (t->prov_mount != mount || !t->pt)
+      continue;
+    if (!t->ended && !t->end_pending) {
+      t->provider_gone = true;
+      t->cancelled = true;
+      if (t->pending)
+        ah__request_resolve(t->pending, "cancelled", NULL, NULL, NULL);
+      t->prov->turn_cancel(t->pt);
+    }
+    ah_provider_turn *pt = t->pt;
+    t->pt = NULL;
+    t->prov->turn_free(pt);
+    if (!t->ended && !t->end_pending)
+      turn_end_provider_gone(t, NULL);
+  }
+}
+
+static json_t *history_for(session *s, const char *current_message) {
+  /* The conversation so far as the provider sees it: each earlier turn's user message (in the order the
+   * turns started) and the committed assistant messages, the last HISTORY_MAX of them. Read from the
+   * store, so a resumed session has its past; only a recent window of events is read, so a long session
+   * does not make every turn slower. Prompts still queued are not part of it. */
+  json_t *hist = json_array();
+  json_t *prompts = json_object(); /* messageId -> content, from inbox/received */
+  int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
+  json_t *page = ah__store_events(ah__sm_store(s->m), s->id, after, HISTORY_WINDOW);
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(page, i, ev) {
+    const char *kind = str(ev, "kind");
+    const char *mid = str(ev, "messageId");
+    json_t *data = json_object_get(ev, "data");
+    if (strcmp(kind, "inbox/received") == 0 && mid) {
+      json_object_set(prompts, mid, json_object_get(data, "content"));
+    } else if (strcmp(kind, "turn/started") == 0 && mid && strcmp(mid, current_message) != 0 &&
+               json_object_get(prompts, mid)) {
+      json_array_append_new(
+          hist, json_pack("{s:s, s:O}", "role", "user", "content", json_object_get(prompts, mid)));
+    } else if (strcmp(kind, "message/committed") == 0) {
+      json_array_append_new(
+          hist, json_pack("{s:s, s:O}", "role", "assistant", "text", json_object_get(data, "text")));
+    }
+  }
+  json_decref(page);
+  json_decref(prompts);
+  while (json_array_size(hist) > HISTORY_MAX)
+    json_array_remove(hist, 0);
+  return hist;
+}
+
+static const json_t *sink_history(void *ctx) {
+  turn *t = ctx;
+  if (!t->history)
+    t->history = history_for(t->s, t->message_id);
+  return t->history;
+}
+
+static void turn_free(turn *t) {
+  ah__list_remove(&t->all);
+  if (t->pt && t->prov)
+    t->prov->turn_free(t->pt);
+  ah__cancel_free(t->cancel);
+  free(t->message_id);
+  json_decref(t->content);
+  json_decref(t->last_text);
+  free(t->child_message);
+  free(t->end_reason);
+  free(t->end_error);
+  json_decref(t->end_usage);
+  json_decref(t->history);
+  free(t);
+}
+
+/* A stopping manager waits for every turn's free (the provider's turn with it: echo's handles must be
+ * closed before the core goes). */
+static void turn_free_task(void *arg) {
+  ah_sessions *m = ((turn *)arg)->m;
+  turn_free(arg);
+  ah__sm_check_stopped(m);
+}
+
+static void ended_written(session *s, int status, const json_t *event, void *arg) {
+  (void)status;
+  (void)event;
+  (void)arg;
+  s->end_unwritten = false;
+  if (!s->lost && !s->broken) /* a lost or broken session runs nothing more here */
+    ah__turn_claim(s);
+}
+
+void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error) {
+  if (t->ended || t->end_pending) {
+    json_decref(usage);
+    return;
+  }
+  if (t->tools_running > 0) {
+    t->end_pending = true;
+    t->end_reason = strdup(reason);
+    t->end_usage = usage;
+    t->end_error = ah__strdup(error);
+    return;
+  }
+  t->ended = true;
+  session *s = t->s;
+  if (t->pending)
+    ah__request_resolve(t->pending, "cancelled", NULL, NULL, NULL);
+  if (t->child && t->child->turn)
+    ah__cancel_trip(t->child->turn->cancel);
+  json_t *data = json_pack("{s:s, s:o}", "reason", reason, "usage",
+                           usage ? usage : json_pack("{s:i, s:i}", "inputTokens", 0, "outputTokens", 0));
+  if (error)
+    json_object_set_new(data, "error", json_string(error));
+  json_t *ops = json_pack("[{s:s, s:s, s:s, s:s}]", "op", "inbox.state", "messageId", t->message_id, "state",
+                          "done", "turnId", t->id);
+  s->end_unwritten = true;
+  ah__write_ops(s, ops, "turn/ended", t->id, t->message_id, data, ended_written, NULL);
+  s->turn = NULL;
+  /* A subagent's parent learns the end of the turn it waits for. */
+  if (s->parent_turn && s->parent_message && strcmp(s->parent_message, t->message_id) == 0)
+    ah__subagent_notify_parent(s, t->message_id, reason, json_string_value(t->last_text));
+  /* The provider's turn is freed on a later pass: it may be calling us from its own callback. */
+  ah__services_post(s->m->core, turn_free_task, t);
+  if (s->lost || s->broken) { /* nothing more runs here; the memory goes once nothing uses it */
+    ah__live_free_if_unused(s);
+    return;
+  }
+  if (s->closing) {
+    ah__live_finish_close(s);
+    return;
+  }
+  if (ah__list_empty(&s->queue) || s->m->stopping)
+    ah__write_running(s, false);
+  if (s->m->stopping)
+    ah__sm_check_stopped(s->m);
+  else
+    ah__turn_claim(s);
+}
+
+/* Sink: what the provider reports. ctx is the turn. */
+
+static void sink_delta(void *ctx, const char *text) {
+  turn *t = ctx;
+  if (t->ended)
+    return;
+  ah__sm_emit(t->s->m, "session.delta",
+              json_pack("{s:s, s:s, s:s, s:s}", "sessionId", t->s->id, "turnId", t->id, "messageId",
+                        t->message_id, "text", text ? text : ""));
+}
+
+/* `text` (a JSON string, stolen) is stored, emitted and kept for a waiting parent as this one value: a long
+ * message is never copied on the loop. */
+static void sink_commit_json(void *ctx, json_t *text) {
+  turn *t = ctx;
+  if (t->ended || !json_is_string(text)) {
+    json_decref(text);
+    return;
+  }
+  json_decref(t->last_text);
+  t->last_text = json_incref(text);
+  ah__write_event(t->s, "message/committed", t->id, NULL,
+                  json_pack("{s:s, s:o}", "role", "assistant", "text", text));
+}
+
+static void sink_commit(void *ctx, const char *text) {
+  turn *t = ctx;
+  if (t->ended)
+    return;
+  json_t *v = json_string(text ? text : "");
+  if (!v) /* not UTF-8: what is stored says so (jansson holds only UTF-8 strings) */
+    v = json_string("(the provider committed text that is not UTF-8)");
+  sink_commit_json(ctx, v);
+}
+
+static void sink_end(void *ctx, const char *reason, const json_t *usage, const char *error) {
+  turn *t = ctx;
+  static const char *const reasons[] = {"end", "max-tokens", "cancelled", "error", "refusal"};
+  bool known = false;
+  for (size_t i = 0; reason && i < sizeof reasons / sizeof reasons[0]; i++)
+    known = known || strcmp(reason, reasons[i]) == 0;
+  if (!known) {
+    ah__turn_end(t, "error", usage ? json_deep_copy(usage) : NULL,
+                 "the provider ended the turn with an unknown reason");
+    return;
+  }
+  if (t->provider_gone) {
+    turn_end_provider_gone(t, usage ? json_deep_copy(usage) : NULL);
+    return;
+  }
+  /* A turn the user cancelled ends `cancelled` whatever the provider says afterwards. */
+  ah__turn_end(t, t->cancelled ? "cancelled" : reason, usage ? json_deep_copy(usage) : NULL, error);
+}
+
+typedef struct tool_run {
+  turn *t;
+  char *call_id;
+  char *name;
+} tool_run;
+
+static void tool_done(const json_t *result, bool is_error, void *arg) {
+  tool_run *r = arg;
+  turn *t = r->t;
+  t->tools_running--;
+  ah__write_event(t->s, "tool/result", t->id, NULL,
+                  json_pack("{s:s, s:s, s:O, s:b}", "callId", r->call_id, "name", r->name, "result", result,
+                            "isError", is_error));
+  bool deliver = !t->ended && !t->cancelled && !t->end_pending;
+  if (deliver)
+    t->prov->turn_tool_result(t->pt, r->call_id, result, is_error);
+  free(r->call_id);
+  free(r->name);
+  free(r);
+  if (t->end_pending && t->tools_running == 0) {
+    t->end_pending = false;
+    char *reason = t->end_reason;
+    char *error = t->end_error;
+    json_t *usage = t->end_usage;
+    t->end_reason = t->end_error = NULL;
+    t->end_usage = NULL;
+    ah__turn_end(t, reason, usage, error);
+    free(reason);
+    free(error);
+  }
+}
+
+void ah__turn_tool_refused(turn *t, const char *call_id, const char *name, const char *why) {
+  json_t *res = json_pack("{s:s}", "error", why);
+  ah__write_event(
+      t->s, "tool/result", t->id, NULL,
+      json_pack("{s:s, s:s, s:O, s:b}", "callId", call_id, "name", name, "result", res, "isError", 1));
+  if (!t->ended && t->pt)
+    t->prov->turn_tool_result(t->pt, call_id, res, true);
+  json_decref(res);
+}
+
+void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const json_t *args) {
+  tool_run *r = calloc(1, sizeof *r);
+  if (!r) {
+    ah__turn_tool_refused(t, call_id, name, "out of memory");
+    return;
+  }
+  r->t = t;
+  r->call_id = strdup(call_id);
+  r->name = strdup(name);
+  int rc = ah__tool_run(t->s->m->host, str(t->s->row, "cwd"), name, args, t->cancel, tool_done, r);
+  if (rc) {
+    free(r->call_id);
+    free(r->name);
+    free(r);
+    ah__turn_tool_refused(t, call_id, name,
+                          rc == AH_EINVAL ? "invalid arguments for this tool" : ah_strerror(rc));
+    return;
+  }
+  t->tools_running++;
+}
+
+static const char *policy_of(session *s, const char *tool) {
+  const char *p = str(json_object_get(s->row, "policy"), tool);
+  return p ? p : ah__tool_default_policy(tool);
+}
+
+static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
+  turn *t = ctx;
+  if (t->ended)
+    return;
+  ah__write_event(
+      t->s, "tool/call", t->id, NULL,
+      json_pack("{s:s, s:s, s:O}", "callId", call_id, "name", name, "args", args ? args : json_null()));
+  if (!ah__tool_known(name)) {
+    ah__turn_tool_refused(t, call_id, name, "unknown tool");
+    return;
+  }
+  const char *policy = policy_of(t->s, name);
+  if (strcmp(policy, "deny") == 0) {
+    ah__turn_tool_refused(t, call_id, name, "denied by the session's policy");
+  } else if (strcmp(policy, "allow") == 0) {
+    ah__turn_run_tool(t, call_id, name, args);
+  } else {
+    if (t->pending) {
+      ah__turn_tool_refused(t, call_id, name, "another request is already waiting for an answer");
+      return;
+    }
+    request *r =
+        ah__request_new(t, "approval",
+                        json_pack("{s:s, s:s, s:O, s:s}", "tool", name, "callId", call_id, "args",
+                                  args ? args : json_null(), "cwd", str(t->s->row, "cwd")),
+                        json_pack("[s,s,s,s]", "allow_once", "allow_always", "reject_once", "reject_always"));
+    if (!r) {
+      ah__turn_tool_refused(t, call_id, name, "out of memory");
+      return;
+    }
+    r->call_id = strdup(call_id);
+    r->tool = strdup(name);
+    r->args = args ? json_deep_copy(args) : json_null();
+  }
+}
+
+static void sink_ask(void *ctx, const char *question, const json_t *options) {
+  turn *t = ctx;
+  if (t->ended)
+    return;
+  if (t->pending) {
+    t->prov->turn_answer(t->pt, NULL, true);
+    return;
+  }
+  request *r = ah__request_new(t, "question", json_pack("{s:s}", "question", question ? question : ""),
+                               options ? json_deep_copy(options) : json_array());
+  if (!r) {
+    t->prov->turn_answer(t->pt, NULL, true);
+    return;
+  }
+  ah__write_event(t->s, "question/asked", t->id, NULL,
+                  json_pack("{s:s, s:s, s:O}", "requestId", r->id, "question", question ? question : "",
+                            "options", r->options));
+}
+
+static void sink_subagent(void *ctx, const char *prompt) {
+  turn *t = ctx;
+  if (t->ended)
+    return;
+  int rc = 0;
+  if (t->child) {
+    t->prov->turn_subagent_result(t->pt, NULL, "error");
+    return;
+  }
+  session *child = ah__subagent_start(t->s, t, prompt ? prompt : "", &rc);
+  if (!child) {
+    AH_LOG_W(LOG, "session %s: subagent refused: %s", t->s->id, ah_strerror(rc));
+    ah__write_event(t->s, "agent/error", t->id, NULL,
+                    json_pack("{s:s}", "message",
+                              rc == AH_E2BIG ? "subagent depth limit reached" : "cannot start a subagent"));
+    t->prov->turn_subagent_result(t->pt, NULL, "error");
+  }
+}
+
+void ah__turn_claim(session *s) {
+  ah_sessions *m = s->m;
+  if (!s->ready || s->closing || s->disposed || s->turn || s->end_unwritten || ah__list_empty(&s->queue) ||
+      m->stopping)
+    return;
+  queued *q = AH__CONTAINER(s->queue.next, queued, link);
+  ah__list_remove(&q->link);
+  turn *t = calloc(1, sizeof *t);
+  if (!t) {
+    ah__list_push(&s->queue, &q->link);
+    return;
+  }
+  ah__list_push(&m->turns, &t->all);
+  t->s = s;
+  t->m = m;
+  ah__uuid7(t->id);
+  t->message_id = q->message_id;
+  t->content = q->content;
+  free(q);
+  /* A subagent's turn hangs below its parent's turn: cancelling the parent cancels it too. */
+  t->cancel = ah__cancel_new(s->parent_turn ? s->parent_turn->cancel : NULL);
+  if (!t->cancel || ah__cancel_watch(t->cancel, on_turn_token, t, NULL) != 0) {
+    /* Out of memory (or a parent already cancelled): the turn ends at once, attributed to its message. */
+    s->turn = t;
+    ah__write_running(s, true);
+    ah__turn_end(t, t->cancel ? "cancelled" : "error", NULL, t->cancel ? NULL : "out of memory");
+    return;
+  }
+  s->turn = t;
+  ah__write_running(s, true);
+  json_t *ops = json_pack("[{s:s, s:s, s:s, s:s}]", "op", "inbox.state", "messageId", t->message_id, "state",
+                          "claimed", "turnId", t->id);
+  ah__write_ops(s, ops, "inbox/claimed", t->id, t->message_id, json_object(), NULL, NULL);
+  const char *prov_name = str(s->row, "provider");
+  const char *model = str(s->row, "model");
+  ah__write_event(s, "turn/started", t->id, t->message_id,
+                  json_pack("{s:s, s:s?}", "provider", prov_name ? prov_name : "echo", "model", model));
+  const json_t *prov_config = NULL;
+  t->prov = ah__turn_provider(m, prov_name, &t->prov_mount, &prov_config);
+  if (!t->prov) {
+    ah__turn_end(t, "error", NULL, "the session's provider is not available");
+    return;
+  }
+  static const ah_turn_sink sink = {
+      .struct_size = sizeof(ah_turn_sink),
+      .delta = sink_delta,
+      .commit = sink_commit,
+      .tool_call = sink_tool_call,
+      .ask = sink_ask,
+      .subagent = sink_subagent,
+      .end = sink_end,
+      .history = sink_history,
+      .commit_json = sink_commit_json,
+  };
+  json_t *tools = ah__tools_describe();
+  json_t *empty_config = json_object();
+  ah_turn_input in = {
+      .struct_size = sizeof in,
+      .session_id = s->id,
+      .cwd = str(s->row, "cwd"),
+      .model = model,
+      .content = t->content,
+      .tools = tools,
+      .max_tokens = 0,
+      .depth = (int)json_integer_value(json_object_get(s->row, "depth")),
+      .provider_name = prov_name ? prov_name : "echo",
+      .provider_config = prov_config ? prov_config : empty_config,
+  };
+  int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
+  json_decref(tools);
+  json_decref(empty_config);
+  /* The content was borrowed for the call: a provider that needs it later took its own reference, and a
+   * large prompt goes as soon as nothing uses it any more, not at the end of the turn. */
+  json_decref(t->content);
+  t->content = NULL;
+  if (rc) {
+    t->pt = NULL;
+    ah__turn_end(t, "error", NULL, ah_strerror(rc));
+  }
+}
+
+static void on_turn_token(ah_cancel *token, void *arg) {
+  (void)token;
+  turn *t = arg;
+  if (t->ended || t->cancelled)
+    return;
+  t->cancelled = true;
+  if (t->pending)
+    ah__request_resolve(t->pending, "cancelled", NULL, NULL, NULL);
+  if (t->pt)
+    t->prov->turn_cancel(t->pt);
+  else
+    ah__turn_end(t, "cancelled", NULL, NULL);
+}
