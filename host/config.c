@@ -1119,3 +1119,20 @@ void ah__config_token_path(const ah_config *cfg, char *path, size_t cap) {
   else
     snprintf(path, cap, "%s/token", cfg->state_dir ? cfg->state_dir : "");
 }
+
+char *ah__config_module_path(const ah_config *cfg, const char *name, const json_t *pc) {
+  const char *p = json_string_value(json_object_get(pc, "path"));
+  if (p)
+    return strdup(p);
+  char *path = NULL;
+  const char *dir = cfg && cfg->plugin_dir ? cfg->plugin_dir : ".";
+  /* Installed modules sit in plugin_dir/NAME.so; a build tree has plugin_dir/NAME/NAME.so. */
+  if (asprintf(&path, "%s/%s.so", dir, name) < 0)
+    return NULL;
+  if (access(path, F_OK) != 0) {
+    free(path);
+    if (asprintf(&path, "%s/%s/%s.so", dir, name, name) < 0)
+      return NULL;
+  }
+  return path;
+}

@@ -96,4 +96,8 @@ void ah__config_token_path(const ah_config *cfg, char *path, size_t cap);
  * array of names in config order. */
 json_t *ah__config_plugins_for_mode(const ah_config *cfg, const char *mode);
 
+/* The module file of plugin `name` (its config `pc`): its `path`, else plugin_dir/NAME.so, else (a build
+ * tree) plugin_dir/NAME/NAME.so. malloc'ed; NULL when out of memory. */
+char *ah__config_module_path(const ah_config *cfg, const char *name, const json_t *pc);
+
 #endif

@@ -317,25 +317,8 @@ int ah__host_reload(ah_host *h, const char *name, ah__done_fn cb, void *arg) {
 
 /* ---- configuration ------------------------------------------------------------------------------------ */
 
-static char *module_path(const ah_config *cfg, const char *name, const json_t *pc) {
-  const char *p = json_string_value(json_object_get(pc, "path"));
-  if (p)
-    return strdup(p);
-  char *path = NULL;
-  const char *dir = cfg && cfg->plugin_dir ? cfg->plugin_dir : ".";
-  /* Installed modules sit in plugin_dir/NAME.so; a build tree has plugin_dir/NAME/NAME.so. */
-  if (asprintf(&path, "%s/%s.so", dir, name) < 0)
-    return NULL;
-  if (access(path, F_OK) != 0) {
-    free(path);
-    if (asprintf(&path, "%s/%s/%s.so", dir, name, name) < 0)
-      return NULL;
-  }
-  return path;
-}
-
 static int mount_one(ah_host *h, const char *name, const json_t *pc, bool required) {
-  char *path = module_path(h->config, name, pc);
+  char *path = ah__config_module_path(h->config, name, pc);
   if (!path)
     return AH_ENOMEM;
   if (access(path, F_OK) != 0) {

@@ -141,6 +141,9 @@ int ah__remote_invoke(ah_host *h, const ah_caller *caller, const char *ns, const
                       const json_t *args, ah_cancel *parent, ah_reply_fn cb, void *arg);
 bool ah__valid_event_name(const char *s);
 bool ah__valid_plugin_name(const char *s);
+/* dlopen + the entry symbol + the ABI check (plugins.c): *dl_out and *desc_out on success; else a negative
+ * AH_E* with *why (malloc'ed, may be NULL) naming the field. */
+int ah__plugin_open(const char *path, void **dl_out, const ah_plugin_desc **desc_out, char **why);
 int ah__remote_prepare(ah_mount *m, const ah_remote_def *def, ah__remote **out);
 void ah__remote_free(ah__remote *r);
 const char *ah__type_name(ah_type t);

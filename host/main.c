@@ -1,17 +1,16 @@
 /* agenthost — the command line: serve | sdk | acp | sessions | plugins | version | --help. */
-#include <fcntl.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "admin.h"
+#include "cli_commands.h"
 #include "cli_sessions.h"
 #include "config.h"
 #include "host.h"
@@ -33,7 +32,8 @@ static const char usage[] =
     "  plugins unload NAME       withdraw a plugin from the running daemon\n"
     "  plugins reload NAME       withdraw a plugin and mount it again\n"
     "  remote stubs              print TypeScript declarations of the daemon's remote services\n"
-    "  url                       print the browser launch URL of the running daemon\n"
+    "  url                       print the browser launch URL of the running daemon (browser plugin)\n"
+    "  token rotate              a new browser token; open tabs must reload (browser plugin)\n"
     "  status [--json]           the running daemon: mode, plugins, the store's health (exit 3: unhealthy)\n"
     "  version                   print the version\n"
     "\n"
@@ -67,27 +67,6 @@ typedef struct serve_ctx {
   int exit_code;
 } serve_ctx;
 
-/* ---- the browser's launch URL ---------------------------------------------------------------------------
- *
- * serve.json (runtime_dir, written by the browser plugin: url, port, pid) + the token file
- * ([plugin.browser] token_file, else state_dir/token) → "URL#k=TOKEN". The token is in the fragment, which
- * a browser never sends to the server (SECURITY.md §2.2); it is printed on stdout only, never logged. */
-
-static char *read_small(const char *path, size_t max) {
-  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0)
-    return NULL;
-  char *buf = malloc(max + 1);
-  ssize_t n = buf ? read(fd, buf, max) : -1;
-  close(fd);
-  if (n < 0) {
-    free(buf);
-    return NULL;
-  }
-  buf[n] = '\0';
-  return buf;
-}
-
 /* The configuration for a command: file, environment and command line; on error the message is printed and
  * the command exits 2. */
 static int load_config(ah_config *cfg, const ah_cli_overrides *cli) {
@@ -99,142 +78,6 @@ static int load_config(ah_config *cfg, const ah_cli_overrides *cli) {
     return -1;
   }
   return 0;
-}
-
-/* NULL with *why set (static text) when there is none. `want_pid` > 0: only a file written by that pid. */
-static char *launch_url(const ah_config *cfg, long want_pid, const char **why) {
-  char path[4200];
-  snprintf(path, sizeof path, "%s/serve.json", cfg->runtime_dir);
-  char *text = read_small(path, 4096);
-  json_t *j = text ? json_loads(text, 0, NULL) : NULL;
-  free(text);
-  const char *url = json_string_value(json_object_get(j, "url"));
-  long pid = (long)json_integer_value(json_object_get(j, "pid"));
-  if (!url || pid <= 0 || (want_pid > 0 && pid != want_pid) || (want_pid <= 0 && kill((pid_t)pid, 0) != 0)) {
-    *why = "no running daemon serves the browser surface (no current serve.json in the runtime directory)";
-    json_decref(j);
-    return NULL;
-  }
-  ah__config_token_path(cfg, path, sizeof path);
-  char *token = read_small(path, 128);
-  size_t n = token ? strcspn(token, "\r\n ") : 0;
-  bool ok = n == 43;
-  for (size_t i = 0; ok && i < n; i++) {
-    char c = token[i];
-    ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
-  }
-  char *out = NULL;
-  if (ok) {
-    token[n] = '\0';
-    if (asprintf(&out, "%s#k=%s", url, token) < 0)
-      out = NULL;
-  } else {
-    *why = "the token file cannot be read";
-  }
-  if (token)
-    explicit_bzero(token, strlen(token));
-  free(token);
-  json_decref(j);
-  return out;
-}
-
-static int cmd_url(const ah_cli_overrides *cli) {
-  ah_config cfg;
-  if (load_config(&cfg, cli) != 0)
-    return 2;
-  const char *why = NULL;
-  char *u = launch_url(&cfg, 0, &why);
-  ah__config_free(&cfg);
-  if (!u) {
-    fprintf(stderr, "agenthost: url: %s\n", why ? why : "unavailable");
-    return 1;
-  }
-  printf("%s\n", u);
-  explicit_bzero(u, strlen(u));
-  free(u);
-  return fflush(stdout) == 0 && !ferror(stdout) ? 0 : 1;
-}
-
-/* Without a daemon: a new token file (32 random bytes, base64url, 0600), renamed over the old one. */
-static int rotate_offline(const char *path) {
-  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-  unsigned char t[32];
-  if (getrandom(t, sizeof t, 0) != (ssize_t)sizeof t)
-    return -1;
-  char text[45];
-  uint32_t acc = 0;
-  int bits = 0;
-  size_t o = 0;
-  for (size_t i = 0; i < sizeof t; i++) {
-    acc = (acc << 8) | t[i];
-    bits += 8;
-    while (bits >= 6) {
-      bits -= 6;
-      text[o++] = alphabet[(acc >> bits) & 63];
-    }
-  }
-  text[o++] = alphabet[(acc << (6 - bits)) & 63];
-  text[o++] = '\n';
-  char tmp[4300];
-  if (snprintf(tmp, sizeof tmp, "%s.new", path) >= (int)sizeof tmp)
-    return -1;
-  unlink(tmp);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return -1;
-  bool ok = write(fd, text, o) == (ssize_t)o && fsync(fd) == 0;
-  close(fd);
-  explicit_bzero(text, sizeof text);
-  explicit_bzero(t, sizeof t);
-  if (!ok || rename(tmp, path) != 0) {
-    unlink(tmp);
-    return -1;
-  }
-  return 0;
-}
-
-static void print_error(const char *what, int rc, json_t *error);
-
-/* `agenthost token rotate`: the running daemon's browser plugin replaces its token and closes every live
- * WebSocket (1008), so open tabs must be given the new launch URL; without a daemon the file is replaced. */
-static int cmd_token(const ah_cli_overrides *cli, int argc, char **argv) {
-  if (argc != 1 || strcmp(argv[0], "rotate") != 0) {
-    fputs(usage, stderr);
-    return 2;
-  }
-  ah_config cfg;
-  if (load_config(&cfg, cli) != 0)
-    return 2;
-  json_t *result = NULL, *error = NULL;
-  int rc = ah__admin_call(cfg.runtime_dir, "browser.rotate-token", NULL, 30000, &result, &error);
-  int code = 0;
-  if (rc == AH_ECLOSED) {
-    char path[4200];
-    ah__config_token_path(&cfg, path, sizeof path);
-    if (rotate_offline(path) != 0) {
-      fprintf(stderr, "agenthost: token rotate: cannot replace %s\n", path);
-      code = 1;
-    } else {
-      printf("rotated the token in %s (no daemon is running)\n", path);
-    }
-  } else if (rc) {
-    print_error("token rotate", rc, error);
-    code = 1;
-  } else {
-    const char *why = NULL;
-    char *u = launch_url(&cfg, 0, &why);
-    if (u) {
-      printf("%s\n", u);
-      explicit_bzero(u, strlen(u));
-      free(u);
-    } else {
-      printf("rotated\n");
-    }
-  }
-  json_decref(result);
-  json_decref(error);
-  ah__config_free(&cfg);
-  return code;
 }
 
 static void close_leftover(uv_handle_t *h, void *arg) {
@@ -327,6 +170,25 @@ static void on_sighup(uv_signal_t *h, int signum) {
   }
 }
 
+/* Once, on stdout, when the mounts are done (DECISIONS.md): the browser's launch URL, which the browser
+ * plugin composes (browser.launch-url); nothing when no browser surface serves. The URL holds the token,
+ * so it goes to stdout only, never to the log. */
+static void on_launch_url(const ah_outcome *o, void *arg) {
+  (void)arg;
+  const char *url = o->status == 0 ? json_string_value(json_object_get(o->result, "url")) : NULL;
+  if (url) {
+    printf("%s\n", url);
+    fflush(stdout);
+  }
+}
+
+static void print_launch_url(serve_ctx *s) {
+  ah_caller core = {.struct_size = sizeof core, .authority = AH_AUTH_ADMIN, .surface = "core"};
+  int rc = ah__host_dispatch(s->host, &core, "browser.launch-url", NULL, NULL, on_launch_url, NULL);
+  if (rc && rc != AH_ENOMETHOD)
+    ah__log(AH_LOG_WARN, "host", "the launch URL is unavailable: %s", ah_strerror(rc));
+}
+
 static int run_host(const ah_cli_overrides *cli, const char *mode) {
   serve_ctx *s = calloc(1, sizeof *s);
   if (!s)
@@ -402,17 +264,8 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
   if (rc == 0) {
     ah__log(AH_LOG_INFO, "host", "agenthost %s running in %s mode (pid %ld)", AH_VERSION, mode,
             (long)getpid());
-    if (strcmp(mode, "serve") == 0) {
-      /* Once, on stdout (DECISIONS.md): the browser's launch URL, when the browser plugin is serving. */
-      const char *why = NULL;
-      char *u = launch_url(s->config, (long)getpid(), &why);
-      if (u) {
-        printf("%s\n", u);
-        fflush(stdout);
-        explicit_bzero(u, strlen(u));
-        free(u);
-      }
-    }
+    if (strcmp(mode, "serve") == 0)
+      print_launch_url(s);
   } else {
     s->exit_code = 1;
     begin_stop(s, "start-up failed");
@@ -743,12 +596,18 @@ int main(int argc, char **argv) {
     return cmd_plugins(&cli, rest, rest_argv);
   if (strcmp(cmd, "remote") == 0)
     return cmd_remote(&cli, rest, rest_argv);
-  if (strcmp(cmd, "url") == 0 && rest == 0)
-    return cmd_url(&cli);
   if (strcmp(cmd, "status") == 0)
     return cmd_status(&cli, rest, rest_argv);
-  if (strcmp(cmd, "token") == 0)
-    return cmd_token(&cli, rest, rest_argv);
+  /* A command of an enabled plugin (the browser's `url` and `token`). */
+  ah_config cfg;
+  if (load_config(&cfg, &cli) != 0)
+    return 2;
+  ah__log_set_level(cfg.log_level);
+  bool found = false;
+  int code = ah__cli_plugin_command(&cfg, rest + 1, rest_argv - 1, &found); /* argv[0]: the command */
+  ah__config_free(&cfg);
+  if (found)
+    return code;
   fprintf(stderr, "agenthost: unknown command or arguments: %s\n\n%s", cmd, usage);
   return 2;
 }

@@ -17,8 +17,6 @@
 
 #include "internal.h"
 
-int ah__plugin_open(const char *path, void **dl_out, const ah_plugin_desc **desc_out, char **why);
-
 enum {
   PHASE_NONE = 0,
   PHASE_TRIP,

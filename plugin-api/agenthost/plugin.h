@@ -38,6 +38,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "agenthost/errors.h"
@@ -50,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 2
+#define AH_ABI_MINOR 3
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -104,7 +105,40 @@ typedef struct ah_plugin_desc {
    * which then fails with that code and changes nothing. NULL = always allowed. */
   int (*may_withdraw)(void *state);
   void *reserved[8];
+  /* ABI 1.3. Optional: commands of the command line, NULL-terminated (see ah_command_def below). */
+  const struct ah_command_def *const *commands;
 } ah_plugin_desc;
+
+/* A command a plugin adds to the command line (ABI 1.3): `agenthost NAME ARGS…` for a NAME the host
+ * does not know runs the `run` of the enabled plugin that offers it, in the command's own process. The
+ * module is loaded but never mounted: `run` gets no host API and no loop, only this environment; it may
+ * ask a running daemon through `call` (the admin socket). The browser's `agenthost url` and
+ * `agenthost token rotate` are such commands. */
+typedef struct ah_command_env {
+  uint32_t struct_size;
+  const char *name;        /* the plugin's name */
+  const json_t *config;    /* its [plugin.NAME] section, as mount() would get it (never NULL) */
+  const char *state_dir;   /* the host's directories (absolute) */
+  const char *runtime_dir; /* (the admin socket and the daemon's lock live here) */
+  FILE *out;               /* the command's stdout and stderr */
+  FILE *err;
+  /* Call a method of the running daemon over its admin socket (privileged). 0 with *result (new
+   * reference) or a negative AH_E* with *error ({code, message, data}, new reference, may be NULL);
+   * AH_ECLOSED when no daemon runs. `params` is borrowed (NULL = {}). */
+  int (*call)(const struct ah_command_env *env, const char *method, const json_t *params, uint32_t timeout_ms,
+              json_t **result, json_t **error);
+  void *reserved[4];
+} ah_command_env;
+
+typedef struct ah_command_def {
+  uint32_t struct_size; /* sizeof(ah_command_def) of the plugin's build */
+  const char *name;     /* the word after `agenthost`, [a-z][a-z0-9-]{0,31}; a host command wins */
+  const char *usage;    /* one line for messages, e.g. "token rotate" */
+  /* argv[0] is the command's name; the return value is the process's exit status (0, 1 a failure, 2
+   * a usage error). */
+  int (*run)(const ah_command_env *env, int argc, char **argv);
+  void *reserved[4];
+} ah_command_def;
 
 /* The one exported symbol. Return NULL to refuse the host's ABI. */
 typedef const ah_plugin_desc *(*ah_plugin_entry_fn)(uint32_t host_abi);

@@ -275,5 +275,14 @@ int bp_discovery_write(bp_state *st);
 /* Replace the token (new random bytes, the file rewritten atomically). */
 int bp_token_rotate(bp_state *st);
 void bp_discovery_remove(bp_state *st);
+/* The URL of the first listener, "http://HOST:PORT/" (a wildcard address as 127.0.0.1). */
+void bp_base_url(const bp_state *st, char *url, size_t cap);
+/* Without a mount (the command line, cli.c): the token file of `config` ([plugin.browser] token_file,
+ * else STATE_DIR/token), and its atomic replacement with a new token (written to *out when not NULL). */
+int bp_token_file_path(const json_t *config, const char *state_dir, char *path, size_t cap);
+int bp_token_file_replace(const char *path, uint8_t out[BF_TOKEN_BYTES]);
+
+/* cli.c: the commands `agenthost url` and `agenthost token rotate` (ABI 1.3). */
+extern const ah_command_def *const bp_commands[];
 
 #endif

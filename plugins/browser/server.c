@@ -775,6 +775,25 @@ static void m_rotate(ah_call *call, const json_t *params, void *data) {
   st->api->call_reply(call, json_pack("{s:b}", "rotated", 1));
 }
 
+/* browser.launch-url (privileged): {url: "http://HOST:PORT/#k=TOKEN"}, the URL that opens the web UI. The
+ * token is in the fragment, which a browser never sends to the server (SECURITY.md §2.2); the host prints
+ * it once on stdout at start and `agenthost url` asks for it; it is never logged. */
+static void m_launch_url(ah_call *call, const json_t *params, void *data) {
+  (void)params;
+  bp_state *st = data;
+  if (st->nports == 0) {
+    st->api->call_error(call, AH_EUNAVAILABLE, "the browser surface is not listening", NULL);
+    return;
+  }
+  char base[256], token[BF_TOKEN_CHARS + 1], url[320];
+  bp_base_url(st, base, sizeof base);
+  bf_token_encode(st->token, token);
+  snprintf(url, sizeof url, "%s#k=%s", base, token);
+  st->api->call_reply(call, json_pack("{s:s}", "url", url));
+  explicit_bzero(token, sizeof token);
+  explicit_bzero(url, sizeof url);
+}
+
 /* ---- mount and withdraw -------------------------------------------------------------------------------- */
 
 static void state_free(bp_state *st) {
@@ -827,6 +846,14 @@ static int bp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, v
                                   .flags = AH_METHOD_PRIVILEGED,
                                   .data = st};
     rc = api->register_method(m, &rotate);
+  }
+  if (rc == 0) {
+    const ah_method_def launch = {.struct_size = sizeof launch,
+                                  .name = "browser.launch-url",
+                                  .handler = m_launch_url,
+                                  .flags = AH_METHOD_PRIVILEGED,
+                                  .data = st};
+    rc = api->register_method(m, &launch);
   }
   if (rc == 0)
     rc = start_lws(st);
@@ -977,6 +1004,7 @@ static const ah_plugin_desc bp_desc = {
     .mount = bp_mount,
     .withdraw = bp_withdraw,
     .may_withdraw = NULL,
+    .commands = bp_commands,
 };
 
 AH_EXPORT const ah_plugin_desc *ah_plugin_entry_v1(uint32_t host_abi) {

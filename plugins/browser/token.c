@@ -46,19 +46,24 @@ static int read_token(bp_state *st, const char *path, int fd) {
   return 0;
 }
 
-static int random_token(bp_state *st, uint8_t t[BF_TOKEN_BYTES]) {
+static int random_bytes(uint8_t t[BF_TOKEN_BYTES]) {
   size_t got = 0;
   while (got < BF_TOKEN_BYTES) {
     ssize_t n = getrandom(t + got, BF_TOKEN_BYTES - got, 0);
     if (n < 0 && errno == EINTR)
       continue;
-    if (n <= 0) {
-      st->api->log(st->m, AH_PLOG_ERROR, "getrandom: %s", strerror(errno));
+    if (n <= 0)
       return AH_EIO;
-    }
     got += (size_t)n;
   }
   return 0;
+}
+
+static int random_token(bp_state *st, uint8_t t[BF_TOKEN_BYTES]) {
+  if (random_bytes(t) == 0)
+    return 0;
+  st->api->log(st->m, AH_PLOG_ERROR, "getrandom: %s", strerror(errno));
+  return AH_EIO;
 }
 
 static int create_token(bp_state *st, const char *path) {
@@ -85,16 +90,12 @@ static int create_token(bp_state *st, const char *path) {
 
 int bp_token_load(bp_state *st, const json_t *config) {
   const char *given = json_string_value(json_object_get(config, "token_file"));
+  const char *sd = st->api->state_dir(st->m);
   char path[4096];
-  if (given && *given) {
-    if (snprintf(path, sizeof path, "%s", given) >= (int)sizeof path)
-      return AH_ECONFIG;
-  } else {
-    const char *sd = st->api->state_dir(st->m);
-    if (!sd || snprintf(path, sizeof path, "%s/token", sd) >= (int)sizeof path)
-      return AH_ECONFIG;
+  if (bp_token_file_path(config, sd, path, sizeof path) != 0)
+    return AH_ECONFIG;
+  if (!(given && *given))
     mkdir(sd, 0700);
-  }
   st->token_path = strdup(path);
   if (!st->token_path)
     return AH_ENOMEM;
@@ -116,14 +117,23 @@ int bp_token_load(bp_state *st, const json_t *config) {
   return AH_EIO;
 }
 
-/* `agenthost token rotate`: a new token in a temporary file (0600, O_EXCL) renamed over the old one, so a
- * reader never sees a partial file; the old token stops working at once. */
-int bp_token_rotate(bp_state *st) {
+int bp_token_file_path(const json_t *config, const char *state_dir, char *path, size_t cap) {
+  const char *given = json_string_value(json_object_get(config, "token_file"));
+  int n = given && *given ? snprintf(path, cap, "%s", given)
+          : state_dir     ? snprintf(path, cap, "%s/token", state_dir)
+                          : -1;
+  return n < 0 || (size_t)n >= cap ? AH_ECONFIG : 0;
+}
+
+/* A new token in a temporary file (0600, O_EXCL) renamed over the old one, so a reader never sees a
+ * partial file; the old token stops working at once. */
+int bp_token_file_replace(const char *path, uint8_t out[BF_TOKEN_BYTES]) {
   uint8_t t[BF_TOKEN_BYTES];
-  if (!st->token_path || random_token(st, t) != 0)
+  if (random_bytes(t) != 0)
     return AH_EIO;
   char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.new", st->token_path);
+  if (snprintf(tmp, sizeof tmp, "%s.new", path) >= (int)sizeof tmp)
+    return AH_ECONFIG;
   unlink(tmp);
   int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
@@ -134,15 +144,39 @@ int bp_token_rotate(bp_state *st) {
   bool ok = write(fd, text, BF_TOKEN_CHARS + 1) == BF_TOKEN_CHARS + 1 && fsync(fd) == 0;
   close(fd);
   explicit_bzero(text, sizeof text);
-  if (!ok || rename(tmp, st->token_path) != 0) {
+  if (!ok || rename(tmp, path) != 0) {
     unlink(tmp);
-    st->api->log(st->m, AH_PLOG_ERROR, "token file %s: cannot replace it", st->token_path);
+    explicit_bzero(t, sizeof t);
     return AH_EIO;
+  }
+  if (out)
+    memcpy(out, t, sizeof t);
+  explicit_bzero(t, sizeof t);
+  return 0;
+}
+
+/* `agenthost token rotate` with a daemon (browser.rotate-token). */
+int bp_token_rotate(bp_state *st) {
+  if (!st->token_path)
+    return AH_EIO;
+  uint8_t t[BF_TOKEN_BYTES];
+  int rc = bp_token_file_replace(st->token_path, t);
+  if (rc) {
+    st->api->log(st->m, AH_PLOG_ERROR, "token file %s: cannot replace it", st->token_path);
+    return rc;
   }
   memcpy(st->token, t, sizeof t);
   explicit_bzero(t, sizeof t);
   st->api->log(st->m, AH_PLOG_INFO, "the token was rotated (%s)", st->token_path);
   return 0;
+}
+
+void bp_base_url(const bp_state *st, char *url, size_t cap) {
+  const char *host = st->listen_addr[0];
+  bool v6 = strchr(host, ':') != NULL;
+  bool wildcard = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
+  snprintf(url, cap, "http://%s%s%s:%d/", v6 && !wildcard ? "[" : "", wildcard ? "127.0.0.1" : host,
+           v6 && !wildcard ? "]" : "", st->ports[0]);
 }
 
 int bp_discovery_write(bp_state *st) {
@@ -159,12 +193,8 @@ int bp_discovery_write(bp_state *st) {
     st->api->log(st->m, AH_PLOG_WARN, "cannot write %s: %s", path, strerror(errno));
     return AH_EIO;
   }
-  const char *host = st->listen_addr[0];
-  bool v6 = strchr(host, ':') != NULL;
-  bool wildcard = strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0;
   char url[256];
-  snprintf(url, sizeof url, "http://%s%s%s:%d/", v6 && !wildcard ? "[" : "", wildcard ? "127.0.0.1" : host,
-           v6 && !wildcard ? "]" : "", st->ports[0]);
+  bp_base_url(st, url, sizeof url);
   json_t *j = json_pack("{s:s, s:i, s:I}", "url", url, "port", st->ports[0], "pid", (json_int_t)getpid());
   char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);

@@ -136,6 +136,72 @@ Test(cli, unknown_command_is_a_usage_error, .timeout = 60, .fini = cleanup) {
   free(err);
 }
 
+/* A config enabling the fixture plugins `commands` (today's ABI) and `abi-1-2` (built against the 1.2
+ * headers, before commands existed). */
+static char *commands_config(void) {
+  const char *pd = getenv("AH_TEST_PLUGIN_DIR");
+  cr_assert(pd && *pd);
+  char *text = NULL;
+  cr_assert_geq(asprintf(&text,
+                         "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n"
+                         "[plugin.abi-1-2]\nenabled = true\npath = %s/abi-1-2.so\n"
+                         "[plugin.commands]\nenabled = true\npath = %s/commands.so\ngreeting = hi there\n",
+                         pd, pd),
+                0);
+  char *f = ts_write_file(test_dir(), "agenthost.ini", text);
+  free(text);
+  cr_assert_not_null(f);
+  return f;
+}
+
+/* ABI 1.3 ah_plugin_desc.commands: `agenthost NAME` runs an enabled plugin's command with its config, the
+ * host's directories and its arguments; its exit status is the process's; without a daemon its calls get
+ * AH_ECLOSED. */
+Test(cli, a_plugin_command_runs_with_its_config_and_arguments, .timeout = 60, .fini = cleanup) {
+  char *config = commands_config();
+  char *state = path_in("state");
+  char *runtime = path_in("run");
+  char *out = NULL;
+  char *err = NULL;
+  int code = run(&out, &err, "--config", config, "--state-dir", state, "--runtime-dir", runtime,
+                 "fixture-cmd", "one", "--two", NULL);
+  cr_assert_eq(code, 7, "exit %d, stderr: %s", code, err);
+  char *want = NULL;
+  cr_assert_geq(
+      asprintf(&want, "argv: fixture-cmd one --two\ngreeting: hi there\nstate: %s\ndaemon: none\n", state),
+      0);
+  cr_expect_str_eq(out, want);
+  free(want);
+  free(out);
+  free(err);
+  free(state);
+  free(runtime);
+  free(config);
+}
+
+/* The host's own commands win over a plugin's of the same name; a definition too short to hold `run` is
+ * skipped; a module built for ABI 1.2 (no `commands`, and a non-NULL word where 1.3 has it) offers none —
+ * each is the usage error of an unknown command, not a crash. */
+Test(cli, plugin_commands_never_shadow_the_host_nor_read_past_a_descriptor, .timeout = 60, .fini = cleanup) {
+  char *config = commands_config();
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(run(&out, &err, "--config", config, "version", NULL), 0, "%s", err);
+  cr_expect(strncmp(out, "agenthost ", 10) == 0 && !strstr(out, "plugin's version"), "%s", out);
+  free(out);
+  free(err);
+  const char *unknown[] = {"short-cmd", "abi12", "abi-1-2"};
+  for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
+    int code = run(&out, &err, "--config", config, unknown[i], NULL);
+    cr_expect_eq(code, 2, "%s: exit %d (%s)", unknown[i], code, err);
+    cr_expect(strstr(err, "unknown command"), "%s: %s", unknown[i], err);
+    cr_expect_str_empty(out, "%s", unknown[i]);
+    free(out);
+    free(err);
+  }
+  free(config);
+}
+
 Test(cli, plugins_list_without_a_daemon, .timeout = 60, .fini = cleanup) {
   char *config = quiet_config();
   char *state = path_in("state");

@@ -295,6 +295,18 @@ Test(mount, a_module_built_for_abi_1_0_mounts_and_runs) {
   th_outcome_clear(&o);
 }
 
+/* Core "plugin load", the growth rule: a module built against the frozen 1.2 headers (the minor before
+ * today's), whose descriptor ends before `commands`, mounts and runs its method. */
+Test(mount, a_module_built_for_abi_1_2_mounts_and_runs) {
+  cr_assert_eq(th_load(host, "abi-1-2", NULL), 0);
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "abi12.ping", json_object(), &o), 0);
+  cr_assert_eq(o.status, 0, "%s", o.message ? o.message : "");
+  cr_expect_eq(json_integer_value(json_object_get(o.result, "minor")), 2);
+  cr_expect(json_is_true(json_object_get(o.result, "hasStdioRpc")));
+  th_outcome_clear(&o);
+}
+
 /* Core "plugin load" and the growth rule: a plugin that needs entries the host lacks sees them absent and
  * refuses to mount, naming the entry, instead of calling NULL. The remote plugin against two older tables: an
  * earlier 1.1 host (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before
