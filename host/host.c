@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "http.h"
 #include "internal.h"
 #include "sessions.h"
 
@@ -526,6 +527,9 @@ static void stop_next(int status, void *arg) {
       return;
   }
   h->core = NULL;
+#ifdef AH_HAVE_HTTP
+  ah__http_close(h);
+#endif
   /* Deliver what is still queued, then close the pump. */
   ah__pump_close(&h->pump, pump_closed, s);
 }

@@ -194,6 +194,7 @@ struct ah_mount {
   size_t ncalls;
   ah__link subs;
   ah__link timers;
+  ah__link https; /* HTTP transfers (http.c) */
   ah__link works; /* queued or running pool work */
   size_t nworks;
   ah__link procs;
@@ -377,6 +378,7 @@ struct ah_host {
   int describe_store;           /* the store state the cache was built with (ah__sessions_store_state) */
   int audit_fd;                 /* state_dir/audit.log, append-only; -1 without a configuration */
   struct ah_sessions *sessions; /* NULL without a state directory */
+  struct ah__http_ctx *http;    /* the HTTP client, made on first use (http.c) */
   /* stdio for a stdio surface (api->stdio) */
   uv_stream_t *stdio_in;
   uv_stream_t *stdio_out;

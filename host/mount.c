@@ -46,6 +46,7 @@ static ah_mount *mount_new(ah_host *h) {
   ah__list_init(&m->calls);
   ah__list_init(&m->subs);
   ah__list_init(&m->timers);
+  ah__list_init(&m->https);
   ah__list_init(&m->works);
   ah__list_init(&m->procs);
   ah__list_init(&m->tokens);

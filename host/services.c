@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agenthost/provider.h"
+#include "http.h"
 #include "internal.h"
 #include "sessions.h"
 
@@ -642,6 +643,9 @@ void ah__services_withdraw(ah_mount *m) {
     ah__cancel_free(t);
   }
   ah__stdio_release(m);
+#ifdef AH_HAVE_HTTP
+  ah__http_withdraw(m);
+#endif
 }
 
 ah_host_api ah__api_table = {
@@ -689,6 +693,10 @@ ah_host_api ah__api_table = {
     .session_update = ah__session_update,
     .call_set_message = ah__call_set_message,
     .stdio_rpc = api_stdio_rpc,
+#ifdef AH_HAVE_HTTP
+    .http_start = ah__http_start,
+    .http_abort = ah__http_abort,
+#endif
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

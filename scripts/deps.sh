@@ -30,6 +30,9 @@ PACKAGES=(
   clang-format           # `make format` / `make format-check`
   libwebsockets-dev      # browser plugin: HTTP + WebSocket carrier
   libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
+  libcurl4-openssl-dev   # the core's HTTP client service (model providers, MCP over HTTP)
+  ca-certificates        # the system CA store libcurl verifies TLS against
+  openssl                # tests: a CA and a server certificate made at test time
   wrk                    # make bench: HTTP load on the browser surface
   chromium               # browser end-to-end tests (playwright-core drives it)
 )

@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 3
+#define AH_ABI_MINOR 4
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -77,6 +77,7 @@ typedef struct ah_process ah_process; /* a child process */
 typedef struct ah_host_api ah_host_api;
 typedef struct ah_provider ah_provider; /* agenthost/provider.h */
 typedef struct ah_session ah_session;   /* a session looked up for a remote descriptor */
+typedef struct ah_http ah_http;         /* an HTTP transfer (ABI 1.4) */
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* The descriptor                                                                                        */
@@ -304,6 +305,46 @@ typedef enum ah_log_level_pub {
   AH_PLOG_DEBUG = 4,
 } ah_log_level_pub;
 
+/* ---------------------------------------------------------------------------------------------------- */
+/* HTTP client (ABI 1.4)                                                                                  */
+
+/* One HTTP(S) request through the host's client (libcurl on the host loop: TLS verified against the
+ * system CA store, HTTP/2, compression, asynchronous DNS, and HTTPS_PROXY / NO_PROXY from the
+ * environment). Everything is copied by http_start(); the callbacks run on the loop thread, never inside
+ * http_start(). The host counts a plugin's transfers: one still running when withdraw completes is
+ * aborted (without callbacks) and logged. */
+typedef struct ah_http_request {
+  uint32_t struct_size;
+  const char *method;          /* "GET", "POST", … ; NULL = POST with a body, else GET */
+  const char *url;             /* http:// or https:// (no other scheme; redirects are not followed) */
+  const json_t *headers;       /* {"Name": "value"} sent as given; NULL = none */
+  const char *body;            /* NULL = none */
+  size_t body_len;             /* at most 64 MiB */
+  const char *ca_file;         /* PEM file of the CAs to trust instead of the system store; NULL = system */
+  size_t max_response;         /* body bytes before the transfer fails with AH_E2BIG; 0 = 64 MiB */
+  uint32_t connect_timeout_ms; /* TCP + TLS; 0 = 30 s */
+  uint32_t first_byte_timeout_ms; /* from the start to the response's head; 0 = no limit of its own */
+  uint32_t idle_timeout_ms;       /* no byte received for this long; 0 = 300 s */
+  uint32_t total_timeout_ms;      /* the whole transfer; 0 = none */
+  ah_cancel *cancel; /* tripped: the transfer is aborted and done gets AH_ECANCELED; may be NULL */
+  /* The response's status and headers ({"lower-case-name": "value"}, repeats joined with ", "), once,
+   * before any body. Non-zero aborts the transfer (done gets AH_ECANCELED). NULL = not wanted. */
+  int (*on_head)(ah_http *h, int status, const json_t *headers, void *arg);
+  /* A piece of the body as it arrives (borrowed for the call). Non-zero aborts (AH_ECANCELED). */
+  int (*on_body)(ah_http *h, const char *data, size_t len, void *arg);
+  /* Required. Once, last: 0 when the whole response arrived (whatever its status), else a negative
+   * AH_E* with a message (never NULL) that names the URL's host and what failed:
+   *   AH_EUNAVAILABLE  no connection (refused, unreachable, name not resolved)
+   *   AH_ETIMEDOUT     a timeout above
+   *   AH_EIO           the connection broke during the response; a TLS failure (certificate refused)
+   *   AH_E2BIG         the body passed max_response
+   *   AH_ECANCELED     http_abort(), the token, or a callback's non-zero
+   * The handle is gone when it returns. */
+  void (*on_done)(ah_http *h, int status, const char *message, void *arg);
+  void *arg;
+  void *reserved[4];
+} ah_http_request;
+
 struct ah_host_api {
   uint32_t struct_size;
   uint32_t abi; /* AH_ABI_VERSION of the host */
@@ -458,6 +499,15 @@ struct ah_host_api {
   int (*stdio_rpc)(ah_mount *m, const json_t *config, const ah_rpc_opts *opts, ah_rpc_peer **out);
 
   void *reserved[5];
+
+  /* HTTP client (ABI 1.4; see ah_http_request). NULL in a host built without it (the meson feature
+   * `http`): a plugin that needs it refuses to mount, saying so. http_start: 0 with *out, or AH_EINVAL
+   * (a bad URL, scheme, method or header; a body over 64 MiB), AH_ESTATE (outside mount/active),
+   * AH_ENOMEM. http_abort: the transfer stops at once (the server sees the connection close); on_done
+   * gets AH_ECANCELED on a later loop turn, or at once when called from this transfer's own callback
+   * (then after that callback returns). The handle is gone once on_done returned: never use it after. */
+  int (*http_start)(ah_mount *m, const ah_http_request *req, ah_http **out);
+  void (*http_abort)(ah_http *h);
 };
 
 /* The one exported entry of a plugin. */

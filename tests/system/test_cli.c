@@ -138,15 +138,15 @@ Test(cli, unknown_command_is_a_usage_error, .timeout = 60, .fini = cleanup) {
 
 /* A config enabling the fixture plugins `commands` (today's ABI) and `abi-1-2` (built against the 1.2
  * headers, before commands existed). */
-static char *commands_config(void) {
+static char *commands_config_of(const char *module) {
   const char *pd = getenv("AH_TEST_PLUGIN_DIR");
   cr_assert(pd && *pd);
   char *text = NULL;
   cr_assert_geq(asprintf(&text,
                          "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n"
                          "[plugin.abi-1-2]\nenabled = true\npath = %s/abi-1-2.so\n"
-                         "[plugin.commands]\nenabled = true\npath = %s/commands.so\ngreeting = hi there\n",
-                         pd, pd),
+                         "[plugin.commands]\nenabled = true\npath = %s/%s.so\ngreeting = hi there\n",
+                         pd, pd, module),
                 0);
   char *f = ts_write_file(test_dir(), "agenthost.ini", text);
   free(text);
@@ -154,29 +154,37 @@ static char *commands_config(void) {
   return f;
 }
 
+static char *commands_config(void) {
+  return commands_config_of("commands");
+}
+
 /* ABI 1.3 ah_plugin_desc.commands: `agenthost NAME` runs an enabled plugin's command with its config, the
  * host's directories and its arguments; its exit status is the process's; without a daemon its calls get
  * AH_ECLOSED. */
+/* The module built against today's headers, and the same source built against the frozen 1.3 ones. */
 Test(cli, a_plugin_command_runs_with_its_config_and_arguments, .timeout = 60, .fini = cleanup) {
-  char *config = commands_config();
-  char *state = path_in("state");
-  char *runtime = path_in("run");
-  char *out = NULL;
-  char *err = NULL;
-  int code = run(&out, &err, "--config", config, "--state-dir", state, "--runtime-dir", runtime,
-                 "fixture-cmd", "one", "--two", NULL);
-  cr_assert_eq(code, 7, "exit %d, stderr: %s", code, err);
-  char *want = NULL;
-  cr_assert_geq(
-      asprintf(&want, "argv: fixture-cmd one --two\ngreeting: hi there\nstate: %s\ndaemon: none\n", state),
-      0);
-  cr_expect_str_eq(out, want);
-  free(want);
-  free(out);
-  free(err);
-  free(state);
-  free(runtime);
-  free(config);
+  const char *modules[] = {"commands", "abi-1-3"};
+  for (size_t i = 0; i < 2; i++) {
+    char *config = commands_config_of(modules[i]);
+    char *state = path_in("state");
+    char *runtime = path_in("run");
+    char *out = NULL;
+    char *err = NULL;
+    int code = run(&out, &err, "--config", config, "--state-dir", state, "--runtime-dir", runtime,
+                   "fixture-cmd", "one", "--two", NULL);
+    cr_assert_eq(code, 7, "exit %d, stderr: %s", code, err);
+    char *want = NULL;
+    cr_assert_geq(
+        asprintf(&want, "argv: fixture-cmd one --two\ngreeting: hi there\nstate: %s\ndaemon: none\n", state),
+        0);
+    cr_expect_str_eq(out, want);
+    free(want);
+    free(out);
+    free(err);
+    free(state);
+    free(runtime);
+    free(config);
+  }
 }
 
 /* The host's own commands win over a plugin's of the same name; a definition too short to hold `run` is

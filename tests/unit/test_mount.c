@@ -307,6 +307,13 @@ Test(mount, a_module_built_for_abi_1_2_mounts_and_runs) {
   th_outcome_clear(&o);
 }
 
+/* The same for the minor before today's (1.3, before the HTTP client): the commands fixture built against
+ * the frozen 1.3 headers mounts and unloads (test_cli runs its command). */
+Test(mount, a_module_built_for_abi_1_3_mounts) {
+  cr_assert_eq(th_load(host, "abi-1-3", NULL), 0);
+  cr_expect_eq(th_unload(&loop, host, "commands"), 0, "its module is named commands");
+}
+
 /* Core "plugin load" and the growth rule: a plugin that needs entries the host lacks sees them absent and
  * refuses to mount, naming the entry, instead of calling NULL. The remote plugin against two older tables: an
  * earlier 1.1 host (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before
