@@ -599,6 +599,8 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
     if (rc)
       return rc;
   }
-  /* Transient deltas are for clients that stream text; not on the remote allowlist (DECISIONS.md). */
-  return ah__services_register_event(core, "session.delta", 0);
+  /* Transient deltas and reasoning are for clients that stream text; not on the remote allowlist
+   * (DECISIONS.md). */
+  int rc = ah__services_register_event(core, "session.delta", 0);
+  return rc ? rc : ah__services_register_event(core, "session.reasoning", 0);
 }

@@ -69,17 +69,26 @@ void ah__sessions_provider_withdrawn(ah_sessions *m, ah_mount *mount) {
   }
 }
 
-static json_t *history_for(session *s, const char *current_message) {
+static json_t *history_for(session *s, const char *current_message, bool with_tools) {
   /* The conversation so far as the provider sees it: each earlier turn's user message (in the order the
-   * turns started) and the committed assistant messages, the last HISTORY_MAX of them. Read from the
-   * store, so a resumed session has its past; only a recent window of events is read, so a long session
-   * does not make every turn slower. Prompts still queued are not part of it. */
+   * turns started) and the committed assistant messages, the last HISTORY_MAX of them; with_tools, also
+   * each tool call with its result (a call without a recorded result is left out). Read from the store,
+   * so a resumed session has its past; only a recent window of events is read, so a long session does
+   * not make every turn slower. Prompts still queued are not part of it. */
   json_t *hist = json_array();
   json_t *prompts = json_object(); /* messageId -> content, from inbox/received */
+  json_t *results = json_object(); /* callId -> its tool/result data */
   int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
   json_t *page = ah__store_events(ah__sm_store(s->m), s->id, after, HISTORY_WINDOW);
   size_t i = 0;
   json_t *ev = NULL;
+  if (with_tools) {
+    json_array_foreach(page, i, ev) {
+      json_t *data = json_object_get(ev, "data");
+      if (strcmp(str(ev, "kind"), "tool/result") == 0 && str(data, "callId"))
+        json_object_set(results, str(data, "callId"), data);
+    }
+  }
   json_array_foreach(page, i, ev) {
     const char *kind = str(ev, "kind");
     const char *mid = str(ev, "messageId");
@@ -93,19 +102,38 @@ static json_t *history_for(session *s, const char *current_message) {
     } else if (strcmp(kind, "message/committed") == 0) {
       json_array_append_new(
           hist, json_pack("{s:s, s:O}", "role", "assistant", "text", json_object_get(data, "text")));
+    } else if (with_tools && strcmp(kind, "tool/call") == 0 && str(data, "callId")) {
+      if (!json_object_get(results, str(data, "callId")))
+        continue;
+      json_array_append_new(
+          hist, json_pack("{s:s, s:s, s:s, s:O}", "role", "tool_call", "callId", str(data, "callId"), "name",
+                          str(data, "name") ? str(data, "name") : "", "args", json_object_get(data, "args")));
+    } else if (with_tools && strcmp(kind, "tool/result") == 0 && str(data, "callId")) {
+      json_array_append_new(hist,
+                            json_pack("{s:s, s:s, s:s, s:O, s:b}", "role", "tool_result", "callId",
+                                      str(data, "callId"), "name", str(data, "name") ? str(data, "name") : "",
+                                      "result", json_object_get(data, "result"), "isError",
+                                      json_is_true(json_object_get(data, "isError"))));
     }
   }
   json_decref(page);
   json_decref(prompts);
+  json_decref(results);
   while (json_array_size(hist) > HISTORY_MAX)
+    json_array_remove(hist, 0);
+  /* A cut must not leave a tool result without its call first. */
+  while (json_array_size(hist) > 0 && strcmp(str(json_array_get(hist, 0), "role"), "tool_result") == 0)
     json_array_remove(hist, 0);
   return hist;
 }
 
 static const json_t *sink_history(void *ctx) {
   turn *t = ctx;
-  if (!t->history)
-    t->history = history_for(t->s, t->message_id);
+  if (!t->history) {
+    const ah_provider *p = t->prov;
+    bool tools = p && AH_HAS_FIELD(p, ah_provider, flags) && (p->flags & AH_PROVIDER_TOOL_HISTORY);
+    t->history = history_for(t->s, t->message_id, tools);
+  }
   return t->history;
 }
 
@@ -199,6 +227,22 @@ static void sink_delta(void *ctx, const char *text) {
   ah__sm_emit(t->s->m, "session.delta",
               json_pack("{s:s, s:s, s:s, s:s}", "sessionId", t->s->id, "turnId", t->id, "messageId",
                         t->message_id, "text", text ? text : ""));
+}
+
+static void sink_reasoning(void *ctx, const char *text) {
+  turn *t = ctx;
+  if (t->ended || !text)
+    return;
+  ah__sm_emit(t->s->m, "session.reasoning",
+              json_pack("{s:s, s:s, s:s, s:s}", "sessionId", t->s->id, "turnId", t->id, "messageId",
+                        t->message_id, "text", text));
+}
+
+static void sink_notice(void *ctx, const json_t *note) {
+  turn *t = ctx;
+  if (t->ended || !json_is_object(note) || !json_is_string(json_object_get(note, "kind")))
+    return;
+  ah__write_event(t->s, "turn/notice", t->id, NULL, json_deep_copy(note));
 }
 
 /* `text` (a JSON string, stolen) is stored, emitted and kept for a waiting parent as this one value: a long
@@ -439,6 +483,8 @@ void ah__turn_claim(session *s) {
       .end = sink_end,
       .history = sink_history,
       .commit_json = sink_commit_json,
+      .reasoning = sink_reasoning,
+      .notice = sink_notice,
   };
   json_t *tools = ah__tools_describe();
   json_t *empty_config = json_object();

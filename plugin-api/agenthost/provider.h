@@ -13,7 +13,8 @@
  *   subagent(prompt)         start a child session with `prompt`; its final text comes back through
  *                            turn_subagent_result()
  *   end(reason, usage, error) the turn is over: reason end | max-tokens | cancelled | error | refusal;
- *                            `error` (may be NULL) explains an error; `usage` {inputTokens, outputTokens}
+ *                            `error` (may be NULL) explains an error; `usage` {inputTokens, outputTokens,
+ *                            and optionally cachedInputTokens, reasoningTokens, requests, model}
  * The sink must be called on the loop thread. After end() the provider makes no more sink calls. The
  * agent calls turn_free() after end() (and only then); turn_cancel() asks for an early end, which the
  * provider reports with end("cancelled", ...) — once, possibly after pending work was stopped.
@@ -54,6 +55,13 @@ typedef struct ah_turn_sink {
    * string whose reference the sink takes. For a provider that built a long text (off the loop, say):
    * commit() must copy a borrowed C string on the loop thread. */
   void (*commit_json)(void *ctx, json_t *text);
+  /* ABI 1.4 (check with AH_HAS). reasoning: the model's visible reasoning as it streams — transient
+   * like delta (never stored, never part of the answer), published as session.reasoning. notice: a
+   * durable note on the turn, stored as a turn/notice event, e.g. {kind: "retry", message, attempt,
+   * attempts, waitMs} before a retry wait or {kind: "history-cut", dropped} when the history was cut to
+   * fit the context window (borrowed for the call). */
+  void (*reasoning)(void *ctx, const char *text);
+  void (*notice)(void *ctx, const json_t *note);
 } ah_turn_sink;
 
 typedef struct ah_turn_input {
@@ -86,6 +94,14 @@ struct ah_provider {
   void (*turn_free)(ah_provider_turn *t);
   void *data;
   void *reserved[8];
+  /* ABI 1.4: AH_PROVIDER_* flags (0 = none). */
+  uint32_t flags;
 };
+
+/* The provider reads tool calls and their results in history(): besides the user and assistant entries,
+ * {role: "tool_call", callId, name, args} and {role: "tool_result", callId, name, result, isError}, in
+ * the order they happened (a call whose result was never recorded is left out with it). Without the
+ * flag, history() has only the user and assistant entries (as before 1.4). */
+#define AH_PROVIDER_TOOL_HISTORY (1u << 0)
 
 #endif
