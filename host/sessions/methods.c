@@ -567,6 +567,95 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
   ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
 }
 
+/* provider.list {} → {providers: [{name, type, model?, models, default, available}]}: the configured
+ * providers (and the built-in echo), without a secret: only these keys are read from their sections. */
+static void m_provider_list(ah_call *call, const json_t *p, void *data) {
+  (void)p;
+  ah_sessions *m = SM(data);
+  const ah_config *cfg = ah__host_config(m->host);
+  const char *def = cfg && cfg->default_provider ? cfg->default_provider : "echo";
+  json_t *list = json_array();
+  bool echo_listed = false;
+  const char *name = NULL;
+  json_t *pc = NULL;
+  json_object_foreach(cfg ? cfg->providers : NULL, name, pc) {
+    json_t *models = json_array();
+    const char *ms = str(pc, "models");
+    char *copy = ms ? strdup(ms) : NULL;
+    for (char *save = NULL, *it = copy ? strtok_r(copy, ",", &save) : NULL; it;
+         it = strtok_r(NULL, ",", &save)) {
+      while (*it == ' ')
+        it++;
+      size_t n = strlen(it);
+      while (n && it[n - 1] == ' ')
+        it[--n] = '\0';
+      if (n)
+        json_array_append_new(models, json_string(it));
+    }
+    free(copy);
+    const char *model = str(pc, "model");
+    if (model && json_array_size(models) == 0)
+      json_array_append_new(models, json_string(model));
+    json_array_append_new(list,
+                          json_pack("{s:s, s:s*, s:s*, s:o, s:b, s:b}", "name", name, "type", str(pc, "type"),
+                                    "model", model, "models", models, "default", strcmp(name, def) == 0,
+                                    "available", ah__turn_provider(m, name, NULL, NULL) != NULL));
+    echo_listed |= strcmp(name, "echo") == 0;
+  }
+  if (!echo_listed)
+    json_array_insert_new(list, 0,
+                          json_pack("{s:s, s:s, s:[], s:b, s:b}", "name", "echo", "type", "echo", "models",
+                                    "default", strcmp(def, "echo") == 0, "available", 1));
+  ah__call_reply(call, json_pack("{s:o}", "providers", list));
+}
+
+typedef struct models_ctx {
+  ah_call *call;
+} models_ctx;
+
+static void models_done(void *arg, int status, const json_t *models, const char *message) {
+  models_ctx *c = arg;
+  if (status)
+    ah__call_error(c->call, status, message ? message : ah_strerror(status), NULL);
+  else
+    ah__call_reply(c->call, json_pack("{s:O}", "models", models ? models : json_array()));
+  free(c);
+}
+
+/* provider.models {provider} → {models: [{id, ownedBy?}]} (privileged: it makes the provider's server
+ * answer with the configured key): what the provider's server offers (openai: GET {base_url}/models). */
+static void m_provider_models(ah_call *call, const json_t *p, void *data) {
+  ah_sessions *m = SM(data);
+  const char *name = str(p, "provider");
+  if (!name) {
+    ah__call_error(call, AH_EINVAL, "params.provider: the name of a configured provider is required", NULL);
+    return;
+  }
+  const json_t *config = NULL;
+  ah_provider *prov = ah__turn_provider(m, name, NULL, &config);
+  if (!prov) {
+    ah__call_error(call, AH_ENOENT, "params.provider: no such provider is available", NULL);
+    return;
+  }
+  if (!AH_HAS(prov, ah_provider, list_models)) {
+    ah__call_error(call, AH_EUNAVAILABLE, "this provider cannot list models", NULL);
+    return;
+  }
+  models_ctx *c = calloc(1, sizeof *c);
+  if (!c) {
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  c->call = call;
+  json_t *empty = json_object();
+  int rc = prov->list_models(prov, name, config ? config : empty, models_done, c);
+  json_decref(empty);
+  if (rc) {
+    free(c);
+    ah__call_error(call, rc, ah_strerror(rc), NULL);
+  }
+}
+
 /* ---- registration, start, stop
  * --------------------------------------------------------------------------------- */
 
@@ -588,6 +677,8 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
       {"session.set-policy", m_set_policy, AH_METHOD_PRIVILEGED},
       {"request.list", m_request_list, AH_METHOD_PUBLIC},
       {"request.respond", m_request_respond, AH_METHOD_PUBLIC},
+      {"provider.list", m_provider_list, AH_METHOD_PUBLIC},
+      {"provider.models", m_provider_models, AH_METHOD_PRIVILEGED},
   };
   for (size_t i = 0; i < sizeof methods / sizeof methods[0]; i++) {
     ah_method_def def = {.struct_size = sizeof def,

@@ -96,6 +96,14 @@ struct ah_provider {
   void *reserved[8];
   /* ABI 1.4: AH_PROVIDER_* flags (0 = none). */
   uint32_t flags;
+  /* ABI 1.4, optional (check with AH_HAS): the models the server of the configured provider `name`
+   * (its section `config`, borrowed for the call) offers. done(arg, 0, models, NULL) with
+   * [{id, ownedBy?}] or done(arg, AH_E*, NULL, message), exactly once, on the loop thread, never inside
+   * this call — also when the plugin is withdrawn meanwhile (then AH_ECANCELED). Returns 0, or a negative
+   * AH_E* (then done is never called). */
+  int (*list_models)(ah_provider *p, const char *name, const json_t *config,
+                     void (*done)(void *arg, int status, const json_t *models, const char *message),
+                     void *arg);
 };
 
 /* The provider reads tool calls and their results in history(): besides the user and assistant entries,

@@ -38,11 +38,12 @@ typedef struct oa_state {
   const ah_host_api *api;
   ah_mount *m;
   ah_provider prov;
-  json_t *no_stream_options; /* provider names whose server refused stream_options */
-  json_t *warned;            /* provider names whose unknown keys were logged */
-  int transfers;             /* HTTP transfers in flight (a freed turn's too) */
-  int turns;                 /* turns not yet freed from their last transfer */
-  ah_withdraw_done_fn done;  /* withdraw waits for the transfers to end */
+  json_t *no_stream_options;   /* provider names whose server refused stream_options */
+  json_t *warned;              /* provider names whose unknown keys were logged */
+  int transfers;               /* HTTP transfers in flight (a freed turn's too) */
+  int turns;                   /* turns not yet freed from their last transfer */
+  ah_withdraw_done_fn done;    /* withdraw waits for the transfers to end */
+  struct oa_listing *listings; /* provider.models requests in flight */
 } oa_state;
 
 typedef struct oa_conf {
@@ -183,10 +184,12 @@ static char *read_file(const char *key, const char *path, size_t max, bool secre
   return buf;
 }
 
-static int conf_load(oa_state *st, oa_conf *c, const ah_turn_input *in, char **key, char *err, size_t cap) {
+/* The configuration of [provider.NAME] (`pc`), the session's model (NULL = the configured one) and max
+ * tokens (0 = the configured one); `need_model` false for a models listing. */
+static int conf_load(oa_state *st, oa_conf *c, const char *name, const json_t *pc, const char *model,
+                     int64_t max_tokens, bool need_model, char **key, char *err, size_t cap) {
   memset(c, 0, sizeof *c);
-  const json_t *pc = AH_HAS(in, ah_turn_input, provider_config) ? in->provider_config : NULL;
-  c->name = AH_HAS(in, ah_turn_input, provider_name) ? in->provider_name : "openai";
+  c->name = name ? name : "openai";
   if (pc)
     warn_unknown(st, c->name, pc);
   const char *base = cstr(pc, "base_url");
@@ -201,8 +204,8 @@ static int conf_load(oa_state *st, oa_conf *c, const ah_turn_input *in, char **k
   size_t bl = strlen(c->base_url);
   while (bl && c->base_url[bl - 1] == '/')
     c->base_url[--bl] = '\0';
-  c->model = in->model && *in->model ? in->model : cstr(pc, "model");
-  if (!c->model) {
+  c->model = model && *model ? model : cstr(pc, "model");
+  if (!c->model && need_model) {
     snprintf(err, cap, "[provider.%s] model: no model is configured and the session names none", c->name);
     return -1;
   }
@@ -221,8 +224,8 @@ static int conf_load(oa_state *st, oa_conf *c, const ah_turn_input *in, char **k
   if (num(pc, "max_steps", 50, 1, 1000, &v, err, cap))
     return -1;
   c->max_steps = (int)v;
-  if (in->max_tokens > 0)
-    c->max_tokens = in->max_tokens;
+  if (max_tokens > 0)
+    c->max_tokens = max_tokens;
   const char *temp = cstr(pc, "temperature");
   if (temp) {
     char *end = NULL;
@@ -294,6 +297,7 @@ static void conf_free(oa_conf *c) {
 /* ---- the turn's end ----------------------------------------------------------------------------------- */
 
 static void turn_release(ah_provider_turn *t);
+static void maybe_withdrawn(oa_state *st);
 
 static json_t *usage_json(ah_provider_turn *t) {
   json_t *u =
@@ -843,7 +847,9 @@ static int turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sin
   st->turns++;
   oa_sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
   char err[600] = "";
-  if (conf_load(st, &t->conf, in, &t->key, err, sizeof err) != 0) {
+  const json_t *pc = AH_HAS(in, ah_turn_input, provider_config) ? in->provider_config : NULL;
+  const char *pname = AH_HAS(in, ah_turn_input, provider_name) ? in->provider_name : "openai";
+  if (conf_load(st, &t->conf, pname, pc, in->model, in->max_tokens, true, &t->key, err, sizeof err) != 0) {
     *out = t;
     end_later(t, "error", err);
     return 0;
@@ -922,15 +928,20 @@ static void turn_release(ah_provider_turn *t) {
   free(t->end_error);
   free(t);
   st->turns--;
-  if (st->done && st->transfers == 0) {
-    ah_withdraw_done_fn done = st->done;
-    st->done = NULL;
-    ah_mount *m = st->m;
-    json_decref(st->no_stream_options);
-    json_decref(st->warned);
-    free(st);
-    done(m);
-  }
+  maybe_withdrawn(st);
+}
+
+/* A withdraw waiting for the last transfer: done now. */
+static void maybe_withdrawn(oa_state *st) {
+  if (!st->done || st->transfers > 0 || st->turns > 0)
+    return;
+  ah_withdraw_done_fn done = st->done;
+  st->done = NULL;
+  ah_mount *m = st->m;
+  json_decref(st->no_stream_options);
+  json_decref(st->warned);
+  free(st);
+  done(m);
 }
 
 static void turn_free(ah_provider_turn *t) {
@@ -940,6 +951,144 @@ static void turn_free(ah_provider_turn *t) {
     return;
   }
   turn_release(t);
+}
+
+/* ---- provider.models: GET {base_url}/models ------------------------------------------------------------ */
+
+typedef struct oa_listing {
+  oa_state *st;
+  ah_http *http;
+  oa_buf body;
+  int status;
+  void (*done)(void *arg, int status, const json_t *models, const char *message);
+  void *arg;
+  char base_url[1024];
+  struct oa_listing *next;
+} oa_listing;
+
+static int listing_head(ah_http *h, int status, const json_t *headers, void *arg) {
+  (void)h, (void)headers;
+  ((oa_listing *)arg)->status = status;
+  return 0;
+}
+
+static int listing_body(ah_http *h, const char *data, size_t len, void *arg) {
+  (void)h;
+  return oa_buf_add(&((oa_listing *)arg)->body, data, len) != 0;
+}
+
+static void maybe_withdrawn(oa_state *st);
+
+static void listing_done(ah_http *h, int status, const char *message, void *arg) {
+  (void)h;
+  oa_listing *l = arg;
+  oa_state *st = l->st;
+  for (oa_listing **p = &st->listings; *p; p = &(*p)->next)
+    if (*p == l) {
+      *p = l->next;
+      break;
+    }
+  st->transfers--;
+  json_t *doc = status == 0 && l->body.len ? json_loadb(l->body.p, l->body.len, 0, NULL) : NULL;
+  json_t *data = json_object_get(doc, "data");
+  if (!data)
+    data = json_object_get(doc, "models"); /* Ollama's /api/tags shape, should base_url point there */
+  char why[1400];
+  if (status) {
+    l->done(l->arg, status, NULL, message);
+  } else if (l->status == 401 || l->status == 403) {
+    snprintf(why, sizeof why, "the provider rejected the API key for %s (%d)", l->base_url, l->status);
+    l->done(l->arg, AH_EPERM, NULL, why);
+  } else if (l->status < 200 || l->status >= 300 || !json_is_array(data)) {
+    snprintf(why, sizeof why, "%s/models answered %d without a model list", l->base_url, l->status);
+    l->done(l->arg, AH_EPROTO, NULL, why);
+  } else {
+    json_t *out = json_array();
+    size_t i = 0;
+    json_t *mo = NULL;
+    json_array_foreach(data, i, mo) {
+      const char *id = json_string_value(json_object_get(mo, "id"));
+      if (!id)
+        id = json_string_value(json_object_get(mo, "name"));
+      if (id)
+        json_array_append_new(out, json_pack("{s:s, s:s*}", "id", id, "ownedBy",
+                                             json_string_value(json_object_get(mo, "owned_by"))));
+    }
+    l->done(l->arg, 0, out, NULL);
+    json_decref(out);
+  }
+  json_decref(doc);
+  oa_buf_free(&l->body);
+  free(l);
+  maybe_withdrawn(st);
+}
+
+static int list_models(ah_provider *p, const char *name, const json_t *config,
+                       void (*done)(void *arg, int status, const json_t *models, const char *message),
+                       void *arg) {
+  oa_state *st = p->data;
+  if (st->done)
+    return AH_ESTATE;
+  oa_conf c;
+  char *key = NULL;
+  char err[600];
+  if (conf_load(st, &c, name, config, NULL, 0, false, &key, err, sizeof err) != 0) {
+    st->api->log(st->m, AH_PLOG_WARN, "%s", err);
+    conf_free(&c);
+    return AH_ECONFIG;
+  }
+  oa_listing *l = calloc(1, sizeof *l);
+  if (!l) {
+    conf_free(&c);
+    return AH_ENOMEM;
+  }
+  l->st = st;
+  l->done = done;
+  l->arg = arg;
+  snprintf(l->base_url, sizeof l->base_url, "%s", c.base_url);
+  char url[1200];
+  snprintf(url, sizeof url, "%s/models", c.base_url);
+  json_t *headers = json_pack("{s:s}", "Accept", "application/json");
+  if (c.headers)
+    json_object_update(headers, c.headers);
+  char *auth = NULL;
+  if (key && asprintf(&auth, "Bearer %s", key) >= 0)
+    json_object_set_new(headers, "Authorization", json_string(auth));
+  ah_http_request req = {.struct_size = sizeof req,
+                         .method = "GET",
+                         .url = url,
+                         .headers = headers,
+                         .ca_file = c.ca_file,
+                         .max_response = (size_t)8 << 20,
+                         .connect_timeout_ms = c.connect_timeout_ms,
+                         .idle_timeout_ms = 60000,
+                         .total_timeout_ms = 120000,
+                         .on_head = listing_head,
+                         .on_body = listing_body,
+                         .on_done = listing_done,
+                         .arg = l};
+  int rc = st->api->http_start(st->m, &req, &l->http);
+  json_t *a = json_object_get(headers, "Authorization");
+  if (a)
+    explicit_bzero((char *)json_string_value(a), json_string_length(a));
+  json_decref(headers);
+  if (auth) {
+    explicit_bzero(auth, strlen(auth));
+    free(auth);
+  }
+  if (key) {
+    explicit_bzero(key, strlen(key));
+    free(key);
+  }
+  conf_free(&c);
+  if (rc) {
+    free(l);
+    return rc;
+  }
+  st->transfers++;
+  l->next = st->listings;
+  st->listings = l;
+  return 0;
 }
 
 /* ---- mount and withdraw -----------------------------------------------------------------------------------
@@ -975,6 +1124,7 @@ static int oa_mount(ah_mount *m, const ah_host_api *api, const json_t *config, v
       .turn_free = turn_free,
       .data = st,
       .flags = AH_PROVIDER_TOOL_HISTORY,
+      .list_models = list_models,
   };
   *state = st;
   return api->register_provider(m, &st->prov);
@@ -986,9 +1136,12 @@ static void oa_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
     done(m);
     return;
   }
-  /* The host freed every turn first (turn_free): what is left are transfers finishing their abort. */
+  /* The host freed every turn first (turn_free): what is left are transfers finishing their abort; a
+   * models listing is aborted here (its caller gets AH_ECANCELED). */
   if (st->transfers > 0 || st->turns > 0) {
     st->done = done;
+    for (oa_listing *l = st->listings; l; l = l->next)
+      st->api->http_abort(l->http);
     return;
   }
   json_decref(st->no_stream_options);

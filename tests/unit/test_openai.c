@@ -916,3 +916,54 @@ Test(openai, mock_llm_streams_a_plain_answer_and_answers_a_whole_tool_call) {
   free(wid);
   ts_stop(mock_pid, SIGTERM, 5000);
 }
+
+/* ---- discovery -------------------------------------------------------------------------------------- */
+
+Test(openai, providers_and_their_models_are_listed_without_secrets) {
+  ts_fake_start(&fake, NULL, NULL);
+  script(json_pack("[{s:{s:[{s:s, s:s}, {s:s}]}}, {s:i, s:{s:{s:s}}}]", "json", "data", "id", "m1",
+                   "owned_by", "me", "id", "m2", "status", 401, "json", "error", "message", "bad key"));
+  char *b = base_url();
+  host_up(b, json_pack("{s:s}", "models", "m1, m2 ,m3"));
+  ts_outcome o;
+  cr_assert_eq(th_call(&loop, host, AH_AUTH_LAN, "provider.list", json_object(), &o), 0);
+  cr_assert_eq(o.status, 0, "public: %s", o.message ? o.message : "");
+  char *text = json_dumps(o.result, JSON_COMPACT | JSON_SORT_KEYS);
+  cr_expect_str_eq(
+      text, "{\"providers\":[{\"available\":true,\"default\":true,\"models\":[],\"name\":\"echo\",\"type\":"
+            "\"echo\"},{\"available\":true,\"default\":false,\"model\":\"m1\",\"models\":[\"m1\",\"m2\","
+            "\"m3\"],\"name\":\"fake\",\"type\":\"openai\"}]}");
+  free(text);
+  th_outcome_clear(&o);
+  memset(&o, 0, sizeof o);
+  int rc = th_call(&loop, host, AH_AUTH_LAN, "provider.models", json_pack("{s:s}", "provider", "fake"), &o);
+  cr_expect(rc == AH_EPERM || (rc == 0 && o.status == AH_EPERM), "privileged: %d %d", rc, o.status);
+  if (rc == 0)
+    th_outcome_clear(&o);
+  json_t *r = call_ok("provider.models", json_pack("{s:s}", "provider", "fake"));
+  text = json_dumps(r, JSON_COMPACT | JSON_SORT_KEYS);
+  cr_expect_str_eq(text, "{\"models\":[{\"id\":\"m1\",\"ownedBy\":\"me\"},{\"id\":\"m2\"}]}");
+  free(text);
+  json_decref(r);
+  json_t *reqs = requests();
+  json_t *q = json_array_get(reqs, 0);
+  cr_expect_str_eq(json_string_value(json_object_get(q, "method")), "GET");
+  cr_expect_str_eq(json_string_value(json_object_get(q, "path")), "/v1/models");
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(q, "headers"), "authorization")),
+                   "Bearer " CANARY);
+  json_decref(reqs);
+  cr_assert_eq(
+      th_call(&loop, host, AH_AUTH_ADMIN, "provider.models", json_pack("{s:s}", "provider", "fake"), &o), 0);
+  cr_expect_eq(o.status, AH_EPERM, "a rejected key");
+  cr_expect(o.message && strstr(o.message, "rejected the API key"), "%s", o.message ? o.message : "");
+  th_outcome_clear(&o);
+  cr_assert_eq(
+      th_call(&loop, host, AH_AUTH_ADMIN, "provider.models", json_pack("{s:s}", "provider", "echo"), &o), 0);
+  cr_expect_eq(o.status, AH_EUNAVAILABLE, "echo lists no models");
+  th_outcome_clear(&o);
+  cr_assert_eq(
+      th_call(&loop, host, AH_AUTH_ADMIN, "provider.models", json_pack("{s:s}", "provider", "nope"), &o), 0);
+  cr_expect_eq(o.status, AH_ENOENT);
+  th_outcome_clear(&o);
+  free(b);
+}
