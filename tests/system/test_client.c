@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "agenthost/client.h"
+#include "fake_model.h"
 #include "support.h"
 
 /* A state dir, a work dir (the sessions' cwd) and an empty config for one agenthost child. */
@@ -535,4 +536,62 @@ Test(client, kill9_client_leaves_no_orphan, .timeout = 60) {
   printf("host gone %llu ms after kill -9 of its client\n", (unsigned long long)(ts_now_ms() - t0));
   cr_assert_not(group_alive(host), "agenthost outlived its killed client");
   fixture_fini(&f);
+}
+
+/* The C client's run() against a real model path: `agenthost sdk` with [provider.fake] of type openai on
+ * the scripted fake model server (tests/fakes): streamed text, a tool call run under the session's policy,
+ * the usage of both round trips summed. */
+Test(client, run_against_an_openai_compatible_server, .timeout = 90) {
+  ts_fake fake;
+  ts_fake_start(&fake, NULL, NULL);
+  ts_fake_script(
+      &fake, "["
+             "{\"sse\": [{\"choices\": [{\"delta\": {\"tool_calls\": [{\"index\": 0, \"id\": \"c1\","
+             " \"function\": {\"name\": \"list_dir\", \"arguments\": \"{\\\"path\\\"\"}}]}}]},"
+             " {\"choices\": [{\"delta\": {\"tool_calls\": [{\"index\": 0, \"function\":"
+             " {\"arguments\": \": \\\".\\\"}\"}}]}, \"finish_reason\": \"tool_calls\"}]},"
+             " {\"choices\": [], \"usage\": {\"prompt_tokens\": 20, \"completion_tokens\": 4}}, \"[DONE]\"]},"
+             "{\"sse\": [{\"choices\": [{\"delta\": {\"content\": \"an empty \"}}]},"
+             " {\"choices\": [{\"delta\": {\"content\": \"directory\"}, \"finish_reason\": \"stop\"}]},"
+             " {\"choices\": [], \"usage\": {\"prompt_tokens\": 30, \"completion_tokens\": 3}}, \"[DONE]\"]}"
+             "]");
+  fixture f;
+  fixture_init(&f);
+  char *cfg = NULL;
+  cr_assert(asprintf(&cfg,
+                     "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n"
+                     "[provider.fake]\ntype = openai\nbase_url = %s/v1\nmodel = m1\n",
+                     fake.base) > 0);
+  free(f.cfg);
+  f.cfg = ts_write_file(f.dir, "openai.ini", cfg);
+  free(cfg);
+  f.args[5] = f.cfg;
+  ah_client *c = client_for(&f, NULL, 0);
+  ah_client_init_opts io;
+  memset(&io, 0, sizeof io);
+  io.struct_size = sizeof io;
+  io.cwd = f.work;
+  io.provider = "fake";
+  ah_client_error err;
+  memset(&err, 0, sizeof err);
+  cr_assert_eq(ah_client_initialize(c, &io, NULL, &err), 0, "%s", err.message ? err.message : "");
+  ah_client_run_result r;
+  memset(&r, 0, sizeof r);
+  int rc = ah_client_run(c, "what is in here?", NULL, 60000, &r, &err);
+  cr_assert_eq(rc, 0, "run: %s (%s)", ah_err_name(rc), err.message ? err.message : "");
+  cr_expect_str_eq(r.finish_reason, "end");
+  cr_expect_str_eq(r.final_response, "an empty directory");
+  cr_expect_eq(r.input_tokens, 50);
+  cr_expect_eq(r.output_tokens, 7);
+  bool called = false;
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(r.events, i, ev) {
+    called |= strcmp(event_kind(ev), "tool/result") == 0;
+  }
+  cr_expect(called, "the tool ran between the round trips");
+  ah_client_run_result_clear(&r);
+  client_done(c);
+  fixture_fini(&f);
+  ts_fake_stop(&fake);
 }
