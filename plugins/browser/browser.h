@@ -184,6 +184,8 @@ struct bp_state {
   unsigned body_timeout_s;
   char *ui_dir;
   int ui_fd;
+  char *marked_js; /* the system's marked and DOMPurify, served at /vendor/ (static.c) */
+  char *dompurify_js;
   /* token and discovery */
   uint8_t token[BF_TOKEN_BYTES];
   char *token_path; /* the token file (state_dir/token or token_file) */

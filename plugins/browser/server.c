@@ -806,6 +806,8 @@ static void state_free(bp_state *st) {
   free_list(st->hosts, st->nhosts);
   free_list(st->origins, st->norigins);
   free(st->ui_dir);
+  free(st->marked_js);
+  free(st->dompurify_js);
   if (st->ui_fd >= 0)
     close(st->ui_fd);
   free(st->serve_json);

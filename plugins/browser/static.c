@@ -37,6 +37,10 @@ static bool module_in_build_tree(void) {
 }
 
 int bp_ui_open(bp_state *st, const json_t *config) {
+  const char *mk = json_string_value(json_object_get(config, "marked_js"));
+  const char *dp = json_string_value(json_object_get(config, "dompurify_js"));
+  st->marked_js = strdup(mk && *mk ? mk : "/usr/share/javascript/marked/marked.min.js");
+  st->dompurify_js = strdup(dp && *dp ? dp : "/usr/share/nodejs/dompurify/dist/purify.min.js");
   const char *dir = json_string_value(json_object_get(config, "ui_dir"));
   if (!dir || !*dir) {
 #if defined(BP_SOURCE_UI_DIR) && defined(BP_INSTALL_UI_DIR)
@@ -134,11 +138,30 @@ static int not_found(bp_state *st, bp_http *h, struct lws *wsi, const char *path
   return 0;
 }
 
+/* The UI's two libraries come from the system's packages, not from the UI directory: marked (Debian:
+ * libjs-marked) and DOMPurify (node-dompurify), at /vendor/marked.min.js and /vendor/purify.min.js.
+ * [plugin.browser] marked_js and dompurify_js name other files. Without them the UI shows model output as
+ * plain text. */
+static int open_vendor(bp_state *st, const char *rel) {
+  const char *key = strcmp(rel, "vendor/marked.min.js") == 0   ? "marked_js"
+                    : strcmp(rel, "vendor/purify.min.js") == 0 ? "dompurify_js"
+                                                               : NULL;
+  if (!key)
+    return -2;
+  const char *path = key[0] == 'm' ? st->marked_js : st->dompurify_js;
+  return path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+}
+
 int bp_static_serve(bp_state *st, bp_http *h, struct lws *wsi, const char *path) {
   char rel[4096];
-  if (st->ui_fd < 0 || !safe_relative(path, rel, sizeof rel))
+  if (!safe_relative(path, rel, sizeof rel))
     return not_found(st, h, wsi, path);
-  int fd = open_beneath(st->ui_fd, rel);
+  int fd = open_vendor(st, rel);
+  if (fd == -2) {
+    if (st->ui_fd < 0)
+      return not_found(st, h, wsi, path);
+    fd = open_beneath(st->ui_fd, rel);
+  }
   struct stat sb;
   if (fd < 0 || fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > STATIC_MAX) {
     if (fd >= 0)

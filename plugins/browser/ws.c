@@ -542,8 +542,8 @@ void bp_ws_close_all(bp_state *st, int code, const char *why) {
 
 static bool is_mux_event(const char *name) {
   return strcmp(name, "session.event") == 0 || strcmp(name, "session.delta") == 0 ||
-         strcmp(name, "session.status") == 0 || strcmp(name, "subagent.started") == 0 ||
-         strcmp(name, "subagent.finished") == 0;
+         strcmp(name, "session.reasoning") == 0 || strcmp(name, "session.status") == 0 ||
+         strcmp(name, "subagent.started") == 0 || strcmp(name, "subagent.finished") == 0;
 }
 
 static bool is_host_event(const char *name) {

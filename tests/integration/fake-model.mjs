@@ -7,6 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { sleep } from "./common.mjs";
 
+/** Starts the server; `t` (a test context) stops it after the test, else call the returned stop(). */
 export async function startFakeModel(t) {
   const dir = await mkdtemp(join(tmpdir(), "ah-fake-model-"));
   const root = process.env.AH_TEST_SOURCE_ROOT;
@@ -18,11 +19,12 @@ export async function startFakeModel(t) {
   let stderr = "";
   child.stderr.on("data", (d) => (stderr += d));
   const exited = new Promise((r) => child.on("exit", r));
-  t.after(async () => {
+  const stop = async () => {
     child.kill("SIGTERM");
     await exited;
     await rm(dir, { recursive: true, force: true });
-  });
+  };
+  if (t) t.after(stop); // else the caller calls stop()
   const deadline = Date.now() + 10000;
   while (!existsSync(portFile)) {
     if (Date.now() > deadline) throw new Error(`the fake model server did not start: ${stderr}`);
@@ -41,6 +43,7 @@ export async function startFakeModel(t) {
     script: (steps) => ctl("script", { method: "POST", body: JSON.stringify(steps) }),
     requests: () => ctl("requests"),
     events: () => ctl("events"),
+    stop,
   };
 }
 

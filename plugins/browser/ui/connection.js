@@ -41,6 +41,7 @@ const PAYLOAD_SCHEMAS = {
     return null;
   },
   "session.delta": (p) => (isStr(p.sessionId) && isStr(p.text) ? null : "needs sessionId and text"),
+  "session.reasoning": (p) => (isStr(p.sessionId) && isStr(p.text) ? null : "needs sessionId and text"),
   "session.status": (p) => (isStr(p.sessionId) && isStr(p.status) ? null : "needs sessionId and status"),
   "session.created": (p) => (isObject(p.session) && isStr(p.session.id) ? null : "needs session.id"),
   "session.closed": (p) => (isStr(p.sessionId) ? null : "needs sessionId"),

@@ -157,6 +157,9 @@ function onFrame(frame) {
     case "session.delta":
       store.addDelta(p.sessionId, p.turnId ?? p.messageId ?? null, p.text);
       break;
+    case "session.reasoning":
+      store.addReasoning(p.sessionId, p.turnId ?? p.messageId ?? null, p.text);
+      break;
     case "session.status":
       if (!store.sessions.has(p.sessionId)) fetchSession(p.sessionId);
       store.setStatus(p.sessionId, p.status);

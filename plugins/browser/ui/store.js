@@ -10,6 +10,7 @@ export class Store {
     this.sessions = new Map(); // id → session object (session.list / session.get shape)
     this.events = new Map(); // sessionId → Map(seq → stored event)
     this.streaming = new Map(); // sessionId → Map(turnId → text)
+    this.reasoning = new Map(); // sessionId → Map(turnId → the model's streamed reasoning)
     this.requests = new Map(); // id → {request, receipt?, resolvedState?, answering?}
     this.muxCursor = null; // the highest cursor seen on the mux stream
     this.pendingSummaries = new Map(); // sessionId → {approvals, questions, requests} (Remote sessions.pending)
@@ -60,7 +61,10 @@ export class Store {
     if (!s) return;
     if (s.status === status) return;
     this.sessions.set(sessionId, { ...s, status });
-    if (status !== "running") this.streaming.delete(sessionId);
+    if (status !== "running") {
+      this.streaming.delete(sessionId);
+      this.reasoning.delete(sessionId);
+    }
     this.changed("sessions", sessionId);
     this.changed("events", sessionId);
   }
@@ -100,6 +104,7 @@ export class Store {
     if ((ev.kind === "message/committed" || ev.kind === "turn/ended") && ev.turnId) {
       this.streaming.get(sessionId)?.delete(ev.turnId);
     }
+    if (ev.kind === "turn/ended" && ev.turnId) this.reasoning.get(sessionId)?.delete(ev.turnId);
     this.changed("events", sessionId);
     return true;
   }
@@ -138,6 +143,23 @@ export class Store {
 
   streamingOf(sessionId) {
     return [...(this.streaming.get(sessionId)?.entries() ?? [])];
+  }
+
+  // The model's reasoning streams beside its answer (session.reasoning): shown while the turn runs, never
+  // stored.
+  addReasoning(sessionId, turnId, text) {
+    let m = this.reasoning.get(sessionId);
+    if (!m) {
+      m = new Map();
+      this.reasoning.set(sessionId, m);
+    }
+    const key = turnId ?? "";
+    m.set(key, (m.get(key) ?? "") + text);
+    this.changed("events", sessionId);
+  }
+
+  reasoningOf(sessionId, turnId) {
+    return this.reasoning.get(sessionId)?.get(turnId ?? "") ?? "";
   }
 
   // ---- server requests

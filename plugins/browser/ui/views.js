@@ -1,4 +1,5 @@
-// DOM views. Every text from the host goes through textContent (never innerHTML), so event data cannot
+// DOM views. Every text from the host goes through textContent (never innerHTML) — except an assistant
+// message's Markdown, which DOMPurify sanitizes first (markdownBody) — so event data cannot
 // inject markup; the CSP (no inline script or style) is a second layer.
 
 export function el(tag, attrs = {}, ...children) {
@@ -154,6 +155,31 @@ export function pendingTitle(summary) {
 
 // ---- conversation
 
+// Assistant text as Markdown: parsed by marked and sanitized by DOMPurify (the system's copies, served at
+// /vendor/), the only HTML this UI inserts; links open in a new tab without a referrer. Without both
+// libraries the text stays plain (textContent).
+function markdownBody(text) {
+  const body = el("div", { class: "msg-body" });
+  const md = globalThis.marked;
+  const purify = globalThis.DOMPurify;
+  if (typeof text !== "string" || !md?.parse || !purify?.sanitize) {
+    body.textContent = typeof text === "string" ? text : compact(text);
+    return body;
+  }
+  body.classList.add("markdown");
+  const html = purify.sanitize(md.parse(text, { gfm: true, breaks: false, mangle: false, headerIds: false }), {
+    USE_PROFILE: { html: true },
+    FORBID_TAGS: ["style", "form", "input", "button", "textarea", "select"],
+    FORBID_ATTR: ["style"],
+  });
+  body.innerHTML = html.trim();
+  for (const a of body.querySelectorAll("a[href]")) {
+    a.setAttribute("target", "_blank");
+    a.setAttribute("rel", "noopener noreferrer");
+  }
+  return body;
+}
+
 function eventNode(ev) {
   const d = ev.data ?? {};
   const base = { dataset: { seq: String(ev.seq), kind: ev.kind }, "data-cursor": ev.cursor ?? null };
@@ -171,15 +197,29 @@ function eventNode(ev) {
         "li",
         { ...base, class: "msg msg-assistant" },
         el("div", { class: "msg-head" }, el("span", { class: "who", text: "Assistant" }), el("time", { text: time })),
-        el("div", { class: "msg-body", text: typeof d.text === "string" ? d.text : compact(d.text) }),
+        markdownBody(d.text),
       );
     case "tool/call":
       return el(
         "li",
         { ...base, class: "ev ev-tool" },
-        el("span", { class: "ev-label", text: `Tool call · ${d.name ?? "?"}` }),
-        el("code", { class: "ev-args", text: compact(d.args ?? {}) }),
+        el(
+          "details",
+          {},
+          el("summary", {}, el("span", { class: "ev-label", text: `Tool call · ${d.name ?? "?"}` }), " ",
+            el("code", { class: "ev-args", text: compact(d.args ?? {}).slice(0, 120) })),
+          el("pre", { class: "ev-args-full", text: pretty(d.args ?? {}) }),
+        ),
       );
+    case "turn/notice": {
+      const retry = d.kind === "retry";
+      return el("li", {
+        ...base,
+        class: `ev ev-notice notice-${d.kind ?? "note"}`,
+        role: retry ? "status" : null,
+        text: retry ? `Retrying: ${d.message ?? ""}` : d.kind === "history-cut" ? `Older messages left out to fit the context window (${d.dropped ?? "?"})` : `${d.kind ?? "note"}: ${d.message ?? compact(d)}`,
+      });
+    }
     case "tool/approval":
       return el("li", {
         ...base,
@@ -284,6 +324,10 @@ export class ConversationView {
         this.streamNodes.delete(turnId);
       }
     }
+    // A turn that streams reasoning before any text shows it too (collapsed).
+    for (const [turnId] of store.reasoning.get(this.sessionId)?.entries() ?? []) {
+      if (!live.has(turnId)) live.set(turnId, "");
+    }
     for (const [turnId, text] of live) {
       let node = this.streamNodes.get(turnId);
       if (!node) {
@@ -291,11 +335,17 @@ export class ConversationView {
           "li",
           { class: "msg msg-assistant msg-streaming", dataset: { turnId }, "aria-live": "polite", "aria-busy": "true" },
           el("div", { class: "msg-head" }, el("span", { class: "who", text: "Assistant" }), el("span", { class: "typing", text: "writing…" })),
+          el("details", { class: "reasoning", hidden: true }, el("summary", { text: "Reasoning" }), el("pre", { class: "reasoning-text" })),
           el("div", { class: "msg-body" }),
         );
         this.streamNodes.set(turnId, node);
         this.list.append(node);
       }
+      const reasoning = store.reasoningOf(this.sessionId, turnId);
+      const box = node.querySelector("details.reasoning");
+      box.hidden = reasoning === "";
+      const pre = box.querySelector(".reasoning-text");
+      if (pre.textContent !== reasoning) pre.textContent = reasoning;
       const body = node.querySelector(".msg-body");
       if (body.textContent !== text) body.textContent = text;
     }

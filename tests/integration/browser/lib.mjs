@@ -92,7 +92,8 @@ export async function postApi(origin, token, method, payload = {}) {
 }
 
 export class Host {
-  constructor({ stateDir, runtimeDir, port, logLevel = "info" }) {
+  constructor({ stateDir, runtimeDir, port, logLevel = "info", args = [] }) {
+    this.args = args; // more options before `serve` (e.g. --config FILE)
     this.stateDir = stateDir;
     this.runtimeDir = runtimeDir;
     this.port = port;
@@ -121,6 +122,7 @@ export class Host {
       `127.0.0.1:${this.port}`,
       "--log-level",
       this.logLevel,
+      ...this.args,
       "serve",
     ];
     const env = { ...process.env };
