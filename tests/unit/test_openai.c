@@ -3,9 +3,12 @@
  * meets — retries and their waits, key and model errors, broken and malformed streams, cancel, TLS, a
  * closed port — with a canary key that must appear nowhere but in the Authorization header. */
 #include <criterion/criterion.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -965,5 +968,86 @@ Test(openai, providers_and_their_models_are_listed_without_secrets) {
       th_call(&loop, host, AH_AUTH_ADMIN, "provider.models", json_pack("{s:s}", "provider", "nope"), &o), 0);
   cr_expect_eq(o.status, AH_ENOENT);
   th_outcome_clear(&o);
+  free(b);
+}
+
+/* ---- a host without the HTTP client, and a context window -----------------------------------------------
+ */
+
+static char nohttp_log[512];
+static void nohttp_logf(ah_mount *m, int level, const char *fmt, ...) {
+  (void)m;
+  (void)level;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(nohttp_log, sizeof nohttp_log, fmt, ap);
+  va_end(ap);
+}
+
+/* A host built without the `http` feature leaves http_start NULL (so does a 1.3 host, whose table ends
+ * before it): the plugin refuses to mount, saying why, and calls nothing absent. */
+Test(openai, without_the_http_client_the_plugin_refuses_to_mount_saying_why) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/plugins/openai/openai.so", getenv("AH_TEST_BUILD_ROOT"));
+  void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  cr_assert_not_null(so, "%s", dlerror());
+  ah_plugin_entry_fn entry = (ah_plugin_entry_fn)dlsym(so, AH_PLUGIN_ENTRY_SYMBOL);
+  cr_assert_not_null(entry);
+  const ah_plugin_desc *d = entry(AH_ABI_VERSION);
+  cr_assert_not_null(d);
+  ah_host_api table = ah__api_table;
+  table.log = nohttp_logf;
+  table.http_start = NULL;
+  table.http_abort = NULL;
+  json_t *cfg = json_object();
+  void *state = NULL;
+  cr_expect_eq(d->mount(NULL, &table, cfg, &state), AH_EUNAVAILABLE);
+  cr_expect_null(state);
+  cr_expect(strstr(nohttp_log, "no HTTP client"), "%s", nohttp_log);
+  ah_host_api v13 = ah__api_table;
+  v13.log = nohttp_logf;
+  v13.struct_size = (uint32_t)offsetof(ah_host_api, http_start); /* a 1.3 table */
+  nohttp_log[0] = '\0';
+  cr_expect_eq(d->mount(NULL, &v13, cfg, &state), AH_EUNAVAILABLE);
+  cr_expect(strstr(nohttp_log, "no HTTP client"), "%s", nohttp_log);
+  json_decref(cfg);
+  dlclose(so);
+}
+
+Test(openai, a_context_window_leaves_out_the_oldest_exchanges_and_says_so) {
+  ts_fake_start(&fake, NULL, NULL);
+  script(json_pack("[o]", ok_step("short answer")));
+  char *b = base_url();
+  host_up(b, json_pack("{s:s}", "context_window", "900"));
+  char *id = session_new();
+  char big[1200];
+  memset(big, 'q', sizeof big - 1);
+  big[sizeof big - 1] = '\0';
+  json_t *end = prompt(id, big, 1); /* about 300 tokens */
+  cr_expect_str_eq(ended_reason(end), "end", "%s", ended_error(end));
+  json_decref(end);
+  end = prompt(id, big, 2);
+  json_decref(end);
+  end = prompt(id, "the third", 3);
+  cr_expect_str_eq(ended_reason(end), "end", "%s", ended_error(end));
+  json_t *notes = events_of(id, "turn/notice");
+  cr_assert_geq(json_array_size(notes), 1, "the cut is recorded");
+  json_t *nd = json_object_get(json_array_get(notes, json_array_size(notes) - 1), "data");
+  cr_expect_str_eq(json_string_value(json_object_get(nd, "kind")), "history-cut");
+  cr_expect_gt(json_integer_value(json_object_get(nd, "dropped")), 0);
+  json_t *reqs = requests();
+  json_t *body = request_body(reqs, json_array_size(reqs) - 1);
+  json_t *msgs = json_object_get(body, "messages");
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_array_get(msgs, json_array_size(msgs) - 1), "content")),
+      "the third", "the current prompt stays");
+  char *text = json_dumps(body, JSON_COMPACT);
+  cr_expect_leq(strlen(text) / 4, 900, "what was sent fits: %zu bytes", strlen(text));
+  free(text);
+  json_decref(body);
+  json_decref(reqs);
+  json_decref(notes);
+  json_decref(end);
+  free(id);
   free(b);
 }
