@@ -4,7 +4,7 @@ import { Connection } from "./connection.js";
 import { RemoteLink } from "./remote-transport.js";
 import { SessionSettings } from "./session-settings.js";
 import { Store } from "./store.js";
-import { ConversationView, renderConnection, renderRequests, renderSessionList, sessionLabel } from "./views.js";
+import { ConversationView, el, renderConnection, renderRequests, renderSessionList, sessionLabel } from "./views.js";
 
 const $ = (id) => document.getElementById(id);
 const CWD_KEY = "agenthost.lastCwd";
@@ -193,11 +193,38 @@ function onFrame(frame) {
   }
 }
 
+// The new-session form's provider choice (provider.list): the configured providers with their models; the
+// default is selected. A provider whose plugin is not mounted is listed, disabled.
+let providers = [];
+
+function showModels() {
+  const p = providers.find((x) => x.name === $("new-provider").value);
+  const list = $("new-models");
+  list.replaceChildren(...(p?.models ?? []).map((m) => el("option", { value: m })));
+  $("new-model").placeholder = p?.model ?? "the provider's default";
+}
+
+async function loadProviders() {
+  const r = await api.call("provider.list", {});
+  providers = Array.isArray(r?.providers) ? r.providers : [];
+  const sel = $("new-provider");
+  const keep = sel.value;
+  sel.replaceChildren(
+    ...providers.map((p) =>
+      el("option", { value: p.name, selected: keep ? p.name === keep : p.default, disabled: !p.available },
+        `${p.name}${p.type && p.type !== p.name ? ` (${p.type})` : ""}${p.available ? "" : " — unavailable"}`),
+    ),
+  );
+  showModels();
+}
+
+$("new-provider").addEventListener("change", showModels);
+
 async function onReady(info) {
   $("token-banner").hidden = true;
   const mounted = remote.ready(info.generation);
   try {
-    await Promise.all([loadSessions(), loadRequests()]);
+    await Promise.all([loadSessions(), loadRequests(), loadProviders()]);
   } catch (err) {
     logger.warn(`agenthost: refresh after connecting failed: ${describeError(err)}`);
   }
@@ -346,11 +373,17 @@ $("new-session").addEventListener("submit", async (e) => {
   e.preventDefault();
   const cwd = $("new-cwd").value.trim();
   const title = $("new-title").value.trim();
+  const provider = $("new-provider").value;
+  const model = $("new-model").value.trim();
   if (!cwd) return;
   const btn = $("create");
   btn.disabled = true;
   try {
-    const r = await api.call("session.create", title ? { cwd, title } : { cwd });
+    const params = { cwd };
+    if (title) params.title = title;
+    if (provider) params.provider = provider;
+    if (model) params.model = model;
+    const r = await api.call("session.create", params);
     try {
       localStorage.setItem(CWD_KEY, cwd);
     } catch {

@@ -141,3 +141,20 @@ test("cancel in the UI closes the model's stream at once", { ...TEST, skip }, as
   assert.ok(seen - cancelledAt < 0.2, `disconnect ${Math.round((seen - cancelledAt) * 1000)} ms after the click`);
   assert.deepEqual(ctx.errors, [], "no page error");
 });
+
+test("the new-session form offers the configured providers and their models; the choice is the session's", { ...TEST, skip }, async () => {
+  const options = await ctx.page.$$eval("#new-provider option", (os) => os.map((o) => ({ v: o.value, t: o.textContent, s: o.selected })));
+  assert.deepEqual(options.map((o) => o.v), ["echo", "fake"], JSON.stringify(options));
+  assert.equal(options.find((o) => o.s)?.v, "fake", "the default provider is preselected");
+  assert.equal(options[1].t, "fake (openai)");
+  assert.equal(await ctx.page.$eval("#new-model", (e) => e.placeholder), "m1");
+  await ctx.page.selectOption("#new-provider", "echo");
+  await ctx.page.fill("#new-cwd", ctx.cwd);
+  await ctx.page.fill("#new-title", "on echo");
+  const before = await ctx.page.$eval(".session-item[aria-current='true']", (e) => e.dataset.sessionId);
+  await ctx.page.click("#create");
+  await ctx.page.waitForFunction((old) => document.querySelector(".session-item[aria-current='true']")?.dataset.sessionId !== old, before);
+  await send("which provider?");
+  await ctx.page.waitForFunction(() =>
+    [...document.querySelectorAll('#conversation .msg[data-kind="message/committed"] .msg-body')].some((e) => e.textContent === "echo: which provider?"));
+});
