@@ -78,8 +78,9 @@ struct ah_provider_turn {
   ah_timer *timer; /* a retry wait, or the posted start/end */
   int http_status;
   oa_buf err_body;
-  json_t *err_headers;    /* of an error answer */
-  bool whole;             /* a 2xx answer that is one JSON document, not a stream */
+  json_t *err_headers; /* of an error answer */
+  bool whole;          /* a 2xx answer that is one JSON document, not a stream */
+  bool committed;      /* this round's text was committed (at its finish_reason, before the stream's end) */
   char stream_error[400]; /* a malformed stream: why */
   int step;               /* round trips made */
   int attempt;            /* retries of the current round trip */
@@ -297,6 +298,7 @@ static void conf_free(oa_conf *c) {
 /* ---- the turn's end ----------------------------------------------------------------------------------- */
 
 static void turn_release(ah_provider_turn *t);
+static void commit_text(ah_provider_turn *t);
 static void maybe_withdrawn(oa_state *st);
 
 static json_t *usage_json(ah_provider_turn *t) {
@@ -385,6 +387,10 @@ static int on_event(void *arg, const char *event, const char *data, size_t len) 
   if (rc == 0 && reasoning && !t->ended && AH_HAS(t->sink, ah_turn_sink, reasoning))
     t->sink->reasoning(t->ctx, reasoning);
   json_decref(chunk);
+  /* The message is complete at its finish_reason: committed now, not at the stream's end (the usage and
+   * [DONE] that follow can take a while). */
+  if (rc == 0 && t->round.finish[0] && t->round.ncalls == 0)
+    commit_text(t);
   if (rc) {
     snprintf(t->stream_error, sizeof t->stream_error, "%s", err);
     return 1;
@@ -629,18 +635,24 @@ static void results_ready(ah_provider_turn *t) {
   send_round(t);
 }
 
-static void round_done(ah_provider_turn *t) {
-  if (t->round.text.len) { /* the message of this round, committed as one value */
-    json_t *text = json_stringn(t->round.text.p, t->round.text.len);
-    if (!text)
-      text = json_string("(the provider sent text that is not UTF-8)");
-    if (AH_HAS(t->sink, ah_turn_sink, commit_json)) {
-      t->sink->commit_json(t->ctx, text);
-    } else {
-      t->sink->commit(t->ctx, json_string_value(text));
-      json_decref(text);
-    }
+/* The round's text as one committed message, once. */
+static void commit_text(ah_provider_turn *t) {
+  if (t->committed || !t->round.text.len || t->ended)
+    return;
+  t->committed = true;
+  json_t *text = json_stringn(t->round.text.p, t->round.text.len);
+  if (!text)
+    text = json_string("(the provider sent text that is not UTF-8)");
+  if (AH_HAS(t->sink, ah_turn_sink, commit_json)) {
+    t->sink->commit_json(t->ctx, text);
+  } else {
+    t->sink->commit(t->ctx, json_string_value(text));
+    json_decref(text);
   }
+}
+
+static void round_done(ah_provider_turn *t) {
+  commit_text(t);
   add_usage(t);
   const char *fin = t->round.finish;
   if (t->round.ncalls > 0 && (strcmp(fin, "tool_calls") == 0 || strcmp(fin, "function_call") == 0 || !*fin ||
@@ -658,12 +670,7 @@ static void round_done(ah_provider_turn *t) {
 
 /* A round that cannot finish: what text it streamed is kept (committed), then the turn ends with `why`. */
 static void end_broken(ah_provider_turn *t, const char *why) {
-  if (t->round.text.len) {
-    json_t *text = json_stringn(t->round.text.p, t->round.text.len);
-    if (text)
-      t->sink->commit(t->ctx, json_string_value(text));
-    json_decref(text);
-  }
+  commit_text(t);
   add_usage(t);
   end_turn(t, "error", why);
 }
@@ -757,6 +764,7 @@ static json_t *request_body(ah_provider_turn *t) {
 static void send_round(ah_provider_turn *t) {
   oa_state *st = t->st;
   oa_round_reset(&t->round);
+  t->committed = false;
   oa_sse_free(&t->sse);
   oa_sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
   oa_buf_free(&t->err_body);

@@ -21,6 +21,8 @@ out; no script at all answers 404). A step is a JSON object:
     head_delay_ms  pause before the response head (0)
     drop_after   close the connection after this many events / writes, before the body's end
     hang         after the events, keep the connection open without sending (until the client goes)
+    stamp        replace "{{t}}" in each event with time.monotonic_ns() as it is written (CLOCK_MONOTONIC,
+                 shared with the reader on this machine: for latency benchmarks)
 
 Control requests (never consume a step):
     POST /_control/script     the body is the new script (a list of steps); the request log is kept
@@ -161,7 +163,13 @@ class Handler(BaseHTTPRequestHandler):
                     self.drop()
                     return
                 if p:
-                    self.write_piece(b"%x\r\n" % len(p) + p + b"\r\n", delay)
+                    if step.get("stamp"):  # the time of the write itself, after the delay
+                        if delay:
+                            time.sleep(delay / 1000.0)
+                        p = p.replace(b"{{t}}", str(time.monotonic_ns()).encode())
+                        self.write_piece(b"%x\r\n" % len(p) + p + b"\r\n", 0)
+                    else:
+                        self.write_piece(b"%x\r\n" % len(p) + p + b"\r\n", delay)
             if step.get("hang"):
                 self.hang()
             self.wfile.write(b"0\r\n\r\n")
@@ -217,6 +225,11 @@ class Handler(BaseHTTPRequestHandler):
     do_DELETE = handle_any
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # many clients at once (benchmarks): the default backlog of 5 delays them
+
+
 def write_port(path, port):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -235,15 +248,13 @@ def main():
         with open(args.script) as f:
             s = json.load(f)
         STATE["script"] = s if isinstance(s, list) else [s]
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
+    srv = Server(("127.0.0.1", 0), Handler)
     if args.tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(args.tls[0], args.tls[1])
         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     if args.control_port_file:
-        ctl = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        ctl.daemon_threads = True
+        ctl = Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=ctl.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         write_port(args.control_port_file, ctl.server_address[1])
     write_port(args.port_file, srv.server_address[1])
