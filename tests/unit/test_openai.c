@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake_model.h"
@@ -1046,6 +1047,107 @@ Test(openai, a_context_window_leaves_out_the_oldest_exchanges_and_says_so) {
   free(text);
   json_decref(body);
   json_decref(reqs);
+  json_decref(notes);
+  json_decref(end);
+  free(id);
+  free(b);
+}
+
+/* ---- the rest of [provider.NAME] ------------------------------------------------------------------------
+ */
+
+Test(openai, temperature_max_tokens_system_prompt_and_headers_are_sent_and_unknown_keys_warned) {
+  ts_fake_start(&fake, NULL, NULL);
+  script(json_pack("[o]", ok_step("configured")));
+  char *sp = ts_write_file(dir, "system.txt", "You are terse.");
+  char *b = base_url();
+  host_up(b, json_pack("{s:s, s:s, s:s, s:s, s:s}", "temperature", "0.25", "max_tokens", "321",
+                       "system_prompt_file", sp, "headers", "X-Team: core, HTTP-Referer: https://example.org",
+                       "frobnicate", "1"));
+  char *id = session_new();
+  json_t *end = prompt(id, "hello", 1);
+  cr_expect_str_eq(ended_reason(end), "end", "%s", ended_error(end));
+  json_t *reqs = requests();
+  json_t *h = json_object_get(json_array_get(reqs, 0), "headers");
+  cr_expect_str_eq(json_string_value(json_object_get(h, "x-team")), "core");
+  cr_expect_str_eq(json_string_value(json_object_get(h, "http-referer")), "https://example.org");
+  json_t *body = request_body(reqs, 0);
+  cr_expect(json_real_value(json_object_get(body, "temperature")) > 0.24 &&
+            json_real_value(json_object_get(body, "temperature")) < 0.26);
+  cr_expect_eq(json_integer_value(json_object_get(body, "max_tokens")), 321);
+  json_t *first = json_array_get(json_object_get(body, "messages"), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(first, "role")), "system");
+  cr_expect_str_eq(json_string_value(json_object_get(first, "content")), "You are terse.");
+  fsync(log_fd);
+  cr_expect(file_has(log_path, "[provider.fake]: unknown key frobnicate"), "the unknown key is logged");
+  json_decref(body);
+  json_decref(reqs);
+  json_decref(end);
+  free(id);
+  free(sp);
+  free(b);
+}
+
+Test(openai, max_steps_bounds_the_round_trips_of_a_turn) {
+  ts_fake_start(&fake, NULL, NULL);
+  json_t *loop_step = sse_step(json_pack("[o, o, s]", call_chunk(0, "again", "list_dir", "{\"path\": \".\"}"),
+                                         finish_chunk("tool_calls"), "[DONE]"));
+  script(json_pack("[o]", loop_step)); /* the last step repeats: the model never stops calling */
+  char *b = base_url();
+  host_up(b, json_pack("{s:s}", "max_steps", "3"));
+  char *id = session_new();
+  json_t *end = prompt(id, "loop", 1);
+  cr_expect_str_eq(ended_reason(end), "error");
+  cr_expect(strstr(ended_error(end), "3 round trips without finishing (max_steps)"), "%s", ended_error(end));
+  json_t *reqs = requests();
+  cr_expect_eq(json_array_size(reqs), 3);
+  json_decref(reqs);
+  json_decref(end);
+  free(id);
+  free(b);
+}
+
+static bool notice_seen(void *arg) {
+  json_t *n = events_of(arg, "turn/notice");
+  bool ok = json_array_size(n) > 0;
+  json_decref(n);
+  return ok;
+}
+
+Test(openai, cancel_interrupts_a_retry_wait_and_an_http_date_is_honoured) {
+  ts_fake_start(&fake, NULL, NULL);
+  json_t *limited = error_step(429, "wait a long time", NULL);
+  json_object_set_new(limited, "headers", json_pack("{s:s}", "Retry-After", "30"));
+  script(json_pack("[o]", limited));
+  char *b = base_url();
+  host_up(b, NULL);
+  char *id = session_new();
+  json_decref(call_ok("session.prompt", json_pack("{s:s, s:[{s:s, s:s}]}", "sessionId", id, "content", "type",
+                                                  "text", "text", "go")));
+  cr_assert(ts_run_until_pred(&loop, notice_seen, id, 10000), "the retry wait began");
+  uint64_t t0 = ts_now_ms();
+  json_decref(call_ok("session.cancel", json_pack("{s:s}", "sessionId", id)));
+  wait_ctx w = {id, 1};
+  cr_assert(ts_run_until_pred(&loop, turns_ended, &w, 10000));
+  cr_expect_lt(ts_now_ms() - t0, 2000, "not after the 30 s wait");
+  json_t *e = events_of(id, "turn/ended");
+  cr_expect_str_eq(ended_reason(json_object_get(json_array_get(e, 0), "data")), "cancelled");
+  json_decref(e);
+  /* Retry-After as an HTTP date two seconds ahead */
+  char date[64];
+  time_t when = time(NULL) + 2;
+  struct tm tm;
+  gmtime_r(&when, &tm);
+  strftime(date, sizeof date, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+  json_t *dated = error_step(503, "later", NULL);
+  json_object_set_new(dated, "headers", json_pack("{s:s}", "Retry-After", date));
+  script(json_pack("[o, o]", dated, ok_step("after the date")));
+  json_t *end = prompt(id, "again", 2);
+  cr_expect_str_eq(ended_reason(end), "end", "%s", ended_error(end));
+  json_t *notes = events_of(id, "turn/notice");
+  json_int_t wait =
+      json_integer_value(json_object_get(json_object_get(json_array_get(notes, 1), "data"), "waitMs"));
+  cr_expect(wait >= 1000 && wait <= 2000, "the wait runs to the date: %lld ms", (long long)wait);
   json_decref(notes);
   json_decref(end);
   free(id);
