@@ -8,7 +8,8 @@
  * 1. Chunk → client: STREAMS streams of CHUNKS events, INTERVAL ms apart. Floor: libcurl reads them and
  *    parses each `data:` line. Host: `agenthost acp` with `[plugin.acp] stream_deltas = true` forwards each
  *    delta as an agent_message_chunk on its stdout (the surface that forwards every chunk on a pipe); the
- *    latency is the server's write → the bench's read of that line. p50 / p99 of both, and the difference.
+ *    latency is the server's write → the bench's read of that line. And `agenthost serve`: each delta as a
+ *    session.delta frame on the browser surface's mux WebSocket. p50 / p99 of each, and the difference.
  * 2. Last chunk → SDK notification: `agenthost sdk` forwards no deltas, so its figure is the stream's last
  *    event (with finish_reason) → the session.event message/committed notification (the commit is a store
  *    write). p50 / p99.
@@ -22,6 +23,7 @@
  * exits non-zero only on errors. */
 #include <curl/curl.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -33,9 +35,11 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench_util.h"
+#include "ws_client.h"
 
 #define WAIT_NS (60ull * 1000000000ull)
 
@@ -331,6 +335,148 @@ out:
   return rc;
 }
 
+/* ---- 1b. chunk → WebSocket frame (the browser surface's mux) --------------------------------------------
+ */
+
+typedef struct web {
+  pid_t pid;
+  int out_fd;
+  int port;
+  char token[128];
+} web;
+
+static int web_start(web *w, const char *agenthost, const char *conf, const char *state) {
+  memset(w, 0, sizeof *w);
+  int fds[2];
+  if (pipe(fds) != 0)
+    return -1;
+  char run[800], log[800];
+  snprintf(run, sizeof run, "%s/run-web", state);
+  snprintf(log, sizeof log, "%s/serve.log", dir);
+  w->pid = fork();
+  if (w->pid == 0) {
+    dup2(fds[1], 1);
+    int lf = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (lf >= 0)
+      dup2(lf, 2);
+    close(fds[0]);
+    execl(agenthost, "agenthost", "--state-dir", state, "--runtime-dir", run, "--config", conf, "--listen",
+          "127.0.0.1:0", "--log-level", "warn", "serve", (char *)NULL);
+    _exit(127);
+  }
+  close(fds[1]);
+  w->out_fd = fds[0];
+  char buf[1024] = "";
+  size_t n = 0;
+  uint64_t deadline = bench_now_ns() + WAIT_NS;
+  while (n < sizeof buf - 1 && bench_now_ns() < deadline) {
+    struct pollfd pf = {.fd = w->out_fd, .events = POLLIN};
+    if (poll(&pf, 1, 200) <= 0)
+      continue;
+    ssize_t r = read(w->out_fd, buf + n, sizeof buf - 1 - n);
+    if (r <= 0)
+      break;
+    n += (size_t)r;
+    buf[n] = '\0';
+    const char *k = strstr(buf, "#k=");
+    const char *c = strstr(buf, "127.0.0.1:");
+    if (k && c && strchr(k, '\n')) {
+      w->port = atoi(c + 10);
+      snprintf(w->token, sizeof w->token, "%.*s", (int)strcspn(k + 3, "\r\n"), k + 3);
+      return 0;
+    }
+  }
+  fprintf(stderr, "bench_openai: agenthost serve printed no launch URL (see %s)\n", log);
+  return -1;
+}
+
+static void web_stop(web *w) {
+  if (w->pid > 0) {
+    kill(w->pid, SIGTERM);
+    waitpid(w->pid, NULL, 0);
+  }
+  if (w->out_fd > 0)
+    close(w->out_fd);
+}
+
+static json_t *web_call(web *w, const char *method, json_t *payload) {
+  json_t *env = json_pack("{s:s, s:s, s:s, s:o}", "kind", "client-request", "rpcId", "b1", "method", method,
+                          "payload", payload);
+  char *body = json_dumps(env, JSON_COMPACT);
+  json_decref(env);
+  char head[1024];
+  snprintf(head, sizeof head,
+           "POST /api/%s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nAuthorization: Bearer %s\r\n"
+           "Content-Type: application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n",
+           method, w->port, w->token, strlen(body));
+  int fd = tc_connect(w->port, 0);
+  tc_resp r = {0};
+  int status =
+      fd >= 0 && tc_send_str(fd, head) && tc_send_str(fd, body) ? tc_read_response(fd, &r, 30000) : -1;
+  free(body);
+  if (fd >= 0)
+    close(fd);
+  json_t *res = status == 200 ? json_loadb(r.body, r.body_len, 0, NULL) : NULL;
+  json_t *value = json_incref(json_object_get(res, "value"));
+  json_decref(res);
+  tc_resp_free(&r);
+  return value;
+}
+
+/* STREAMS prompts in one session of `agenthost serve`; each session.delta frame's stamps measured at its
+ * read on the mux WebSocket. */
+static int run_web(const char *agenthost, const char *conf, const char *state, const char *cwd, int streams,
+                   acp_ctx *c) {
+  web w;
+  if (web_start(&w, agenthost, conf, state) != 0) {
+    web_stop(&w);
+    return -1;
+  }
+  int rc = -1;
+  char extra[512];
+  snprintf(extra, sizeof extra, "Sec-WebSocket-Protocol: agenthost.v1, agenthost.bearer.%s\r\n", w.token);
+  tc_resp hs = {0};
+  int ws = tc_ws_open(w.port, "/api/ws/mux", extra, &hs, 0);
+  tc_resp_free(&hs);
+  json_t *s = ws >= 0
+                  ? web_call(&w, "session.create", json_pack("{s:s, s:s}", "cwd", cwd, "provider", "fake"))
+                  : NULL;
+  const char *sid = json_string_value(json_object_get(s, "sessionId"));
+  for (int i = 0; sid && i < streams; i++) {
+    json_decref(web_call(
+        &w, "session.prompt",
+        json_pack("{s:s, s:[{s:s, s:s}]}", "sessionId", sid, "content", "type", "text", "text", "go")));
+    bool ended = false;
+    while (!ended) {
+      int op = 0;
+      char *payload = NULL;
+      size_t len = 0;
+      if (tc_ws_recv(ws, &op, &payload, &len, 30000) != 0)
+        goto out;
+      uint64_t at = bench_now_ns();
+      json_t *f = json_loadb(payload, len, 0, NULL);
+      free(payload);
+      const char *m = json_string_value(json_object_get(f, "method"));
+      json_t *p = json_object_get(f, "payload");
+      const char *kind = json_string_value(json_object_get(json_object_get(p, "event"), "kind"));
+      if (m && strcmp(m, "session.delta") == 0) {
+        const char *text = json_string_value(json_object_get(p, "text"));
+        stamps(text ? text : "", at, c->lat, &c->n, c->cap);
+      } else if (m && strcmp(m, "session.event") == 0 && kind && strcmp(kind, "turn/ended") == 0) {
+        ended = true;
+      }
+      json_decref(f);
+    }
+  }
+  rc = sid ? 0 : -1;
+out:
+  json_decref(s);
+  if (ws >= 0)
+    close(ws);
+  web_stop(&w);
+  return rc;
+}
+
 /* ---- 2 and 3: the SDK ---------------------------------------------------------------------------------- */
 
 typedef struct sdk_ctx {
@@ -470,7 +616,7 @@ int main(int argc, char **argv) {
   FILE *cf = fopen(conf, "w");
   fprintf(
       cf,
-      "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n[plugin.acp]\nstream_deltas = "
+      "[plugin.remote]\nenabled = false\n[plugin.acp]\nstream_deltas = "
       "true\n"
       "[host]\ndefault_provider = fake\n[provider.fake]\ntype = openai\nbase_url = http://127.0.0.1:%d/v1\n"
       "model = m1\n",
@@ -501,6 +647,15 @@ int main(int argc, char **argv) {
   report("agenthost acp (agent_message_chunk)", ac.lat, ac.n, &p50h, &p99h);
   printf("   host overhead per chunk:                p50 %+7.3f ms  p99 %+7.3f ms\n",
          ((double)p50h - p50f) / 1e6, ((double)p99h - p99f) / 1e6);
+  acp_ctx wc = {.lat = calloc(cap, sizeof(uint64_t)), .cap = cap};
+  if (!errors && (control_post(script) != 0 || run_web(agenthost, conf, state, cwd, streams, &wc) != 0)) {
+    fprintf(stderr, "bench_openai: the browser surface's run failed\n");
+    errors++;
+  }
+  report("agenthost serve (mux WebSocket frame)", wc.lat, wc.n, &p50h, &p99h);
+  printf("   host overhead per chunk:                p50 %+7.3f ms  p99 %+7.3f ms\n",
+         ((double)p50h - p50f) / 1e6, ((double)p99h - p99f) / 1e6);
+  free(wc.lat);
   free(script);
 
   printf("2. last chunk → SDK notification (message/committed) and 3. overhead per round trip:\n");
