@@ -447,6 +447,7 @@ static uint64_t backoff_ms(int attempt) {
   return exp / 2 + (uint64_t)(r % (uint32_t)(exp / 2 + 1)); /* [exp/2, exp] */
 }
 
+/* A retry's wait is over, or the turn's first round trip is due (turn_start posts it). */
 static void retry_fire(ah_timer *tm, void *arg) {
   (void)tm;
   ah_provider_turn *t = arg;
@@ -747,6 +748,31 @@ static void on_done(ah_http *h, int status, const char *message, void *arg) {
   round_done(t);
 }
 
+/* The headers of a request to the provider: `accept`, the configured headers, and the key as
+ * Authorization: Bearer KEY when there is one. Free them with headers_free(), which wipes the key's copy. */
+static json_t *request_headers(const oa_conf *c, const char *key, const char *accept, bool json_body) {
+  json_t *h = json_pack("{s:s}", "Accept", accept);
+  if (json_body)
+    json_object_set_new(h, "Content-Type", json_string("application/json"));
+  if (c->headers)
+    json_object_update(h, c->headers);
+  char *auth = NULL;
+  if (key && asprintf(&auth, "Bearer %s", key) >= 0) {
+    json_object_set_new(h, "Authorization", json_string(auth));
+    explicit_bzero(auth, strlen(auth));
+    free(auth);
+  }
+  return h;
+}
+
+/* libcurl keeps its own copy of the headers for the transfer: ours is wiped as soon as it was handed over. */
+static void headers_free(json_t *h) {
+  json_t *a = json_object_get(h, "Authorization");
+  if (a)
+    explicit_bzero((char *)json_string_value(a), json_string_length(a));
+  json_decref(h);
+}
+
 static json_t *request_body(ah_provider_turn *t) {
   json_t *b =
       json_pack("{s:s, s:O, s:b}", "model", t->conf.model, "messages", t->msgs, "stream", t->conf.stream);
@@ -787,13 +813,7 @@ static void send_round(ah_provider_turn *t) {
   json_decref(body);
   char url[1200];
   snprintf(url, sizeof url, "%s/chat/completions", t->conf.base_url);
-  json_t *headers =
-      json_pack("{s:s, s:s}", "Content-Type", "application/json", "Accept", "text/event-stream");
-  if (t->conf.headers)
-    json_object_update(headers, t->conf.headers);
-  char *auth = NULL;
-  if (t->key && asprintf(&auth, "Bearer %s", t->key) >= 0)
-    json_object_set_new(headers, "Authorization", json_string(auth));
+  json_t *headers = request_headers(&t->conf, t->key, "text/event-stream", true);
   ah_http_request req = {
       .struct_size = sizeof req,
       .method = "POST",
@@ -811,14 +831,7 @@ static void send_round(ah_provider_turn *t) {
       .arg = t,
   };
   int rc = text ? st->api->http_start(st->m, &req, &t->http) : AH_ENOMEM;
-  /* the key leaves memory we own at once (libcurl keeps its copy of the header for the transfer) */
-  if (auth)
-    explicit_bzero(auth, strlen(auth));
-  free(auth);
-  json_t *a = json_object_get(headers, "Authorization");
-  if (a)
-    explicit_bzero((char *)json_string_value(a), json_string_length(a));
-  json_decref(headers);
+  headers_free(headers);
   free(text);
   if (rc) {
     t->http = NULL;
@@ -831,17 +844,6 @@ static void send_round(ah_provider_turn *t) {
 
 /* ---- the provider interface -----------------------------------------------------------------------------
  */
-
-static void started_later(ah_timer *tm, void *arg) {
-  (void)tm;
-  ah_provider_turn *t = arg;
-  t->timer = NULL;
-  if (t->cancelled) {
-    end_turn(t, "cancelled", NULL);
-    return;
-  }
-  send_round(t);
-}
 
 static int turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sink *sink, void *ctx,
                       ah_provider_turn **out) {
@@ -867,7 +869,7 @@ static int turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sin
   t->msgs = oa_messages(t->conf.system_prompt, history, in->content);
   t->tools = oa_tools(in->tools);
   *out = t;
-  if (st->api->timer_start(st->m, 0, 0, started_later, t, &t->timer) != 0) {
+  if (st->api->timer_start(st->m, 0, 0, retry_fire, t, &t->timer) != 0) {
     *out = NULL;
     turn_release(t);
     return AH_ENOMEM;
@@ -1056,12 +1058,7 @@ static int list_models(ah_provider *p, const char *name, const json_t *config,
   snprintf(l->base_url, sizeof l->base_url, "%s", c.base_url);
   char url[1200];
   snprintf(url, sizeof url, "%s/models", c.base_url);
-  json_t *headers = json_pack("{s:s}", "Accept", "application/json");
-  if (c.headers)
-    json_object_update(headers, c.headers);
-  char *auth = NULL;
-  if (key && asprintf(&auth, "Bearer %s", key) >= 0)
-    json_object_set_new(headers, "Authorization", json_string(auth));
+  json_t *headers = request_headers(&c, key, "application/json", false);
   ah_http_request req = {.struct_size = sizeof req,
                          .method = "GET",
                          .url = url,
@@ -1076,14 +1073,7 @@ static int list_models(ah_provider *p, const char *name, const json_t *config,
                          .on_done = listing_done,
                          .arg = l};
   int rc = st->api->http_start(st->m, &req, &l->http);
-  json_t *a = json_object_get(headers, "Authorization");
-  if (a)
-    explicit_bzero((char *)json_string_value(a), json_string_length(a));
-  json_decref(headers);
-  if (auth) {
-    explicit_bzero(auth, strlen(auth));
-    free(auth);
-  }
+  headers_free(headers);
   if (key) {
     explicit_bzero(key, strlen(key));
     free(key);
