@@ -705,7 +705,9 @@ static void on_done(ah_http *h, int status, const char *message, void *arg) {
     }
     if (status != AH_ECANCELED && status != AH_E2BIG && retry(t, 0, message))
       return;
-    end_turn(t, "error", message);
+    char why[2048];
+    snprintf(why, sizeof why, "%s (base_url %s)", message, t->conf.base_url);
+    end_turn(t, "error", why);
     return;
   }
   if (!ok_status) {

@@ -430,7 +430,8 @@ Test(openai, a_429_waits_its_retry_after_then_succeeds) {
 
 Test(openai, server_errors_are_retried_with_backoff) {
   ts_fake_start(&fake, NULL, NULL);
-  script(json_pack("[o, o, o]", error_step(500, "boom", NULL), error_step(503, "busy", NULL), ok_step("up")));
+  script(json_pack("[o, o, o]", error_step(500, "boom", NULL), error_step(500, "boom again", NULL),
+                   ok_step("up")));
   char *b = base_url();
   host_up(b, NULL);
   char *id = session_new();
@@ -696,6 +697,7 @@ Test(openai, a_wrong_certificate_is_refused_and_a_closed_port_named) {
   char want[64];
   snprintf(want, sizeof want, "cannot connect to http://127.0.0.1:%d", port);
   cr_expect(strstr(ended_error(end), want), "%s", ended_error(end));
+  cr_expect(strstr(ended_error(end), closed), "the message names base_url: %s", ended_error(end));
   json_decref(end);
   free(id);
   free(gid);
