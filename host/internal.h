@@ -72,6 +72,7 @@ typedef enum ah__entry_kind {
   AH__ENTRY_REMOTE,
   AH__ENTRY_NAMESPACE, /* a remote namespace, owned by the first mount that uses it */
   AH__ENTRY_PROVIDER,  /* a provider type ("acp"); `data` is the plugin's ah_provider */
+  AH__ENTRY_TOOL,      /* a plugin's tool; `meta` {description, schema} */
 } ah__entry_kind;
 
 typedef enum ah__entry_state {
@@ -106,6 +107,7 @@ typedef struct ah__entry {
   ah_method_fn handler;
   void *data;
   ah__remote *remote;
+  json_t *meta;     /* a tool's {description, schema} */
   ah__link journal; /* in the mount's journal, registration order */
   struct ah__entry *hash_next;
 } ah__entry;
@@ -123,6 +125,8 @@ ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *n
 /* The provider type `type` of an active plugin, or NULL; *mount (may be NULL) gets its mount. */
 ah_provider *ah__registry_provider(ah__registry *r, const char *type, ah_mount **mount);
 bool ah__registry_tombstoned(ah__registry *r, ah__entry_kind kind, const char *name);
+/* The active plugin tools, sorted by name: [{name, description, schema}] (new array). */
+json_t *ah__registry_tools(ah__registry *r);
 /* Stage an entry for `m` (journal + table). Returns AH_EEXIST / AH_ENOMEM. */
 int ah__registry_stage(ah__registry *r, ah_mount *m, ah__entry *e);
 void ah__registry_publish(ah__registry *r, ah_mount *m);  /* STAGED → ACTIVE, tombstones cleared */

@@ -42,6 +42,36 @@ ah_provider *ah__registry_provider(ah__registry *r, const char *type, ah_mount *
   return e->data;
 }
 
+static int by_name(const void *a, const void *b) {
+  const json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+  return strcmp(json_string_value(json_object_get(x, "name")), json_string_value(json_object_get(y, "name")));
+}
+
+json_t *ah__registry_tools(ah__registry *r) {
+  json_t *list = json_array();
+  for (size_t i = 0; list && i < r->nbuckets; i++)
+    for (ah__entry *e = r->buckets[i]; e; e = e->hash_next)
+      if (e->kind == AH__ENTRY_TOOL && e->state == AH__ST_ACTIVE && e->mount &&
+          e->mount->state == AH__MOUNT_ACTIVE)
+        json_array_append_new(list, json_pack("{s:s, s:O, s:O}", "name", e->name, "description",
+                                              json_object_get(e->meta, "description"), "schema",
+                                              json_object_get(e->meta, "schema")));
+  size_t n = json_array_size(list);
+  if (n > 1) {
+    json_t **items = malloc(n * sizeof *items);
+    if (items) {
+      for (size_t i = 0; i < n; i++)
+        items[i] = json_incref(json_array_get(list, i));
+      qsort(items, n, sizeof *items, by_name);
+      json_array_clear(list);
+      for (size_t i = 0; i < n; i++)
+        json_array_append_new(list, items[i]);
+      free(items);
+    }
+  }
+  return list;
+}
+
 ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *name) {
   if (!name)
     return NULL;
@@ -127,6 +157,7 @@ void ah__entry_free(ah__entry *e) {
   if (!e)
     return;
   ah__remote_free(e->remote);
+  json_decref(e->meta);
   free(e->name);
   free(e);
 }

@@ -9,6 +9,7 @@
 #include "http.h"
 #include "internal.h"
 #include "sessions.h"
+#include "tools.h"
 
 /* ---- logging ------------------------------------------------------------------------------------- */
 
@@ -100,6 +101,57 @@ int ah__services_register_event(ah_mount *m, const char *name, uint32_t flags) {
   if (rc) {
     ah__entry_free(e);
     return refuse(m, "event", name, "name", rc, "already registered (live or staged)");
+  }
+  return 0;
+}
+
+static bool valid_tool_name(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > 64)
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+          s[i] == '_' || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static int api_register_tool(ah_mount *m, const ah_tool_def *def) {
+  const char *name = def ? def->name : NULL;
+  int rc = gate(m, "tool", name);
+  if (rc)
+    return rc;
+  if (!def || def->struct_size < offsetof(ah_tool_def, reserved))
+    return refuse(m, "tool", name, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
+  if (!valid_tool_name(name))
+    return refuse(m, "tool", name, "name", AH_EINVAL, "must match [A-Za-z0-9_-]{1,64}");
+  if (ah__tool_builtin(name))
+    return refuse(m, "tool", name, "name", AH_EEXIST, "the name of a built-in tool");
+  if (!def->description || !*def->description)
+    return refuse(m, "tool", name, "description", AH_EINVAL,
+                  "required: the model reads it to choose the tool");
+  const char *stype = def->schema ? json_string_value(json_object_get(def->schema, "type")) : "object";
+  if (!stype || strcmp(stype, "object") != 0)
+    return refuse(m, "tool", name, "schema", AH_EINVAL, "must be a JSON Schema with \"type\": \"object\"");
+  if (!def->handler)
+    return refuse(m, "tool", name, "handler", AH_EINVAL, "missing handler");
+  ah__entry *e = calloc(1, sizeof *e);
+  json_t *schema = def->schema ? json_deep_copy(def->schema) : json_pack("{s:s}", "type", "object");
+  if (!e || !(e->name = strdup(name)) || !schema ||
+      !(e->meta = json_pack("{s:s, s:o}", "description", def->description, "schema", schema))) {
+    if (e)
+      free(e->name);
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_TOOL;
+  e->handler = def->handler;
+  e->data = def->data;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "tool", name, "name", rc, "already registered by another plugin (live or staged)");
   }
   return 0;
 }
@@ -697,6 +749,7 @@ ah_host_api ah__api_table = {
     .http_start = ah__http_start,
     .http_abort = ah__http_abort,
 #endif
+    .register_tool = api_register_tool,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

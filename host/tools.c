@@ -106,6 +106,76 @@ static const tool_def *tool_find(const char *name) {
   return NULL;
 }
 
+bool ah__tool_builtin(const char *name) {
+  return tool_find(name) != NULL;
+}
+
+static ah__entry *plugin_tool(ah_host *h, const char *name) {
+  ah__entry *e = h && name ? ah__registry_find(&h->reg, AH__ENTRY_TOOL, name) : NULL;
+  return e && e->state == AH__ST_ACTIVE && e->mount && e->mount->state == AH__MOUNT_ACTIVE ? e : NULL;
+}
+
+json_t *ah__tools_list(ah_host *h) {
+  json_t *list = ah__tools_describe();
+  json_t *more = h ? ah__registry_tools(&h->reg) : NULL;
+  json_array_extend(list, more);
+  json_decref(more);
+  return list;
+}
+
+bool ah__tool_exists(ah_host *h, const char *name) {
+  return tool_find(name) != NULL || plugin_tool(h, name) != NULL;
+}
+
+const char *ah__tool_policy(ah_host *h, const char *name) {
+  const tool_def *d = tool_find(name);
+  if (d)
+    return d->policy;
+  return plugin_tool(h, name) ? "ask" : NULL;
+}
+
+/* ---- a plugin's tool: a call of its handler --------------------------------------------------------------
+ */
+
+typedef struct plugin_run {
+  ah_tool_done_fn cb;
+  void *arg;
+} plugin_run;
+
+static void plugin_replied(const ah_outcome *o, void *arg) {
+  plugin_run *r = arg;
+  if (o->status == 0) {
+    r->cb(o->result, false, r->arg);
+  } else {
+    json_t *err = json_pack("{s:s}", "error", o->message ? o->message : ah_strerror(o->status));
+    if (o->status == AH_ECANCELED)
+      json_object_set_new(err, "cancelled", json_true());
+    r->cb(err, true, r->arg);
+    json_decref(err);
+  }
+  free(r);
+}
+
+static int run_plugin_tool(ah_host *h, ah__entry *e, const char *cwd, const char *session_id,
+                           const json_t *args, ah_cancel *cancel, ah_tool_done_fn cb, void *arg) {
+  plugin_run *r = calloc(1, sizeof *r);
+  if (!r)
+    return AH_ENOMEM;
+  r->cb = cb;
+  r->arg = arg;
+  ah_caller core = {.struct_size = sizeof core, .authority = AH_AUTH_ADMIN, .surface = "core"};
+  json_t *params = json_pack("{s:O, s:s, s:s?}", "arguments", args, "cwd", cwd, "sessionId", session_id);
+  ah_call *c = NULL;
+  int rc = ah__call_new(h, e, &core, e->name, params, true, false, cancel, plugin_replied, r, &c);
+  if (rc) {
+    free(r);
+    return rc;
+  }
+  if (c) /* NULL: the turn was already cancelled, and the call answered so */
+    e->handler(c, c->params, e->data);
+  return 0;
+}
+
 json_t *ah__tools_describe(void) {
   json_t *list = json_array();
   for (size_t i = 0; list && i < NTOOLS; i++) {
@@ -1126,9 +1196,17 @@ static bool args_valid(const tool_def *d, const json_t *args) {
 
 int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
                  ah_tool_done_fn cb, void *arg) {
+  return ah__tool_run_in(h, NULL, cwd, name, args, cancel, cb, arg);
+}
+
+int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
+                    ah_cancel *cancel, ah_tool_done_fn cb, void *arg) {
   if (!h || !cb || !cwd || cwd[0] != '/' || !json_is_object(args))
     return AH_EINVAL;
   const tool_def *d = tool_find(name);
+  ah__entry *pe = d ? NULL : plugin_tool(h, name);
+  if (pe)
+    return run_plugin_tool(h, pe, cwd, session_id, args, cancel, cb, arg);
   if (!d) {
     AH_LOG_W("tools", "refused tool '%s': unknown tool", name ? name : "(null)");
     return AH_EINVAL;

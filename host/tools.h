@@ -38,15 +38,32 @@ bool ah__tool_known(const char *name);
 /* "allow" or "ask" (static storage); NULL for an unknown tool. */
 const char *ah__tool_default_policy(const char *name);
 
+/* True for the name of a built-in tool. */
+bool ah__tool_builtin(const char *name);
+
+/* The tools a session sees: the built-ins, then the plugins' tools (ABI 1.5 register_tool) sorted by name,
+ * each {name, description, params} (built-ins) or {name, description, schema} (a plugin's JSON Schema).
+ * New reference. */
+json_t *ah__tools_list(ah_host *h);
+/* A built-in tool or an active plugin's tool. */
+bool ah__tool_exists(ah_host *h, const char *name);
+/* A tool's default policy: the built-in's, "ask" for a plugin's tool; NULL for an unknown tool. */
+const char *ah__tool_policy(ah_host *h, const char *name);
+
 /* `result` is borrowed for the call. */
 typedef void (*ah_tool_done_fn)(const json_t *result, bool is_error, void *arg);
 
-/* Run tool `name` with `args` (borrowed for the call) in `cwd` (absolute). `cancel` (may be NULL): when it
- * trips, the tool stops (run_command: the group is killed) and reports {cancelled: true} / an error.
+/* Run tool `name` with `args` (borrowed for the call) in `cwd` (absolute): a built-in, or a plugin's tool
+ * (a call of its handler, under the call machinery: counted on its mount, answered `cancelled` when the
+ * plugin is withdrawn). `cancel` (may be NULL): when it trips, the tool stops (run_command: the group is
+ * killed; a plugin's tool: its call's token trips) and reports {cancelled: true} / an error.
  * Returns 0 and `cb` runs exactly once on a later loop turn; or AH_EINVAL (unknown tool, bad arguments —
  * `cb` not called) / AH_ENOMEM. */
 int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
                  ah_tool_done_fn cb, void *arg);
+/* The same for a session (a plugin's tool gets its id in params.sessionId). */
+int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
+                    ah_cancel *cancel, ah_tool_done_fn cb, void *arg);
 
 /* Resolve `path` beneath `cwd` for a tool: returns a malloc'ed absolute path inside cwd, or NULL with
  * *why (static string) when it escapes or is invalid. Lexical check only (symlinks are refused at open

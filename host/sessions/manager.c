@@ -319,7 +319,7 @@ int ah__session_update(ah_session *s, const json_t *fields) {
         return AH_EINVAL;
       json_object_foreach(v, tool, pv) {
         const char *val = json_string_value(pv);
-        if (!ah__tool_known(tool) || !val ||
+        if (!ah__tool_exists(s->m->host, tool) || !val ||
             (strcmp(val, "allow") != 0 && strcmp(val, "ask") != 0 && strcmp(val, "deny") != 0))
           return AH_EINVAL;
       }

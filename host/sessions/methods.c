@@ -481,7 +481,7 @@ static void m_set_policy(ah_call *call, const json_t *p, void *data) {
   bool ok = id && json_is_object(policy);
   json_object_foreach(policy, k, v) {
     const char *val = json_string_value(v);
-    ok = ok && ah__tool_known(k) && val &&
+    ok = ok && ah__tool_exists(SM(data)->host, k) && val &&
          (strcmp(val, "allow") == 0 || strcmp(val, "ask") == 0 || strcmp(val, "deny") == 0);
   }
   if (!ok) {

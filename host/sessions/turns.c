@@ -339,7 +339,8 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
   r->t = t;
   r->call_id = strdup(call_id);
   r->name = strdup(name);
-  int rc = ah__tool_run(t->s->m->host, str(t->s->row, "cwd"), name, args, t->cancel, tool_done, r);
+  int rc =
+      ah__tool_run_in(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args, t->cancel, tool_done, r);
   if (rc) {
     free(r->call_id);
     free(r->name);
@@ -353,7 +354,7 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
 
 static const char *policy_of(session *s, const char *tool) {
   const char *p = str(json_object_get(s->row, "policy"), tool);
-  return p ? p : ah__tool_default_policy(tool);
+  return p ? p : ah__tool_policy(s->m->host, tool);
 }
 
 static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
@@ -363,7 +364,7 @@ static void sink_tool_call(void *ctx, const char *call_id, const char *name, con
   ah__write_event(
       t->s, "tool/call", t->id, NULL,
       json_pack("{s:s, s:s, s:O}", "callId", call_id, "name", name, "args", args ? args : json_null()));
-  if (!ah__tool_known(name)) {
+  if (!ah__tool_exists(t->s->m->host, name)) {
     ah__turn_tool_refused(t, call_id, name, "unknown tool");
     return;
   }
@@ -486,7 +487,7 @@ void ah__turn_claim(session *s) {
       .reasoning = sink_reasoning,
       .notice = sink_notice,
   };
-  json_t *tools = ah__tools_describe();
+  json_t *tools = ah__tools_list(m->host);
   json_t *empty_config = json_object();
   ah_turn_input in = {
       .struct_size = sizeof in,

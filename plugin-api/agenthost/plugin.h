@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 4
+#define AH_ABI_MINOR 5
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -345,6 +345,27 @@ typedef struct ah_http_request {
   void *reserved[4];
 } ah_http_request;
 
+/* ---------------------------------------------------------------------------------------------------- */
+/* Tools (ABI 1.5)                                                                                        */
+
+/* A tool the agent may call, from a plugin: registered inside mount() like a method, in a namespace of its
+ * own (a tool and a method may share a name). The handler is an ah_method_fn: it gets the call and
+ * params {arguments, cwd, sessionId} — `arguments` what the model passed (a JSON object; validate it),
+ * `cwd` the session's working directory — and answers with api->call_reply(call, result) (a JSON value
+ * the model reads) or api->call_error(call, code, message, data) (the model reads the message as the
+ * tool's error). Cancellation (the turn was cancelled, the plugin is withdrawn): the call's token,
+ * api->call_cancel_token(call), trips; the call is then answered `cancelled` by the host. A tool runs
+ * only when the session's policy allows it: the default for a plugin's tool is `ask`. */
+typedef struct ah_tool_def {
+  uint32_t struct_size;
+  const char *name;        /* [A-Za-z0-9_-]{1,64}, not the name of a built-in tool; copied */
+  const char *description; /* what the model reads to choose it (required; copied) */
+  const json_t *schema;    /* JSON Schema of `arguments` (an object schema; copied); NULL = any object */
+  ah_method_fn handler;    /* required */
+  void *data;              /* AH_CALL_DATA(call) */
+  void *reserved[4];
+} ah_tool_def;
+
 struct ah_host_api {
   uint32_t struct_size;
   uint32_t abi; /* AH_ABI_VERSION of the host */
@@ -508,6 +529,11 @@ struct ah_host_api {
    * (then after that callback returns). The handle is gone once on_done returned: never use it after. */
   int (*http_start)(ah_mount *m, const ah_http_request *req, ah_http **out);
   void (*http_abort)(ah_http *h);
+
+  /* Tools (ABI 1.5; see ah_tool_def). Inside mount() only; AH_EEXIST for a name another mount (or a
+   * built-in) has, AH_EINVAL (logged with the field) for a bad definition. Withdraw cancels the calls in
+   * flight and removes the tools: the names are free again. */
+  int (*register_tool)(ah_mount *m, const ah_tool_def *def);
 };
 
 /* The one exported entry of a plugin. */

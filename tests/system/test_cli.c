@@ -161,10 +161,10 @@ static char *commands_config(void) {
 /* ABI 1.3 ah_plugin_desc.commands: `agenthost NAME` runs an enabled plugin's command with its config, the
  * host's directories and its arguments; its exit status is the process's; without a daemon its calls get
  * AH_ECLOSED. */
-/* The module built against today's headers, and the same source built against the frozen 1.3 ones. */
+/* The module built against today's headers, and the same source built against the frozen 1.3 and 1.4 ones. */
 Test(cli, a_plugin_command_runs_with_its_config_and_arguments, .timeout = 60, .fini = cleanup) {
-  const char *modules[] = {"commands", "abi-1-3"};
-  for (size_t i = 0; i < 2; i++) {
+  const char *modules[] = {"commands", "abi-1-3", "abi-1-4"};
+  for (size_t i = 0; i < 3; i++) {
     char *config = commands_config_of(modules[i]);
     char *state = path_in("state");
     char *runtime = path_in("run");

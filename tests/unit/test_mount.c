@@ -314,6 +314,12 @@ Test(mount, a_module_built_for_abi_1_3_mounts) {
   cr_expect_eq(th_unload(&loop, host, "commands"), 0, "its module is named commands");
 }
 
+/* And for 1.4 (before register_tool). */
+Test(mount, a_module_built_for_abi_1_4_mounts) {
+  cr_assert_eq(th_load(host, "abi-1-4", NULL), 0);
+  cr_expect_eq(th_unload(&loop, host, "commands"), 0, "its module is named commands");
+}
+
 /* Core "plugin load" and the growth rule: a plugin that needs entries the host lacks sees them absent and
  * refuses to mount, naming the entry, instead of calling NULL. The remote plugin against two older tables: an
  * earlier 1.1 host (same table size, remote_invoke not filled in yet) and a 1.0 host (the table ends before

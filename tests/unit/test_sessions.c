@@ -17,6 +17,7 @@
 #include "sessions.h"
 #include "store.h"
 #include "support.h"
+#include "tools.h"
 
 /* json_equal with a freshly packed expected value, which it frees. */
 static bool equal_packed(const json_t *got, json_t *want) {
@@ -925,5 +926,156 @@ Test(sessions, a_module_built_for_abi_1_1_runs_turns_and_descriptors) {
   cr_expect_eq(json_integer_value(o.result), 42);
   th_outcome_clear(&o);
   free(id);
+  world_down(&w);
+}
+
+/* ---- tools registered by plugins (ah_host_api.register_tool, ABI 1.5) ------------------------------- */
+
+/* The data of the last stored event of `kind`, borrowed from `events`. */
+static json_t *last_data(json_t *events, const char *kind) {
+  json_t *found = NULL;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(events, i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "kind")), kind) == 0)
+      found = json_object_get(e, "data");
+  }
+  return found;
+}
+
+Test(sessions, a_plugin_tool_is_offered_to_providers_and_runs_under_the_session_policy) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  /* Offered with its schema after the built-ins. */
+  json_t *tools = ah__tools_list(w.h);
+  json_t *add = NULL;
+  size_t i = 0;
+  json_t *t = NULL;
+  json_array_foreach(tools, i, t) {
+    if (strcmp(json_string_value(json_object_get(t, "name")), "fx_add") == 0)
+      add = t;
+  }
+  cr_assert_not_null(add, "fx_add is listed");
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(add, "schema"), "type")), "object");
+  cr_expect_str_eq(json_string_value(json_object_get(add, "description")), "Add two numbers.");
+  cr_expect_str_eq(ah__tool_policy(w.h, "fx_add"), "ask", "a plugin's tool asks by default");
+  json_decref(tools);
+  char *id = create(&w);
+  /* Policy ask: an approval request; granted, it runs and its result is stored. */
+  free(prompt(&w, id, "/tool fx_add {\"a\": 2, \"b\": 3}"));
+  json_t *req = wait_request(&w, id);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(req, "params"), "tool")), "fx_add");
+  json_decref(respond_as(
+      &w, 1,
+      json_pack("{s:O, s:{s:s}}", "id", json_object_get(req, "id"), "value", "optionId", "allow_always")));
+  json_decref(req);
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *res = last_data(ev, "tool/result");
+  cr_assert_not_null(res);
+  cr_expect_not(json_is_true(json_object_get(res, "isError")));
+  cr_expect_eq(json_number_value(json_object_get(json_object_get(res, "result"), "sum")), 5.0);
+  json_decref(ev);
+  /* allow_always stored the policy: the next call runs at once; its error reaches the model as an error. */
+  free(prompt(&w, id, "/tool fx_add {\"a\": \"x\"}"));
+  wait_for(&w, id, "turn/ended", 2);
+  ev = history(&w, id);
+  res = last_data(ev, "tool/result");
+  cr_expect(json_is_true(json_object_get(res, "isError")));
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(res, "result"), "error")),
+                   "arguments: a and b must be numbers");
+  json_decref(ev);
+  /* The tool gets the session's cwd and id. */
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx_where", "allow")));
+  free(prompt(&w, id, "/tool fx_where {}"));
+  wait_for(&w, id, "turn/ended", 3);
+  ev = history(&w, id);
+  res = json_object_get(last_data(ev, "tool/result"), "result");
+  cr_expect_str_eq(json_string_value(json_object_get(res, "cwd")), w.work);
+  cr_expect_str_eq(json_string_value(json_object_get(res, "sessionId")), id);
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+}
+
+static bool fixture_waiting(void *arg) {
+  world *w = arg;
+  json_t *r = ok_call(w, "tools.stats", json_object());
+  bool yes = json_integer_value(json_object_get(r, "waiting")) == 1;
+  json_decref(r);
+  return yes;
+}
+
+Test(sessions, unloading_a_tool_plugin_mid_call_cancels_the_call_and_frees_the_name) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx_wait", "allow")));
+  free(prompt(&w, id, "/tool fx_wait {}"));
+  wait_for(&w, id, "tool/call", 1);
+  cr_assert(ts_run_until_pred(&w.loop, fixture_waiting, &w, 5000), "the tool is running");
+  cr_assert_eq(th_unload(&w.loop, w.h, "tools"), 0);
+  cr_assert_null(ah__host_find_mount(w.h, "tools"), "unloaded, not kept as a zombie");
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *res = last_data(ev, "tool/result");
+  cr_expect(json_is_true(json_object_get(res, "isError")));
+  cr_expect(json_is_true(json_object_get(json_object_get(res, "result"), "cancelled")),
+            "the call ended cancelled");
+  json_decref(ev);
+  cr_expect_not(ah__tool_exists(w.h, "fx_wait"), "the tool is gone");
+  free(prompt(&w, id, "/tool fx_wait {}"));
+  wait_for(&w, id, "turn/ended", 2);
+  ev = history(&w, id);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(last_data(ev, "tool/result"), "result"), "error")),
+      "unknown tool");
+  json_decref(ev);
+  /* The name is free again: the plugin mounts once more and the tool runs. */
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  cr_expect(ah__tool_exists(w.h, "fx_wait"));
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, cancelling_a_turn_stops_a_plugin_tool) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx_wait", "allow")));
+  free(prompt(&w, id, "/tool fx_wait {}"));
+  cr_assert(ts_run_until_pred(&w.loop, fixture_waiting, &w, 5000));
+  json_decref(ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id)));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_expect_str_eq(json_string_value(json_object_get(last_data(ev, "turn/ended"), "reason")), "cancelled");
+  json_decref(ev);
+  json_t *st = ok_call(&w, "tools.stats", json_object());
+  cr_expect_eq(json_integer_value(json_object_get(st, "stopped")), 1, "the plugin saw its call's token trip");
+  cr_expect_eq(json_integer_value(json_object_get(st, "waiting")), 0);
+  json_decref(st);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, tool_registrations_are_checked) {
+  world w;
+  world_up(&w);
+  const char *bad[] = {"name", "builtin", "schema", "description", "handler", "duplicate"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = th_load(w.h, "tools", json_pack("{s:s}", "bad", bad[i]));
+    cr_expect_neq(rc, 0, "bad %s refused", bad[i]);
+    cr_expect_not(ah__tool_exists(w.h, "fx_add"), "bad %s: nothing registered", bad[i]);
+  }
+  /* Two plugins cannot register one name. */
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/tools.so", getenv("AH_TEST_PLUGIN_DIR"));
   world_down(&w);
 }
