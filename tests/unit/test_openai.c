@@ -1155,3 +1155,35 @@ Test(openai, cancel_interrupts_a_retry_wait_and_an_http_date_is_honoured) {
   free(id);
   free(b);
 }
+
+Test(openai, a_plugin_tool_is_offered_with_its_json_schema) {
+  ts_fake_start(&fake, NULL, NULL);
+  script(json_pack("[o]", ok_step("seen")));
+  char *b = base_url();
+  host_up(b, NULL);
+  cr_assert_eq(th_load(host, "tools", NULL), 0);
+  char *id = session_new();
+  json_t *end = prompt(id, "hello", 1);
+  cr_expect_str_eq(ended_reason(end), "end", "%s", ended_error(end));
+  json_t *reqs = requests();
+  json_t *body = request_body(reqs, 0);
+  json_t *fn = NULL;
+  size_t i = 0;
+  json_t *tl = NULL;
+  json_array_foreach(json_object_get(body, "tools"), i, tl) {
+    json_t *f = json_object_get(tl, "function");
+    if (strcmp(json_string_value(json_object_get(f, "name")), "fx_add") == 0)
+      fn = f;
+  }
+  cr_assert_not_null(fn, "the plugin's tool is offered");
+  cr_expect_str_eq(json_string_value(json_object_get(fn, "description")), "Add two numbers.");
+  json_t *want = json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s, s]}", "type", "object", "properties", "a",
+                           "type", "number", "b", "type", "number", "required", "a", "b");
+  cr_expect(json_equal(json_object_get(fn, "parameters"), want), "its schema is the plugin's");
+  json_decref(want);
+  json_decref(body);
+  json_decref(reqs);
+  json_decref(end);
+  free(id);
+  free(b);
+}
