@@ -9,6 +9,7 @@
  * statics touched. The URL holds the token: it goes to stdout, never to stderr or a log. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "browser.h"
 
@@ -45,6 +46,24 @@ static int run_url(const ah_command_env *env, int argc, char **argv) {
   return print_url(env, "url");
 }
 
+/* The directories above `path`, created 0700 where missing. */
+static void make_parent(const char *path) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", path);
+  char *slash = strrchr(dir, '/');
+  if (!slash || slash == dir)
+    return;
+  *slash = '\0';
+  for (char *p = dir + 1; *p; p++) {
+    if (*p != '/')
+      continue;
+    *p = '\0';
+    mkdir(dir, 0700);
+    *p = '/';
+  }
+  mkdir(dir, 0700);
+}
+
 static int run_token(const ah_command_env *env, int argc, char **argv) {
   if (argc != 2 || strcmp(argv[1], "rotate") != 0) {
     fprintf(env->err, "usage: agenthost token rotate\n");
@@ -59,6 +78,8 @@ static int run_token(const ah_command_env *env, int argc, char **argv) {
     /* Nobody holds the token in memory: the next mount reads the new file. */
     char path[4096];
     int e = bp_token_file_path(env->config, env->state_dir, path, sizeof path);
+    if (!e)
+      make_parent(path); /* before the first `serve`, the state directory may not exist yet */
     if (!e)
       e = bp_token_file_replace(path, NULL);
     if (e) {

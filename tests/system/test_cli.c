@@ -210,6 +210,34 @@ Test(cli, plugin_commands_never_shadow_the_host_nor_read_past_a_descriptor, .tim
   free(config);
 }
 
+/* The browser's `token rotate` before the first `serve`: the state directory does not exist yet and is
+ * created (0700), the token file with it (0600, one 43-character token). */
+Test(cli, token_rotate_before_the_first_serve_creates_the_state_directory, .timeout = 60, .fini = cleanup) {
+  char *config = ts_write_file(test_dir(), "empty.ini", "");
+  char *state = path_in("not/yet/state");
+  char *runtime = path_in("run");
+  char *out = NULL;
+  char *err = NULL;
+  int code = run(&out, &err, "--config", config, "--state-dir", state, "--runtime-dir", runtime, "token",
+                 "rotate", NULL);
+  cr_assert_eq(code, 0, "exit %d: %s", code, err);
+  cr_expect(strstr(out, "no daemon is running"), "%s", out);
+  struct stat sb;
+  cr_expect(stat(state, &sb) == 0 && S_ISDIR(sb.st_mode) && (sb.st_mode & 0777) == 0700);
+  char *tp = NULL;
+  cr_assert(asprintf(&tp, "%s/token", state) > 0);
+  cr_expect(stat(tp, &sb) == 0 && (sb.st_mode & 0777) == 0600);
+  char *tok = ts_read_file(tp, NULL);
+  cr_expect(tok && strcspn(tok, "\n") == 43, "%s", tok ? tok : "(none)");
+  free(tok);
+  free(tp);
+  free(out);
+  free(err);
+  free(state);
+  free(runtime);
+  free(config);
+}
+
 Test(cli, plugins_list_without_a_daemon, .timeout = 60, .fini = cleanup) {
   char *config = quiet_config();
   char *state = path_in("state");
