@@ -589,6 +589,9 @@ int ah__http_start(ah_mount *m, const ah_http_request *req, ah_http **out) {
   if (h->watch)
     h->watch->fire_on_free = true; /* a token freed under a running transfer aborts it */
   uint64_t first = h->first_byte_ms && h->first_byte_ms < h->idle_ms ? h->first_byte_ms : h->idle_ms;
+  /* The loop's clock is the start of its current pass: a caller that worked long since would see its
+   * timeouts fire early. */
+  uv_update_time(ctx->loop);
   uv_timer_start(&h->timer, on_transfer_timer, first, 0);
   if (curl_multi_add_handle(ctx->multi, e) != CURLM_OK) {
     h->done = true;
