@@ -842,7 +842,8 @@ static void load_env(loader *L) {
     memcpy(var, *e, vn);
     var[vn] = '\0';
     const char *value = eq + 1;
-    if (strcmp(var, "AGENTHOST_CONFIG") == 0)
+    /* AGENTHOST_CONFIG names the file (read above); AGENTHOST_BIN is the clients' (the program they run). */
+    if (strcmp(var, "AGENTHOST_CONFIG") == 0 || strcmp(var, "AGENTHOST_BIN") == 0)
       continue;
     const char *rest = var + 10;
     bool upper = rest[0] != '\0';

@@ -664,6 +664,22 @@ Test(config, env_unknown_variables_warned) {
   freeenv(env);
 }
 
+/* AGENTHOST_BIN belongs to the client libraries (the program they spawn): the host does not warn of it. */
+Test(config, env_the_clients_variable_is_not_warned) {
+  char **env = mkenv(home_env, "AGENTHOST_BIN=/opt/agenthost/bin/agenthost", "AGENTHOST_FROB=1", NULL);
+  capture c = capture_start();
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(ah__config_load(&cfg, NULL, env, &err), 0, "%s", err);
+  char *log = capture_end(&c);
+  cr_expect_null(strstr(log, "AGENTHOST_BIN"), "%s", log);
+  cr_expect_not_null(strstr(log, "AGENTHOST_FROB: not a configuration variable"), "the check still runs: %s",
+                     log);
+  ah__config_free(&cfg);
+  free(log);
+  freeenv(env);
+}
+
 /* ---- the command line ------------------------------------------------------------------------------ */
 
 Test(config, cli_bad_values) {
