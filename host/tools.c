@@ -197,15 +197,6 @@ json_t *ah__tools_describe(void) {
   return list;
 }
 
-bool ah__tool_known(const char *name) {
-  return tool_find(name) != NULL;
-}
-
-const char *ah__tool_default_policy(const char *name) {
-  const tool_def *d = tool_find(name);
-  return d ? d->policy : NULL;
-}
-
 /* ---- lexical confinement --------------------------------------------------------------------------- */
 
 /* The next component of *p (skipping slashes): its start and length, or false at the end. */

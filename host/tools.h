@@ -34,9 +34,6 @@
 
 /* [{name, description, params: {NAME: {type, description, required}}}] for the four tools. New reference. */
 json_t *ah__tools_describe(void);
-bool ah__tool_known(const char *name);
-/* "allow" or "ask" (static storage); NULL for an unknown tool. */
-const char *ah__tool_default_policy(const char *name);
 
 /* True for the name of a built-in tool. */
 bool ah__tool_builtin(const char *name);
@@ -47,7 +44,8 @@ bool ah__tool_builtin(const char *name);
 json_t *ah__tools_list(ah_host *h);
 /* A built-in tool or an active plugin's tool. */
 bool ah__tool_exists(ah_host *h, const char *name);
-/* A tool's default policy: the built-in's, "ask" for a plugin's tool; NULL for an unknown tool. */
+/* A tool's default policy (static storage): the built-in's ("allow" or "ask"), "ask" for a plugin's tool;
+ * NULL for an unknown tool. `h` may be NULL: the built-ins only (also for ah__tool_exists). */
 const char *ah__tool_policy(ah_host *h, const char *name);
 
 /* `result` is borrowed for the call. */

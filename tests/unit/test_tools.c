@@ -200,7 +200,7 @@ Test(tools, describe_known_and_policies) {
     cr_expect_str_eq(sget(t, "name"), names[i]);
     cr_expect(json_is_string(json_object_get(t, "description")));
     cr_expect(json_is_object(json_object_get(t, "params")));
-    cr_expect(ah__tool_known(names[i]));
+    cr_expect(ah__tool_exists(NULL, names[i]));
   }
   json_t *rc = json_object_get(json_object_get(json_array_get(d, 3), "params"), "command");
   cr_expect_str_eq(sget(rc, "type"), "string");
@@ -212,15 +212,15 @@ Test(tools, describe_known_and_policies) {
   cr_expect_eq(json_object_size(wp), 2u);
   cr_expect_not_null(json_object_get(wp, "content"));
   json_decref(d);
-  cr_expect_not(ah__tool_known("rm_rf"));
-  cr_expect_not(ah__tool_known(NULL));
-  cr_expect_not(ah__tool_known(""));
-  cr_expect_str_eq(ah__tool_default_policy("read_file"), "allow");
-  cr_expect_str_eq(ah__tool_default_policy("list_dir"), "allow");
-  cr_expect_str_eq(ah__tool_default_policy("write_file"), "ask");
-  cr_expect_str_eq(ah__tool_default_policy("run_command"), "ask");
-  cr_expect_null(ah__tool_default_policy("rm_rf"));
-  cr_expect_null(ah__tool_default_policy(NULL));
+  cr_expect_not(ah__tool_exists(NULL, "rm_rf"));
+  cr_expect_not(ah__tool_exists(NULL, NULL));
+  cr_expect_not(ah__tool_exists(NULL, ""));
+  cr_expect_str_eq(ah__tool_policy(NULL, "read_file"), "allow");
+  cr_expect_str_eq(ah__tool_policy(NULL, "list_dir"), "allow");
+  cr_expect_str_eq(ah__tool_policy(NULL, "write_file"), "ask");
+  cr_expect_str_eq(ah__tool_policy(NULL, "run_command"), "ask");
+  cr_expect_null(ah__tool_policy(NULL, "rm_rf"));
+  cr_expect_null(ah__tool_policy(NULL, NULL));
 }
 
 /* ---- file tools ------------------------------------------------------------------------------------ */
