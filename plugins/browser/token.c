@@ -59,17 +59,9 @@ static int random_bytes(uint8_t t[BF_TOKEN_BYTES]) {
   return 0;
 }
 
-static int random_token(bp_state *st, uint8_t t[BF_TOKEN_BYTES]) {
-  if (random_bytes(t) == 0)
-    return 0;
-  st->api->log(st->m, AH_PLOG_ERROR, "getrandom: %s", strerror(errno));
-  return AH_EIO;
-}
-
-static int create_token(bp_state *st, const char *path) {
-  uint8_t t[BF_TOKEN_BYTES];
-  if (random_token(st, t) != 0)
-    return AH_EIO;
+/* Token `t` as the file's text (43 base64url characters and a newline) in a new file at `path` (0600,
+ * O_EXCL), synced. 0, AH_EEXIST (the file exists) or AH_EIO (and nothing is left at `path`). */
+static int write_token(const char *path, const uint8_t t[BF_TOKEN_BYTES]) {
   int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0)
     return errno == EEXIST ? AH_EEXIST : AH_EIO;
@@ -78,14 +70,29 @@ static int create_token(bp_state *st, const char *path) {
   text[BF_TOKEN_CHARS] = '\n';
   bool ok = write(fd, text, BF_TOKEN_CHARS + 1) == BF_TOKEN_CHARS + 1 && fsync(fd) == 0;
   close(fd);
+  explicit_bzero(text, sizeof text);
   if (!ok) {
     unlink(path);
-    st->api->log(st->m, AH_PLOG_ERROR, "token file %s: cannot write it", path);
     return AH_EIO;
   }
-  memcpy(st->token, t, sizeof t);
-  st->api->log(st->m, AH_PLOG_INFO, "created a new token in %s", path);
   return 0;
+}
+
+static int create_token(bp_state *st, const char *path) {
+  uint8_t t[BF_TOKEN_BYTES];
+  if (random_bytes(t) != 0) {
+    st->api->log(st->m, AH_PLOG_ERROR, "getrandom: %s", strerror(errno));
+    return AH_EIO;
+  }
+  int rc = write_token(path, t);
+  if (rc == AH_EIO)
+    st->api->log(st->m, AH_PLOG_ERROR, "token file %s: cannot write it", path);
+  if (rc == 0) {
+    memcpy(st->token, t, sizeof t);
+    st->api->log(st->m, AH_PLOG_INFO, "created a new token in %s", path);
+  }
+  explicit_bzero(t, sizeof t);
+  return rc;
 }
 
 int bp_token_load(bp_state *st, const json_t *config) {
@@ -135,16 +142,7 @@ int bp_token_file_replace(const char *path, uint8_t out[BF_TOKEN_BYTES]) {
   if (snprintf(tmp, sizeof tmp, "%s.new", path) >= (int)sizeof tmp)
     return AH_ECONFIG;
   unlink(tmp);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0)
-    return AH_EIO;
-  char text[BF_TOKEN_CHARS + 2];
-  bf_token_encode(t, text);
-  text[BF_TOKEN_CHARS] = '\n';
-  bool ok = write(fd, text, BF_TOKEN_CHARS + 1) == BF_TOKEN_CHARS + 1 && fsync(fd) == 0;
-  close(fd);
-  explicit_bzero(text, sizeof text);
-  if (!ok || rename(tmp, path) != 0) {
+  if (write_token(tmp, t) != 0 || rename(tmp, path) != 0) {
     unlink(tmp);
     explicit_bzero(t, sizeof t);
     return AH_EIO;
