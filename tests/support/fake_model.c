@@ -2,10 +2,13 @@
 #include "fake_model.h"
 
 #include <criterion/criterion.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "support.h"
@@ -78,6 +81,40 @@ json_t *ts_fake_get(ts_fake *f, const char *what) {
   free(text);
   cr_assert_not_null(j);
   return j;
+}
+
+double ts_fake_disconnect_time(ts_fake *f) {
+  for (int i = 0; i < 100; i++) {
+    json_t *ev = ts_fake_get(f, "events");
+    double seen = 0;
+    size_t k = 0;
+    json_t *e = NULL;
+    json_array_foreach(ev, k, e) {
+      if (!seen && strcmp(json_string_value(json_object_get(e, "event")), "disconnect") == 0)
+        seen = json_real_value(json_object_get(e, "time"));
+    }
+    json_decref(ev);
+    if (seen)
+      return seen;
+    usleep(20 * 1000);
+  }
+  return 0;
+}
+
+double ts_wall_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int ts_free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  cr_assert(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  socklen_t n = sizeof a;
+  getsockname(fd, (struct sockaddr *)&a, &n);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 void ts_fake_stop(ts_fake *f) {

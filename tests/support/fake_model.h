@@ -22,6 +22,14 @@ void ts_fake_script(ts_fake *f, const char *steps);
 /* GET /_control/requests or /_control/events: a new reference. */
 json_t *ts_fake_get(ts_fake *f, const char *what);
 void ts_fake_stop(ts_fake *f);
+/* The time (CLOCK_REALTIME seconds, the server's clock) of the first client disconnect the server saw
+ * while it was still sending, waiting up to 2 s for it; 0 when none. */
+double ts_fake_disconnect_time(ts_fake *f);
+/* The same clock now, to compare with it. */
+double ts_wall_now(void);
+
+/* A TCP port of 127.0.0.1 that nobody listens on (bound, read, closed). */
+int ts_free_port(void);
 
 /* Make a CA and a certificate for localhost/127.0.0.1 signed by it in `dir` with openssl:
  * dir/ca.pem, dir/cert.pem, dir/key.pem; and a second, unrelated CA dir/other-ca.pem. */

@@ -179,18 +179,8 @@ Test(http, an_error_status_is_a_response_not_a_failure) {
   json_decref(g.headers);
 }
 
-static int closed_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  socklen_t n = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &n);
-  close(fd); /* nobody listens there now */
-  return ntohs(a.sin_port);
-}
-
 Test(http, a_closed_port_is_unavailable_and_named) {
-  int port = closed_port();
+  int port = ts_free_port();
   char u[128];
   snprintf(u, sizeof u, "http://127.0.0.1:%d/v1/chat/completions", port);
   got g = {0};
@@ -229,31 +219,6 @@ static void abort_later(ah_timer *t, void *arg) {
   cr_expect_not(g->done, "the outcome of an abort arrives on a later loop turn");
 }
 
-/* Disconnect events the fake server saw, and when. */
-static double disconnect_time(void) {
-  for (int i = 0; i < 100; i++) {
-    json_t *ev = ts_fake_get(&fake, "events");
-    size_t k = 0;
-    json_t *e = NULL;
-    json_array_foreach(ev, k, e) {
-      if (strcmp(json_string_value(json_object_get(e, "event")), "disconnect") == 0) {
-        double t = json_real_value(json_object_get(e, "time"));
-        json_decref(ev);
-        return t;
-      }
-    }
-    json_decref(ev);
-    usleep(20 * 1000);
-  }
-  return 0;
-}
-
-static double wall_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 Test(http, an_abort_closes_the_connection_at_once_and_reports_cancelled) {
   ts_fake_start(&fake, NULL, NULL);
   /* A slow stream: one event every 50 ms for 10 s. */
@@ -274,11 +239,11 @@ Test(http, an_abort_closes_the_connection_at_once_and_reports_cancelled) {
   cr_assert(ts_run_until_pred(&loop, some_pieces, &g, 20000), "the stream did not start");
   ah_timer *t = NULL;
   cr_assert_eq(api->timer_start(core, 0, 0, abort_later, &g, &t), 0);
-  double aborted = wall_now();
+  double aborted = ts_wall_now();
   wait_done(&g, 10000);
   cr_expect_eq(g.status, AH_ECANCELED, "%d %s", g.status, g.message);
   cr_expect_gt(g.pieces, 0, "some events had arrived");
-  double seen = disconnect_time();
+  double seen = ts_fake_disconnect_time(&fake);
   cr_assert_gt(seen, 0, "the server saw the client go");
   cr_expect_lt(seen - aborted, 0.2, "the server saw the disconnect %.0f ms after the abort",
                (seen - aborted) * 1000);

@@ -594,12 +594,6 @@ Test(openai, a_server_that_rejects_stream_options_is_asked_again_without_and_rem
   free(b);
 }
 
-static double wall_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 static bool has_delta(void *arg) {
   (void)arg;
   return count_bus("session.delta") > 0;
@@ -619,7 +613,7 @@ Test(openai, cancel_closes_the_connection_at_once_and_ends_the_turn_cancelled) {
   json_decref(call_ok("session.prompt", json_pack("{s:s, s:[{s:s, s:s}]}", "sessionId", id, "content", "type",
                                                   "text", "text", "go")));
   cr_assert(ts_run_until_pred(&loop, has_delta, NULL, 10000));
-  double cancelled = wall_now();
+  double cancelled = ts_wall_now();
   json_decref(call_ok("session.cancel", json_pack("{s:s}", "sessionId", id)));
   wait_ctx w = {id, 1};
   cr_assert(ts_run_until_pred(&loop, turns_ended, &w, 10000));
@@ -627,19 +621,7 @@ Test(openai, cancel_closes_the_connection_at_once_and_ends_the_turn_cancelled) {
   cr_expect_str_eq(ended_reason(json_object_get(json_array_get(e, 0), "data")), "cancelled");
   cr_expect_eq(json_array_size(e), 1, "ended once");
   json_decref(e);
-  double seen = 0;
-  for (int i = 0; i < 100 && seen == 0; i++) {
-    json_t *ev = ts_fake_get(&fake, "events");
-    size_t k = 0;
-    json_t *x = NULL;
-    json_array_foreach(ev, k, x) {
-      if (strcmp(json_string_value(json_object_get(x, "event")), "disconnect") == 0)
-        seen = json_real_value(json_object_get(x, "time"));
-    }
-    json_decref(ev);
-    if (seen == 0)
-      usleep(20000);
-  }
+  double seen = ts_fake_disconnect_time(&fake);
   cr_assert_gt(seen, 0, "the server saw the client go");
   cr_expect_lt(seen - cancelled, 0.2, "the server saw the disconnect %.0f ms after the cancel",
                (seen - cancelled) * 1000);
@@ -662,16 +644,7 @@ Test(openai, a_wrong_certificate_is_refused_and_a_closed_port_named) {
   json_t *good =
       json_pack("{s:s, s:s, s:s, s:s}", "type", "openai", "base_url", b, "model", "m1", "ca_file", ca);
   json_object_set_new(cfg.providers, "good", good);
-  int port = 0;
-  {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    socklen_t n = sizeof a;
-    getsockname(fd, (struct sockaddr *)&a, &n);
-    port = ntohs(a.sin_port);
-    close(fd);
-  }
+  int port = ts_free_port();
   char closed[128];
   snprintf(closed, sizeof closed, "http://127.0.0.1:%d/v1", port);
   json_object_set_new(cfg.providers, "closed",
@@ -850,13 +823,7 @@ static int mock_llm_start(void) {
   snprintf(rules, sizeof rules, "%s", f);
   free(f);
   snprintf(err, sizeof err, "%s/mock-llm.log", dir);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  cr_assert_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-  socklen_t n = sizeof a;
-  getsockname(fd, (struct sockaddr *)&a, &n);
-  int port = ntohs(a.sin_port);
-  close(fd);
+  int port = ts_free_port();
   char ps[16];
   snprintf(ps, sizeof ps, "%d", port);
   setenv("PORT", ps, 1);
