@@ -1,4 +1,4 @@
-"""The Python client's run() through the openai provider: `agenthost sdk` with [provider.fake] of type
+"""SDK-TS-RUN: the Python client's run() through the openai provider: `agenthost sdk` with [provider.fake] of type
 openai on the scripted fake model server (tests/fakes/fake_model.py), started and stopped by each test.
 
 Counted in the "N passed, N failed" line that test_client.py prints at exit.

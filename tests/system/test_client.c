@@ -538,9 +538,9 @@ Test(client, kill9_client_leaves_no_orphan, .timeout = 60) {
   fixture_fini(&f);
 }
 
-/* The C client's run() against a real model path: `agenthost sdk` with [provider.fake] of type openai on
- * the scripted fake model server (tests/fakes): streamed text, a tool call run under the session's policy,
- * the usage of both round trips summed. */
+/* SDK-TS-RUN: the C client's run() against a real model path: `agenthost sdk` with [provider.fake] of
+ * type openai on the scripted fake model server (tests/fakes): streamed text, a tool call run under the
+ * session's policy, the usage of both round trips summed. */
 Test(client, run_against_an_openai_compatible_server, .timeout = 90) {
   ts_fake fake;
   ts_fake_start(&fake, NULL, NULL);

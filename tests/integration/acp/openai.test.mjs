@@ -24,7 +24,7 @@ async function start(t, fake, extra = "") {
 const chunks = (a, sid) =>
   a.wireUpdates(sid).filter((u) => u.update.sessionUpdate === "agent_message_chunk").map((u) => u.update.content.text);
 
-test("openai through ACP: streamed deltas are agent_message_chunks, the turn ends end_turn", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: openai through ACP: streamed deltas are agent_message_chunks, the turn ends end_turn", TEST, async (t) => {
   const fake = await startFakeModel(t);
   await fake.script([{ sse: [textChunk("Hello "), textChunk("from "), textChunk("the model"), finishChunk("stop"),
     usageChunk(9, 3), "[DONE]"] }]);
@@ -41,7 +41,7 @@ test("openai through ACP: streamed deltas are agent_message_chunks, the turn end
   a.assertStdoutPure();
 });
 
-test("openai through ACP: the model's write_file asks the editor's permission, then the result goes back", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: openai through ACP: the model's write_file asks the editor's permission, then the result goes back", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake);
   const target = join(cwd, "from-model.txt");
@@ -67,7 +67,7 @@ test("openai through ACP: the model's write_file asks the editor's permission, t
   assert.equal(chunks(a, sid).join(""), "done");
 });
 
-test("openai through ACP: session/cancel closes the model's stream at once and answers cancelled", TEST, async (t) => {
+test("ACP-PROMPT-CANCEL: openai through ACP: session/cancel closes the model's stream at once and answers cancelled", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const slow = Array.from({ length: 300 }, () => textChunk("tick "));
   await fake.script([{ sse: slow, delay_ms: 50 }]);

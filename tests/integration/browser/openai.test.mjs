@@ -1,7 +1,8 @@
 // The web UI with a real model path: `agenthost serve` whose default provider is of type openai, on the
 // scripted fake model server (tests/fakes), driven in Debian's Chromium by playwright-core. The assistant's
 // Markdown is rendered (and sanitized: a hostile tag does nothing), reasoning streams collapsed, a tool call
-// is approved from the UI, a retry is shown, and cancel closes the model's stream at once.
+// is approved from the UI, a retry is shown, and cancel closes the model's stream at once. The page waits
+// for API-CONNECTION-LOOP's ready state before it acts.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
