@@ -70,9 +70,11 @@ typedef enum ah__entry_kind {
   AH__ENTRY_METHOD,
   AH__ENTRY_EVENT,
   AH__ENTRY_REMOTE,
-  AH__ENTRY_NAMESPACE, /* a remote namespace, owned by the first mount that uses it */
-  AH__ENTRY_PROVIDER,  /* a provider type ("acp"); `data` is the plugin's ah_provider */
-  AH__ENTRY_TOOL,      /* a plugin's tool; `meta` {description, schema} */
+  AH__ENTRY_NAMESPACE,   /* a remote namespace, owned by the first mount that uses it */
+  AH__ENTRY_PROVIDER,    /* a provider type ("acp"); `data` is the plugin's ah_provider */
+  AH__ENTRY_TOOL,        /* a plugin's tool; `meta` {description, schema} */
+  AH__ENTRY_TOOL_SOURCE, /* a tool source (ABI 1.6), named by its prefix; `handler` runs a tool, `list` lists
+                          */
 } ah__entry_kind;
 
 typedef enum ah__entry_state {
@@ -107,8 +109,9 @@ typedef struct ah__entry {
   ah_method_fn handler;
   void *data;
   ah__remote *remote;
-  json_t *meta;     /* a tool's {description, schema} */
-  ah__link journal; /* in the mount's journal, registration order */
+  json_t *meta;      /* a tool's {description, schema} */
+  ah_method_fn list; /* a tool source's list handler */
+  ah__link journal;  /* in the mount's journal, registration order */
   struct ah__entry *hash_next;
 } ah__entry;
 
@@ -127,6 +130,8 @@ ah_provider *ah__registry_provider(ah__registry *r, const char *type, ah_mount *
 bool ah__registry_tombstoned(ah__registry *r, ah__entry_kind kind, const char *name);
 /* The active plugin tools, sorted by name: [{name, description, schema}] (new array). */
 json_t *ah__registry_tools(ah__registry *r);
+/* True when a plugin's tool (staged or active) has a name beginning with `prefix`. */
+bool ah__registry_tool_under(ah__registry *r, const char *prefix);
 /* Stage an entry for `m` (journal + table). Returns AH_EEXIST / AH_ENOMEM. */
 int ah__registry_stage(ah__registry *r, ah_mount *m, ah__entry *e);
 void ah__registry_publish(ah__registry *r, ah_mount *m);  /* STAGED → ACTIVE, tombstones cleared */
@@ -240,6 +245,8 @@ struct ah_call {
   void *arg;
   bool answered; /* the caller got (or is about to get) its outcome */
   bool finished; /* the plugin answered */
+  /* A tool's call: where call_progress goes (with `arg`); NULL for other calls. */
+  void (*progress)(const json_t *progress, void *arg);
   ah__link link; /* in the mount's calls */
 };
 

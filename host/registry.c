@@ -72,6 +72,16 @@ json_t *ah__registry_tools(ah__registry *r) {
   return list;
 }
 
+bool ah__registry_tool_under(ah__registry *r, const char *prefix) {
+  size_t n = strlen(prefix);
+  for (size_t i = 0; i < r->nbuckets; i++)
+    for (ah__entry *e = r->buckets[i]; e; e = e->hash_next)
+      if (e->kind == AH__ENTRY_TOOL && (e->state == AH__ST_ACTIVE || e->state == AH__ST_STAGED) &&
+          strncmp(e->name, prefix, n) == 0)
+        return true;
+  return false;
+}
+
 ah__entry *ah__registry_find(ah__registry *r, ah__entry_kind kind, const char *name) {
   if (!name)
     return NULL;

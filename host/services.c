@@ -127,6 +127,8 @@ static int api_register_tool(ah_mount *m, const ah_tool_def *def) {
     return refuse(m, "tool", name, "name", AH_EINVAL, "must match [A-Za-z0-9_-]{1,64}");
   if (ah__tool_builtin(name))
     return refuse(m, "tool", name, "name", AH_EEXIST, "the name of a built-in tool");
+  if (ah__tool_source_of(m->host, name, true))
+    return refuse(m, "tool", name, "name", AH_EEXIST, "under the prefix of a tool source");
   if (!def->description || !*def->description)
     return refuse(m, "tool", name, "description", AH_EINVAL,
                   "required: the model reads it to choose the tool");
@@ -153,6 +155,69 @@ static int api_register_tool(ah_mount *m, const ah_tool_def *def) {
     ah__entry_free(e);
     return refuse(m, "tool", name, "name", rc, "already registered by another plugin (live or staged)");
   }
+  return 0;
+}
+
+static bool valid_source_prefix(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n < 3 || n > 16 || s[0] < 'a' || s[0] > 'z' || strcmp(s + n - 2, "__") != 0)
+    return false;
+  for (size_t i = 1; i + 2 < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9')))
+      return false;
+  return true;
+}
+
+static int api_register_tool_source(ah_mount *m, const ah_tool_source_def *def) {
+  const char *prefix = def ? def->prefix : NULL;
+  int rc = gate(m, "tool source", prefix);
+  if (rc)
+    return rc;
+  if (!def || def->struct_size < offsetof(ah_tool_source_def, reserved))
+    return refuse(m, "tool source", prefix, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
+  if (!valid_source_prefix(prefix))
+    return refuse(m, "tool source", prefix, "prefix", AH_EINVAL,
+                  "must match [a-z][a-z0-9]*__, at most 16 bytes");
+  if (!def->list || !def->call)
+    return refuse(m, "tool source", prefix, def->list ? "call" : "list", AH_EINVAL, "missing handler");
+  if (ah__registry_tool_under(&m->host->reg, prefix))
+    return refuse(m, "tool source", prefix, "prefix", AH_EEXIST,
+                  "a plugin's tool already has a name under it");
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(prefix))) {
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_TOOL_SOURCE;
+  e->handler = def->call;
+  e->list = def->list;
+  e->data = def->data;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "tool source", prefix, "prefix", rc,
+                  "already registered by another plugin (live or staged)");
+  }
+  return 0;
+}
+
+static int api_tools_changed(ah_mount *m, const char *session_id) {
+  if (!m || m->state != AH__MOUNT_ACTIVE)
+    return AH_ESTATE;
+  return ah__host_emit(m->host, "tools.changed", json_pack("{s:s?}", "sessionId", session_id));
+}
+
+static int api_call_progress(ah_call *c, const json_t *progress) {
+  if (!c || !c->progress || !json_is_object(progress) ||
+      !json_is_number(json_object_get(progress, "progress")))
+    return AH_EINVAL;
+  json_t *total = json_object_get(progress, "total"), *msg = json_object_get(progress, "message");
+  if ((total && !json_is_number(total)) || (msg && !json_is_string(msg)))
+    return AH_EINVAL;
+  if (c->answered)
+    return AH_ECANCELED;
+  c->progress(progress, c->arg);
   return 0;
 }
 
@@ -750,6 +815,9 @@ ah_host_api ah__api_table = {
     .http_abort = ah__http_abort,
 #endif
     .register_tool = api_register_tool,
+    .register_tool_source = api_register_tool_source,
+    .tools_changed = api_tools_changed,
+    .call_progress = api_call_progress,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */
     .loop = api_loop,
     .mount_name = api_mount_name,

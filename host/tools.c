@@ -123,15 +123,147 @@ json_t *ah__tools_list(ah_host *h) {
   return list;
 }
 
+ah__entry *ah__tool_source_of(ah_host *h, const char *name, bool staged_too) {
+  const char *end = h && name ? strstr(name, "__") : NULL;
+  char prefix[24];
+  if (!end || (size_t)(end - name) + 2 >= sizeof prefix)
+    return NULL;
+  memcpy(prefix, name, (size_t)(end - name) + 2);
+  prefix[end - name + 2] = '\0';
+  ah__entry *e = ah__registry_find(&h->reg, AH__ENTRY_TOOL_SOURCE, prefix);
+  if (!e || !e->mount)
+    return NULL;
+  if (staged_too && e->state == AH__ST_STAGED)
+    return e;
+  return e->state == AH__ST_ACTIVE && e->mount->state == AH__MOUNT_ACTIVE ? e : NULL;
+}
+
 bool ah__tool_exists(ah_host *h, const char *name) {
-  return tool_find(name) != NULL || plugin_tool(h, name) != NULL;
+  return tool_find(name) != NULL || plugin_tool(h, name) != NULL ||
+         ah__tool_source_of(h, name, false) != NULL;
 }
 
 const char *ah__tool_policy(ah_host *h, const char *name) {
   const tool_def *d = tool_find(name);
   if (d)
     return d->policy;
-  return plugin_tool(h, name) ? "ask" : NULL;
+  return ah__tool_exists(h, name) ? "ask" : NULL;
+}
+
+/* ---- the tools of a session: the fixed ones and what every source lists ----------------------------------
+ */
+
+typedef struct gather {
+  ah_host *host;
+  json_t *tools;   /* the list being built */
+  json_t *notices; /* [message] of sources left out */
+  size_t waiting;  /* list calls not answered yet, plus one while they are being started */
+  ah_tools_fn cb;
+  void *arg;
+} gather;
+
+static bool valid_listed_name(const char *s, const char *prefix) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > 64 || strncmp(s, prefix, strlen(prefix)) != 0 || n == strlen(prefix))
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+          s[i] == '_' || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static void gather_step(gather *g) {
+  if (--g->waiting > 0)
+    return;
+  g->cb(g->tools, g->notices, g->arg);
+  json_decref(g->tools);
+  json_decref(g->notices);
+  free(g);
+}
+
+typedef struct gather_one {
+  gather *g;
+  char *prefix;
+} gather_one;
+
+static void source_listed(const ah_outcome *o, void *arg) {
+  gather_one *one = arg;
+  gather *g = one->g;
+  if (o->status != 0) {
+    json_array_append_new(g->notices, json_sprintf("tools of %s* left out: %s", one->prefix, o->message));
+  } else if (!json_is_array(o->result)) {
+    AH_LOG_W("tools", "tool source %s*: list answered with something other than an array", one->prefix);
+  } else {
+    size_t i;
+    json_t *t;
+    json_array_foreach(o->result, i, t) {
+      const char *name = json_string_value(json_object_get(t, "name"));
+      const char *desc = json_string_value(json_object_get(t, "description"));
+      json_t *schema = json_object_get(t, "schema");
+      json_t *group = json_object_get(t, "group");
+      if (!valid_listed_name(name, one->prefix) || (schema && !json_is_object(schema)) ||
+          (group && !json_is_string(group))) {
+        AH_LOG_W("tools",
+                 "tool source %s*: dropped a listed tool (name '%s'): a name [A-Za-z0-9_-]{1,64} "
+                 "under the prefix, and an object schema, are required",
+                 one->prefix, name ? name : "(none)");
+        continue;
+      }
+      json_t *copy =
+          json_pack("{s:s, s:s, s:O*}", "name", name, "description", desc ? desc : "", "group", group);
+      json_object_set_new(copy, "schema",
+                          schema ? json_deep_copy(schema) : json_pack("{s:s}", "type", "object"));
+      json_array_append_new(g->tools, copy);
+    }
+  }
+  free(one->prefix);
+  free(one);
+  gather_step(g);
+}
+
+int ah__tools_gather(ah_host *h, const char *session_id, const char *cwd, ah_cancel *cancel, ah_tools_fn cb,
+                     void *arg) {
+  if (!h || !cb)
+    return AH_EINVAL;
+  gather *g = calloc(1, sizeof *g);
+  if (!g || !(g->tools = ah__tools_list(h)) || !(g->notices = json_array())) {
+    if (g)
+      json_decref(g->tools);
+    free(g);
+    return AH_ENOMEM;
+  }
+  g->host = h;
+  g->cb = cb;
+  g->arg = arg;
+  g->waiting = 1;
+  ah_caller core = {.struct_size = sizeof core, .authority = AH_AUTH_ADMIN, .surface = "core"};
+  for (size_t i = 0; i < h->reg.nbuckets; i++)
+    for (ah__entry *e = h->reg.buckets[i]; e; e = e->hash_next) {
+      if (e->kind != AH__ENTRY_TOOL_SOURCE || e->state != AH__ST_ACTIVE || !e->mount ||
+          e->mount->state != AH__MOUNT_ACTIVE)
+        continue;
+      gather_one *one = calloc(1, sizeof *one);
+      if (!one || !(one->prefix = strdup(e->name))) {
+        free(one);
+        continue;
+      }
+      one->g = g;
+      json_t *params = json_pack("{s:s?, s:s?}", "sessionId", session_id, "cwd", cwd);
+      ah_call *c = NULL;
+      g->waiting++;
+      int rc = ah__call_new(h, e, &core, e->name, params, true, false, cancel, source_listed, one, &c);
+      if (rc) {
+        g->waiting--;
+        free(one->prefix);
+        free(one);
+        continue;
+      }
+      if (c) /* NULL: already cancelled, and answered so */
+        e->list(c, c->params, e->data);
+    }
+  gather_step(g); /* the one for the start: when every source answered at once, cb runs here */
+  return 0;
 }
 
 /* ---- a plugin's tool: a call of its handler --------------------------------------------------------------
@@ -139,6 +271,7 @@ const char *ah__tool_policy(ah_host *h, const char *name) {
 
 typedef struct plugin_run {
   ah_tool_done_fn cb;
+  ah_tool_progress_fn progress;
   void *arg;
 } plugin_run;
 
@@ -156,23 +289,37 @@ static void plugin_replied(const ah_outcome *o, void *arg) {
   free(r);
 }
 
-static int run_plugin_tool(ah_host *h, ah__entry *e, const char *cwd, const char *session_id,
-                           const json_t *args, ah_cancel *cancel, ah_tool_done_fn cb, void *arg) {
+static void plugin_progress(const json_t *progress, void *arg) {
+  plugin_run *r = arg;
+  if (r->progress)
+    r->progress(progress, r->arg);
+}
+
+/* A plugin's tool (`params` {arguments, cwd, sessionId}) or a source's ({tool, …} too): a call of its
+ * handler. */
+static int run_plugin_tool(ah_host *h, ah__entry *e, const char *tool, const char *cwd,
+                           const char *session_id, const json_t *args, ah_cancel *cancel,
+                           ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg) {
   plugin_run *r = calloc(1, sizeof *r);
   if (!r)
     return AH_ENOMEM;
   r->cb = cb;
+  r->progress = progress;
   r->arg = arg;
   ah_caller core = {.struct_size = sizeof core, .authority = AH_AUTH_ADMIN, .surface = "core"};
   json_t *params = json_pack("{s:O, s:s, s:s?}", "arguments", args, "cwd", cwd, "sessionId", session_id);
+  if (e->kind == AH__ENTRY_TOOL_SOURCE)
+    json_object_set_new(params, "tool", json_string(tool));
   ah_call *c = NULL;
-  int rc = ah__call_new(h, e, &core, e->name, params, true, false, cancel, plugin_replied, r, &c);
+  int rc = ah__call_new(h, e, &core, tool, params, true, false, cancel, plugin_replied, r, &c);
   if (rc) {
     free(r);
     return rc;
   }
-  if (c) /* NULL: the turn was already cancelled, and the call answered so */
+  if (c) { /* NULL: the turn was already cancelled, and the call answered so */
+    c->progress = plugin_progress;
     e->handler(c, c->params, e->data);
+  }
   return 0;
 }
 
@@ -1187,17 +1334,19 @@ static bool args_valid(const tool_def *d, const json_t *args) {
 
 int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
                  ah_tool_done_fn cb, void *arg) {
-  return ah__tool_run_in(h, NULL, cwd, name, args, cancel, cb, arg);
+  return ah__tool_run_in(h, NULL, cwd, name, args, cancel, NULL, cb, arg);
 }
 
 int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
-                    ah_cancel *cancel, ah_tool_done_fn cb, void *arg) {
+                    ah_cancel *cancel, ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg) {
   if (!h || !cb || !cwd || cwd[0] != '/' || !json_is_object(args))
     return AH_EINVAL;
   const tool_def *d = tool_find(name);
   ah__entry *pe = d ? NULL : plugin_tool(h, name);
+  if (!d && !pe)
+    pe = ah__tool_source_of(h, name, false);
   if (pe)
-    return run_plugin_tool(h, pe, cwd, session_id, args, cancel, cb, arg);
+    return run_plugin_tool(h, pe, name, cwd, session_id, args, cancel, progress, cb, arg);
   if (!d) {
     AH_LOG_W("tools", "refused tool '%s': unknown tool", name ? name : "(null)");
     return AH_EINVAL;

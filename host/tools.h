@@ -42,14 +42,28 @@ bool ah__tool_builtin(const char *name);
  * each {name, description, params} (built-ins) or {name, description, schema} (a plugin's JSON Schema).
  * New reference. */
 json_t *ah__tools_list(ah_host *h);
-/* A built-in tool or an active plugin's tool. */
+/* A built-in tool, an active plugin's tool, or a name under an active tool source's prefix (which may not
+ * be listed yet: a policy can name it before its server started). */
 bool ah__tool_exists(ah_host *h, const char *name);
-/* A tool's default policy (static storage): the built-in's ("allow" or "ask"), "ask" for a plugin's tool;
- * NULL for an unknown tool. `h` may be NULL: the built-ins only (also for ah__tool_exists). */
+/* A tool's default policy (static storage): the built-in's ("allow" or "ask"), "ask" for a plugin's or a
+ * source's tool; NULL for an unknown tool. `h` may be NULL: the built-ins only (also for ah__tool_exists). */
 const char *ah__tool_policy(ah_host *h, const char *name);
+/* The tool source (ABI 1.6) whose prefix begins `name` (active; with staged_too also one being mounted). */
+struct ah__entry *ah__tool_source_of(ah_host *h, const char *name, bool staged_too);
+
+/* The tools a session sees now (`tools` borrowed for the call): ah__tools_list's, then what every active
+ * tool source lists for the session ({name, description, schema, group?}); `notices` [string] says which
+ * source was left out and why (an error of its list call). */
+typedef void (*ah_tools_fn)(const json_t *tools, const json_t *notices, void *arg);
+/* Asks every source (calls cancelled with `cancel`, may be NULL). Returns 0 and `cb` runs exactly once —
+ * at once when no source is active or every source answered at once — or AH_EINVAL / AH_ENOMEM. */
+int ah__tools_gather(ah_host *h, const char *session_id, const char *cwd, ah_cancel *cancel, ah_tools_fn cb,
+                     void *arg);
 
 /* `result` is borrowed for the call. */
 typedef void (*ah_tool_done_fn)(const json_t *result, bool is_error, void *arg);
+/* A plugin's tool reported progress {progress, total?, message?} (borrowed). */
+typedef void (*ah_tool_progress_fn)(const json_t *progress, void *arg);
 
 /* Run tool `name` with `args` (borrowed for the call) in `cwd` (absolute): a built-in, or a plugin's tool
  * (a call of its handler, under the call machinery: counted on its mount, answered `cancelled` when the
@@ -59,9 +73,10 @@ typedef void (*ah_tool_done_fn)(const json_t *result, bool is_error, void *arg);
  * `cb` not called) / AH_ENOMEM. */
 int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *args, ah_cancel *cancel,
                  ah_tool_done_fn cb, void *arg);
-/* The same for a session (a plugin's tool gets its id in params.sessionId). */
+/* The same for a session (a plugin's tool gets its id in params.sessionId), also for a tool source's tool;
+ * `progress` (may be NULL) gets what a plugin's tool reports with call_progress. */
 int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
-                    ah_cancel *cancel, ah_tool_done_fn cb, void *arg);
+                    ah_cancel *cancel, ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg);
 
 /* Resolve `path` beneath `cwd` for a tool: returns a malloc'ed absolute path inside cwd, or NULL with
  * *why (static string) when it escapes or is invalid. Lexical check only (symlinks are refused at open

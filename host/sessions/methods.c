@@ -499,6 +499,64 @@ static void m_set_policy(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, policy_found, c);
 }
 
+/* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
+ * the session's next turn would offer, each with the policy that applies to it (the tool sources are asked
+ * as at a turn's start: host-wide MCP servers start at this first use). */
+typedef struct tools_ctx {
+  ah_call *call;
+  json_t *policy; /* the session's own */
+} tools_ctx;
+
+static void tools_listed(const json_t *tools, const json_t *notices, void *arg) {
+  tools_ctx *c = arg;
+  ah_host *h = c->call->host;
+  json_t *out = json_array();
+  size_t i;
+  json_t *t;
+  json_array_foreach(tools, i, t) {
+    json_t *copy = json_deep_copy(t);
+    const char *name = str(t, "name");
+    const char *own = str(c->policy, name);
+    const char *dflt = ah__tool_policy(h, name);
+    json_object_set_new(copy, "policy", json_string(own ? own : dflt ? dflt : "ask"));
+    json_array_append_new(out, copy);
+  }
+  ah__call_reply(c->call, json_pack("{s:o, s:O}", "tools", out, "notices", notices));
+  json_decref(c->policy);
+  free(c);
+}
+
+static void tools_found(int status, session *s, void *arg) {
+  tools_ctx *c = arg;
+  if (status) {
+    ah__call_error(c->call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
+    free(c);
+    return;
+  }
+  c->policy = json_deep_copy(json_object_get(s->row, "policy"));
+  int rc = ah__tools_gather(s->m->host, s->id, str(s->row, "cwd"), ah__call_cancel_token(c->call),
+                            tools_listed, c);
+  if (rc) {
+    ah__call_error(c->call, rc, ah_strerror(rc), NULL);
+    json_decref(c->policy);
+    free(c);
+  }
+}
+
+static void m_tools(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  const char *id = str(p, "sessionId");
+  tools_ctx *c = id ? calloc(1, sizeof *c) : NULL;
+  if (!c) {
+    ah__call_error(call, id ? AH_ENOMEM : AH_EINVAL, id ? "out of memory" : "params: sessionId is required",
+                   NULL);
+    return;
+  }
+  c->call = call;
+  ah__live_lookup(SM(data), id, tools_found, c);
+}
+
 static void m_request_list(ah_call *call, const json_t *p, void *data) {
   if (!store_ready(call, data))
     return;
@@ -673,6 +731,7 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
       {"session.cancel", m_cancel, AH_METHOD_PUBLIC},
       {"session.close", m_close, AH_METHOD_PUBLIC},
       {"session.export", m_export, AH_METHOD_PUBLIC},
+      {"session.tools", m_tools, AH_METHOD_PUBLIC | AH_METHOD_CANCELLABLE},
       {"session.delete", m_delete, AH_METHOD_PRIVILEGED},
       {"session.set-policy", m_set_policy, AH_METHOD_PRIVILEGED},
       {"request.list", m_request_list, AH_METHOD_PUBLIC},
@@ -690,8 +749,9 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
     if (rc)
       return rc;
   }
-  /* Transient deltas and reasoning are for clients that stream text; not on the remote allowlist
-   * (DECISIONS.md). */
+  /* Transient deltas, reasoning and tools' progress are for clients that stream text; not on the remote
+   * allowlist (DECISIONS.md). */
   int rc = ah__services_register_event(core, "session.delta", 0);
+  rc = rc ? rc : ah__services_register_event(core, "session.progress", 0);
   return rc ? rc : ah__services_register_event(core, "session.reasoning", 0);
 }

@@ -127,6 +127,10 @@ struct turn {
   char *end_error;
   session *child; /* a subagent running for this turn */
   char *child_message;
+  /* The tools offered to the provider (asked of the tool sources before it starts: meanwhile `gathering`,
+   * counted in tools_running so that an end waits for the answers); a tool call must name one of them. */
+  json_t *tools;
+  bool gathering;
 };
 
 struct request {

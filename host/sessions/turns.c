@@ -11,6 +11,7 @@
 #define HISTORY_WINDOW 2000 /* events read to build the history */
 
 static void on_turn_token(ah_cancel *token, void *arg);
+static void tools_gathered(const json_t *tools, const json_t *notices, void *arg);
 
 /* The provider of the configured [provider.NAME]: the embedded echo for type echo (and the built-in
  * "echo"), else the provider type a mounted plugin registered (acp, openai, …), with its mount in *mount.
@@ -150,6 +151,7 @@ static void turn_free(turn *t) {
   free(t->end_error);
   json_decref(t->end_usage);
   json_decref(t->history);
+  json_decref(t->tools);
   free(t);
 }
 
@@ -180,6 +182,8 @@ void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error)
     t->end_reason = strdup(reason);
     t->end_usage = usage;
     t->end_error = ah__strdup(error);
+    if (t->gathering) /* the tool sources are asked to stop listing at once */
+      ah__cancel_trip(t->cancel);
     return;
   }
   t->ended = true;
@@ -294,6 +298,20 @@ typedef struct tool_run {
   char *name;
 } tool_run;
 
+static void finish_pending_end(turn *t) {
+  if (t->end_pending && t->tools_running == 0) {
+    t->end_pending = false;
+    char *reason = t->end_reason;
+    char *error = t->end_error;
+    json_t *usage = t->end_usage;
+    t->end_reason = t->end_error = NULL;
+    t->end_usage = NULL;
+    ah__turn_end(t, reason, usage, error);
+    free(reason);
+    free(error);
+  }
+}
+
 static void tool_done(const json_t *result, bool is_error, void *arg) {
   tool_run *r = arg;
   turn *t = r->t;
@@ -307,17 +325,19 @@ static void tool_done(const json_t *result, bool is_error, void *arg) {
   free(r->call_id);
   free(r->name);
   free(r);
-  if (t->end_pending && t->tools_running == 0) {
-    t->end_pending = false;
-    char *reason = t->end_reason;
-    char *error = t->end_error;
-    json_t *usage = t->end_usage;
-    t->end_reason = t->end_error = NULL;
-    t->end_usage = NULL;
-    ah__turn_end(t, reason, usage, error);
-    free(reason);
-    free(error);
-  }
+  finish_pending_end(t);
+}
+
+/* A tool's progress is transient, like a delta: emitted for the clients watching, not stored. */
+static void tool_progress(const json_t *progress, void *arg) {
+  tool_run *r = arg;
+  turn *t = r->t;
+  if (t->ended)
+    return;
+  json_t *ev = json_pack("{s:s, s:s, s:s, s:s}", "sessionId", t->s->id, "turnId", t->id, "callId", r->call_id,
+                         "name", r->name);
+  json_object_update_missing(ev, (json_t *)progress);
+  ah__sm_emit(t->s->m, "session.progress", ev);
 }
 
 void ah__turn_tool_refused(turn *t, const char *call_id, const char *name, const char *why) {
@@ -339,8 +359,8 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
   r->t = t;
   r->call_id = strdup(call_id);
   r->name = strdup(name);
-  int rc =
-      ah__tool_run_in(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args, t->cancel, tool_done, r);
+  int rc = ah__tool_run_in(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args, t->cancel,
+                           tool_progress, tool_done, r);
   if (rc) {
     free(r->call_id);
     free(r->name);
@@ -357,6 +377,16 @@ static const char *policy_of(session *s, const char *tool) {
   return p ? p : ah__tool_policy(s->m->host, tool);
 }
 
+static bool offered(turn *t, const char *name) {
+  size_t i;
+  json_t *tool;
+  json_array_foreach(t->tools, i, tool) {
+    if (name && strcmp(str(tool, "name"), name) == 0)
+      return true;
+  }
+  return false;
+}
+
 static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
   turn *t = ctx;
   if (t->ended)
@@ -364,7 +394,7 @@ static void sink_tool_call(void *ctx, const char *call_id, const char *name, con
   ah__write_event(
       t->s, "tool/call", t->id, NULL,
       json_pack("{s:s, s:s, s:O}", "callId", call_id, "name", name, "args", args ? args : json_null()));
-  if (!ah__tool_exists(t->s->m->host, name)) {
+  if (!offered(t, name)) {
     ah__turn_tool_refused(t, call_id, name, "unknown tool");
     return;
   }
@@ -468,11 +498,47 @@ void ah__turn_claim(session *s) {
   const char *model = str(s->row, "model");
   ah__write_event(s, "turn/started", t->id, t->message_id,
                   json_pack("{s:s, s:s?}", "provider", prov_name ? prov_name : "echo", "model", model));
-  const json_t *prov_config = NULL;
-  t->prov = ah__turn_provider(m, prov_name, &t->prov_mount, &prov_config);
+  t->prov = ah__turn_provider(m, prov_name, &t->prov_mount, NULL);
   if (!t->prov) {
     ah__turn_end(t, "error", NULL, "the session's provider is not available");
     return;
+  }
+  t->tools_running++; /* the gathering: an end meanwhile waits for it */
+  t->gathering = true;
+  int rc = ah__tools_gather(m->host, s->id, str(s->row, "cwd"), t->cancel, tools_gathered, t);
+  if (rc) {
+    t->tools_running--;
+    t->gathering = false;
+    ah__turn_end(t, "error", NULL, ah_strerror(rc));
+  }
+}
+
+static void tools_gathered(const json_t *tools, const json_t *notices, void *arg) {
+  turn *t = arg;
+  t->tools_running--;
+  t->gathering = false;
+  t->tools = json_incref((json_t *)tools);
+  if (t->end_pending) {
+    finish_pending_end(t);
+    return;
+  }
+  if (t->cancelled) {
+    ah__turn_end(t, "cancelled", NULL, NULL);
+    return;
+  }
+  session *s = t->s;
+  /* Looked up again: the provider's plugin may have gone, or the configuration changed, meanwhile. */
+  const char *prov_name = str(s->row, "provider");
+  const json_t *prov_config = NULL;
+  t->prov = ah__turn_provider(t->m, prov_name, &t->prov_mount, &prov_config);
+  if (!t->prov) {
+    ah__turn_end(t, "error", NULL, "the session's provider is not available");
+    return;
+  }
+  size_t i;
+  json_t *n;
+  json_array_foreach(notices, i, n) {
+    ah__write_event(s, "turn/notice", t->id, NULL, json_pack("{s:s, s:O}", "kind", "tools", "message", n));
   }
   static const ah_turn_sink sink = {
       .struct_size = sizeof(ah_turn_sink),
@@ -487,22 +553,20 @@ void ah__turn_claim(session *s) {
       .reasoning = sink_reasoning,
       .notice = sink_notice,
   };
-  json_t *tools = ah__tools_list(m->host);
   json_t *empty_config = json_object();
   ah_turn_input in = {
       .struct_size = sizeof in,
       .session_id = s->id,
       .cwd = str(s->row, "cwd"),
-      .model = model,
+      .model = str(s->row, "model"),
       .content = t->content,
-      .tools = tools,
+      .tools = t->tools,
       .max_tokens = 0,
       .depth = (int)json_integer_value(json_object_get(s->row, "depth")),
       .provider_name = prov_name ? prov_name : "echo",
       .provider_config = prov_config ? prov_config : empty_config,
   };
   int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
-  json_decref(tools);
   json_decref(empty_config);
   /* The content was borrowed for the call: a provider that needs it later took its own reference, and a
    * large prompt goes as soon as nothing uses it any more, not at the end of the turn. */
@@ -524,6 +588,6 @@ static void on_turn_token(ah_cancel *token, void *arg) {
     ah__request_resolve(t->pending, "cancelled", NULL, NULL, NULL);
   if (t->pt)
     t->prov->turn_cancel(t->pt);
-  else
+  else if (!t->gathering) /* else the sources' answers end it: their calls were cancelled with the token */
     ah__turn_end(t, "cancelled", NULL, NULL);
 }

@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 5
+#define AH_ABI_MINOR 6
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -366,6 +366,30 @@ typedef struct ah_tool_def {
   void *reserved[4];
 } ah_tool_def;
 
+/* A source of tools that come and go while the plugin runs (ABI 1.6): the MCP client's servers, which start
+ * lazily, change their lists and differ per session. Registered inside mount() like a method; the host asks
+ * it at the start of every turn.
+ *
+ * Every tool name of the source begins with its `prefix` ([a-z][a-z0-9]*__, ≤ 16 bytes, e.g. "mcp__"): a
+ * session's policy may name such a tool before the source has listed it, and a plugin's tool may not take a
+ * name under it. Both handlers have a method handler's signature and run as calls (counted on the mount,
+ * answered `cancelled` for you at withdraw; their token trips when the turn is cancelled):
+ *   list  params {sessionId, cwd}: answer with [{name, description, schema, group?}] — the tools that
+ *         session sees now (`group`, e.g. the server's name, is how a UI shows them together; entries with a
+ *         name outside the prefix or an invalid one are dropped and logged). The turn waits for the answer:
+ *         answer within your own start-up limit with what you have (an error leaves the source out of the
+ *         turn, with a notice the user sees: the message).
+ *   call  params {tool, arguments, cwd, sessionId}: run one; as an ah_tool_def handler. Progress goes with
+ *         api->call_progress(call, …). */
+typedef struct ah_tool_source_def {
+  uint32_t struct_size;
+  const char *prefix;
+  ah_method_fn list; /* required */
+  ah_method_fn call; /* required */
+  void *data;        /* AH_CALL_DATA(call) of both */
+  void *reserved[4];
+} ah_tool_source_def;
+
 struct ah_host_api {
   uint32_t struct_size;
   uint32_t abi; /* AH_ABI_VERSION of the host */
@@ -534,6 +558,18 @@ struct ah_host_api {
    * built-in) has, AH_EINVAL (logged with the field) for a bad definition. Withdraw cancels the calls in
    * flight and removes the tools: the names are free again. */
   int (*register_tool)(ah_mount *m, const ah_tool_def *def);
+
+  /* Tool sources (ABI 1.6; see ah_tool_source_def). register_tool_source: inside mount() only; AH_EEXIST
+   * when the prefix overlaps another source's or an active tool's name, AH_EINVAL (logged) for a bad
+   * definition. tools_changed: the source's tools changed for `session_id` (NULL = every session): the
+   * host emits `tools.changed` {sessionId?} so that clients showing the list ask again (the next turn asks
+   * the source anyway); 0 or AH_ESTATE (the mount is not active). call_progress: a tool's call (of a
+   * plugin's tool or a source's) reports progress {progress: number, total?: number, message?: string}
+   * (borrowed), shown with the tool's call; 0, AH_EINVAL (not a tool's call, or a bad object), or
+   * AH_ECANCELED (the call was already answered). */
+  int (*register_tool_source)(ah_mount *m, const ah_tool_source_def *def);
+  int (*tools_changed)(ah_mount *m, const char *session_id);
+  int (*call_progress)(ah_call *call, const json_t *progress);
 };
 
 /* The one exported entry of a plugin. */

@@ -1079,3 +1079,241 @@ Test(sessions, tool_registrations_are_checked) {
   snprintf(path, sizeof path, "%s/tools.so", getenv("AH_TEST_PLUGIN_DIR"));
   world_down(&w);
 }
+
+/* ---- tool sources (ah_host_api.register_tool_source, ABI 1.6) ------------------------------------- */
+
+static bool has_tool(const json_t *tools, const char *name) {
+  size_t i = 0;
+  json_t *t = NULL;
+  json_array_foreach(tools, i, t) {
+    if (strcmp(json_string_value(json_object_get(t, "name")), name) == 0)
+      return true;
+  }
+  return false;
+}
+
+static size_t count_bus(world *w, const char *name) {
+  size_t n = 0, i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), name) == 0)
+      n++;
+  }
+  return n;
+}
+
+static bool three_progress_seen(void *arg) {
+  return count_bus(arg, "session.progress") >= 3;
+}
+
+Test(sessions, a_tool_source_is_asked_at_each_turn_and_its_tools_run_under_policy) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "toolsrc", NULL), 0);
+  char *id = create(&w);
+  /* A policy may name a source's tool before anything was listed. */
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s, s:s}}", "sessionId", id, "policy", "fx__echo", "allow",
+                                "fx__steps", "allow")));
+  cr_expect_eq(err_call(&w, "session.set-policy",
+                        json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "zz__echo", "allow")),
+               AH_EINVAL, "a prefix no source has is not a tool");
+  free(prompt(&w, id, "/tool fx__echo {\"text\": \"hi\"}"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *res = last_data(ev, "tool/result");
+  cr_expect_not(json_is_true(json_object_get(res, "isError")));
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(res, "result"), "text")), "hi");
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(res, "result"), "tool")), "fx__echo");
+  json_decref(ev);
+  json_t *st = ok_call(&w, "toolsrc.stats", json_object());
+  cr_expect_eq(json_integer_value(json_object_get(st, "lists")), 1, "asked once for the turn");
+  cr_expect_str_eq(json_string_value(json_object_get(st, "lastSession")), id, "for this session");
+  json_decref(st);
+  /* Progress reaches the bus (transient), with the call's id; a bad progress object is refused. */
+  free(prompt(&w, id, "/tool fx__steps {\"n\": 3}"));
+  wait_for(&w, id, "turn/ended", 2);
+  cr_expect(ts_run_until_pred(&w.loop, three_progress_seen, &w, 5000));
+  cr_expect_eq(count_bus(&w, "session.progress"), 3);
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.progress") == 0) {
+      json_t *d = json_array_get(e, 1);
+      cr_expect_str_eq(json_string_value(json_object_get(d, "name")), "fx__steps");
+      cr_expect_str_eq(json_string_value(json_object_get(d, "sessionId")), id);
+      cr_expect_eq(json_integer_value(json_object_get(d, "total")), 3);
+      cr_expect_not_null(json_object_get(d, "callId"));
+    }
+  }
+  ev = history(&w, id);
+  res = json_object_get(last_data(ev, "tool/result"), "result");
+  cr_expect_eq(json_integer_value(json_object_get(res, "done")), 3);
+  cr_expect(json_is_true(json_object_get(res, "badProgressRefused")));
+  json_decref(ev);
+  /* A name outside the prefix is dropped from the list; a tool the source did not list is unknown. */
+  json_t *r = ok_call(&w, "session.tools", json_pack("{s:s}", "sessionId", id));
+  json_t *tools = json_object_get(r, "tools");
+  cr_expect(has_tool(tools, "read_file") && has_tool(tools, "fx__echo") && has_tool(tools, "fx__wait"));
+  cr_expect_not(has_tool(tools, "outside_prefix"));
+  json_array_foreach(tools, i, e) {
+    const char *name = json_string_value(json_object_get(e, "name"));
+    if (strcmp(name, "fx__echo") == 0) {
+      cr_expect_str_eq(json_string_value(json_object_get(e, "group")), "alpha");
+      cr_expect_str_eq(json_string_value(json_object_get(e, "policy")), "allow", "the session's own");
+    } else if (strcmp(name, "fx__wait") == 0) {
+      cr_expect_str_eq(json_string_value(json_object_get(e, "policy")), "ask", "a source's default");
+    }
+  }
+  json_decref(r);
+  free(prompt(&w, id, "/tool fx__nothing {}"));
+  wait_for(&w, id, "turn/ended", 3);
+  ev = history(&w, id);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(last_data(ev, "tool/result"), "result"), "error")),
+      "unknown tool");
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+}
+
+static bool tools_changed_seen(void *arg) {
+  return count_bus(arg, "tools.changed") > 0;
+}
+
+Test(sessions, a_tool_source_lists_per_session_and_says_when_its_list_changed) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "toolsrc", NULL), 0);
+  char *a = create(&w), *b = create(&w);
+  json_t *r = ok_call(&w, "toolsrc.add", json_pack("{s:s, s:s}", "sessionId", a, "name", "only_a"));
+  cr_expect_eq(json_integer_value(json_object_get(r, "rc")), 0);
+  json_decref(r);
+  cr_expect(ts_run_until_pred(&w.loop, tools_changed_seen, &w, 5000), "tools.changed emitted");
+  cr_expect_eq(count_bus(&w, "tools.changed"), 1);
+  r = ok_call(&w, "session.tools", json_pack("{s:s}", "sessionId", a));
+  cr_expect(has_tool(json_object_get(r, "tools"), "fx__only_a"));
+  json_decref(r);
+  r = ok_call(&w, "session.tools", json_pack("{s:s}", "sessionId", b));
+  cr_expect_not(has_tool(json_object_get(r, "tools"), "fx__only_a"), "another session does not see it");
+  json_decref(r);
+  free(a);
+  free(b);
+  world_down(&w);
+}
+
+Test(sessions, a_failing_tool_source_is_left_out_with_a_notice_and_the_turn_goes_on) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "toolsrc", json_pack("{s:b}", "list_fail", 1)), 0);
+  char *id = create(&w);
+  free(prompt(&w, id, "/tool fx__echo {}"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *notice = last_data(ev, "turn/notice");
+  cr_assert_not_null(notice);
+  cr_expect_str_eq(json_string_value(json_object_get(notice, "kind")), "tools");
+  cr_expect(strstr(json_string_value(json_object_get(notice, "message")), "server alpha did not start") !=
+            NULL);
+  cr_expect_str_eq(
+      json_string_value(json_object_get(json_object_get(last_data(ev, "tool/result"), "result"), "error")),
+      "unknown tool");
+  cr_expect_str_eq(json_string_value(json_object_get(last_data(ev, "turn/ended"), "reason")), "end");
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+}
+
+static bool source_waiting(void *arg) {
+  world *w = arg;
+  json_t *r = ok_call(w, "toolsrc.stats", json_object());
+  bool yes = json_integer_value(json_object_get(r, "waiting")) == 1;
+  json_decref(r);
+  return yes;
+}
+
+Test(sessions, cancelling_a_turn_stops_a_slow_list_and_a_running_source_tool) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "toolsrc", json_pack("{s:i}", "list_delay_ms", 60000)), 0);
+  char *id = create(&w);
+  free(prompt(&w, id, "/tool fx__echo {}"));
+  wait_for(&w, id, "turn/started", 1);
+  uint64_t t0 = uv_hrtime();
+  json_decref(ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id)));
+  wait_for(&w, id, "turn/ended", 1);
+  cr_expect_lt((uv_hrtime() - t0) / 1000000, 5000, "the turn did not wait for the list");
+  json_t *ev = history(&w, id);
+  cr_expect_str_eq(json_string_value(json_object_get(last_data(ev, "turn/ended"), "reason")), "cancelled");
+  cr_expect_null(last_data(ev, "tool/call"), "the provider never started");
+  json_decref(ev);
+  json_t *st = ok_call(&w, "toolsrc.stats", json_object());
+  cr_expect_eq(json_integer_value(json_object_get(st, "cancelledLists")), 1, "the list call's token tripped");
+  json_decref(st);
+  /* A running source tool: its call's token trips on cancel. */
+  cr_assert_eq(th_unload(&w.loop, w.h, "toolsrc"), 0);
+  cr_assert_eq(th_load(w.h, "toolsrc", NULL), 0);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx__wait", "allow")));
+  free(prompt(&w, id, "/tool fx__wait {}"));
+  cr_assert(ts_run_until_pred(&w.loop, source_waiting, &w, 5000));
+  json_decref(ok_call(&w, "session.cancel", json_pack("{s:s}", "sessionId", id)));
+  wait_for(&w, id, "turn/ended", 2);
+  st = ok_call(&w, "toolsrc.stats", json_object());
+  cr_expect_eq(json_integer_value(json_object_get(st, "stopped")), 1);
+  json_decref(st);
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, unloading_a_tool_source_mid_call_cancels_the_call_and_its_tools_go) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "toolsrc", NULL), 0);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx__wait", "allow")));
+  free(prompt(&w, id, "/tool fx__wait {}"));
+  cr_assert(ts_run_until_pred(&w.loop, source_waiting, &w, 5000));
+  cr_assert_eq(th_unload(&w.loop, w.h, "toolsrc"), 0);
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_expect(
+      json_is_true(json_object_get(json_object_get(last_data(ev, "tool/result"), "result"), "cancelled")));
+  json_decref(ev);
+  cr_expect_not(ah__tool_exists(w.h, "fx__wait"), "the prefix is free");
+  free(id);
+  world_down(&w);
+}
+
+Test(sessions, tool_source_registrations_are_checked) {
+  world w;
+  world_up(&w);
+  const char *bad[] = {"prefix", "handler", "tool-under-prefix"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = th_load(w.h, "toolsrc", json_pack("{s:s}", "bad", bad[i]));
+    cr_expect_neq(rc, 0, "bad %s refused", bad[i]);
+    cr_expect_not(ah__tool_exists(w.h, "fx__echo"), "bad %s: nothing registered", bad[i]);
+  }
+  world_down(&w);
+}
+
+/* A module built for ABI 1.5 (the tools fixture against the frozen 1.5 headers) runs its tool in today's
+ * host. */
+Test(sessions, a_tool_plugin_built_for_abi_1_5_still_runs) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "abi-1-5", NULL), 0);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "fx_add", "allow")));
+  free(prompt(&w, id, "/tool fx_add {\"a\": 4, \"b\": 5}"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_expect_eq(
+      json_number_value(json_object_get(json_object_get(last_data(ev, "tool/result"), "result"), "sum")),
+      9.0);
+  json_decref(ev);
+  free(id);
+  world_down(&w);
+}
