@@ -60,6 +60,7 @@ typedef enum section_kind {
   SECTION_HOST,
   SECTION_PLUGIN,
   SECTION_PROVIDER,
+  SECTION_MCP,     /* [mcp.NAME]: an MCP server, handed to the mcp plugin as its config's `servers` */
   SECTION_UNKNOWN, /* warned about once, its keys ignored */
 } section_kind;
 
@@ -283,6 +284,22 @@ static json_t *plugin_entry(loader *L, const char *name) {
   return p;
 }
 
+/* The server `name` of [mcp.NAME]: [plugin.mcp]'s `servers` entry, created empty on first mention. */
+static json_t *mcp_entry(loader *L, const char *name) {
+  json_t *p = plugin_entry(L, "mcp");
+  json_t *servers = p ? json_object_get(p, "servers") : NULL;
+  if (p && !servers && (!(servers = json_object()) || json_object_set_new(p, "servers", servers) != 0)) {
+    fail_nomem(L);
+    return NULL;
+  }
+  json_t *srv = servers ? json_object_get(servers, name) : NULL;
+  if (servers && !srv && (!(srv = json_object()) || json_object_set_new(servers, name, srv) != 0)) {
+    fail_nomem(L);
+    return NULL;
+  }
+  return srv;
+}
+
 /* The entry of provider `name`, created empty on first mention; `where` is remembered for messages. */
 static json_t *provider_entry(loader *L, const char *name, const char *where) {
   json_t *p = json_object_get(L->cfg->providers, name);
@@ -450,6 +467,32 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
     return;
   }
 
+  if (kind == SECTION_MCP) {
+    static const char *const keys[] = {"command",
+                                       "args",
+                                       "env",
+                                       "cwd",
+                                       "url",
+                                       "headers",
+                                       "bearer_token_env",
+                                       "enabled",
+                                       "enabled_tools",
+                                       "disabled_tools",
+                                       "startup_timeout_ms",
+                                       "tool_timeout_ms"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+      known |= strcmp(key, keys[i]) == 0;
+    if (!known) {
+      warn(L, "%s: unknown key ignored", where); /* only its name: it may hold a secret */
+      return;
+    }
+    json_t *srv = mcp_entry(L, name);
+    if (srv)
+      obj_set_new(L, srv, key, json_string(value));
+    return;
+  }
+
   if (kind == SECTION_PROVIDER) {
     json_t *p = provider_entry(L, name, where);
     if (!p)
@@ -491,6 +534,16 @@ static void begin_section(loader *L, const char *section) {
   bool is_provider = strncmp(section, "provider", 8) == 0 && (section[8] == '.' || section[8] == '\0');
   if (strcmp(section, "host") == 0) {
     L->kind = SECTION_HOST;
+  } else if (strncmp(section, "mcp", 3) == 0 && (section[3] == '.' || section[3] == '\0')) {
+    const char *name = section[3] ? section + 4 : "";
+    if (!name_valid(name)) {
+      fail(L, "%s: bad MCP server name (expected [a-z][a-z0-9-]*, at most %d characters)", where,
+           NAME_MAX_LEN);
+      return;
+    }
+    L->name = copy + (name - section);
+    L->kind = SECTION_MCP;
+    mcp_entry(L, name);
   } else if (is_plugin || is_provider) {
     const char *name = section[is_plugin ? 6 : 8] ? section + (is_plugin ? 7 : 9) : "";
     if (!name_valid(name)) {
@@ -506,7 +559,7 @@ static void begin_section(loader *L, const char *section) {
     else
       provider_entry(L, name, where);
   } else if (section[0]) {
-    warn(L, "%s: unknown section ignored (expected host, plugin.NAME or provider.NAME)", where);
+    warn(L, "%s: unknown section ignored (expected host, plugin.NAME, provider.NAME or mcp.NAME)", where);
   }
 }
 
@@ -916,6 +969,11 @@ static void load_defaults(loader *L) {
     if (!p || !obj_set_new(L, p, "enabled", json_true()))
       return;
   }
+  /* The MCP client in every mode: an editor's mcpServers (acp) and [mcp.NAME] work without more config. */
+  json_t *mcp = plugin_entry(L, "mcp");
+  if (!mcp || !obj_set_new(L, mcp, "enabled", json_true()) ||
+      !obj_set_new(L, mcp, "modes", json_pack("[s, s, s]", "serve", "sdk", "acp")))
+    return;
   json_t *echo = provider_entry(L, "echo", "the default provider");
   if (echo)
     obj_set_new(L, echo, "type", json_string("echo"));

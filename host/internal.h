@@ -348,6 +348,13 @@ struct ah_process {
   bool kill_sent;
   uv_timer_t drain_timer; /* after the exit: closes the output pipes once their readers stopped */
   int drain_ticks;
+  /* stderr_to_log (ABI 1.6): the host reads stderr into lines for its log. */
+  bool err_logged;
+  char *err_tag;
+  char err_line[512];
+  size_t err_len;
+  bool err_cut;
+  size_t err_total;
   ah__link link;
 };
 

@@ -79,13 +79,60 @@ void ah__child_env_free(char **env) {
   free(env);
 }
 
+/* ---- stderr_to_log: the child's stderr as lines on the host's log ---- */
+
+#define ERR_LOG_MAX ((size_t)64 * 1024)
+
+static void err_flush(ah_process *p) {
+  if (p->err_len == 0 && !p->err_cut)
+    return;
+  if (p->err_total < ERR_LOG_MAX)
+    ah__log(AH_LOG_INFO, p->mount ? p->mount->name : "process", "%s[%d]: %.*s%s", p->err_tag, p->pid,
+            (int)p->err_len, p->err_line, p->err_cut ? " (cut)" : "");
+  else if (p->err_total - p->err_len < ERR_LOG_MAX)
+    ah__log(AH_LOG_INFO, p->mount ? p->mount->name : "process",
+            "%s[%d]: more than %zu bytes on stderr: the rest is not logged", p->err_tag, p->pid, ERR_LOG_MAX);
+  p->err_len = 0;
+  p->err_cut = false;
+}
+
+static void err_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
+  (void)h;
+  (void)suggested;
+  static _Thread_local char chunk[4096]; /* the loop thread's; consumed before the next read */
+  buf->base = chunk;
+  buf->len = sizeof chunk;
+}
+
+static void err_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  ah_process *p = s->data;
+  if (nread < 0) {
+    err_flush(p);
+    uv_read_stop(s);
+    return;
+  }
+  for (ssize_t i = 0; i < nread; i++) {
+    char ch = buf->base[i];
+    p->err_total++;
+    if (ch == '\n')
+      err_flush(p);
+    else if (p->err_len < sizeof p->err_line)
+      p->err_line[p->err_len++] = ch;
+    else
+      p->err_cut = true;
+  }
+}
+
 static void maybe_finish(ah_process *p) {
   if (p->open_handles > 0)
     return;
   ah_mount *m = p->mount;
+  /* Out of the mount's list first: on_exit may finish the plugin's withdraw (its done()), and the host must
+   * not then take this process, which is already over, for one the plugin left behind. */
+  ah__list_remove(&p->link);
   if (!p->orphaned && p->on_exit)
     p->on_exit(p, p->exit_status, p->term_signal, p->arg);
-  ah__list_remove(&p->link);
+  free(p->err_tag);
   free(p);
   ah__mount_release(m, AH__HOLD_CLOSE);
 }
@@ -154,8 +201,19 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
   p->mount = m;
   p->on_exit = opts->on_exit;
   p->arg = opts->arg;
+  p->err_logged = AH_HAS_FIELD(opts, ah_process_opts, stderr_to_log) && opts->stderr_to_log;
+  if (p->err_logged) {
+    const char *tag =
+        AH_HAS_FIELD(opts, ah_process_opts, log_tag) && opts->log_tag ? opts->log_tag : opts->file;
+    const char *slash = strrchr(tag, '/');
+    if (!(p->err_tag = strdup(slash && tag == opts->file ? slash + 1 : tag))) {
+      ah__child_env_free(env);
+      free(p);
+      return AH_ENOMEM;
+    }
+  }
   uv_stdio_container_t stdio[3];
-  bool want[3] = {opts->pipe_stdin, opts->pipe_stdout, opts->pipe_stderr};
+  bool want[3] = {opts->pipe_stdin, opts->pipe_stdout, opts->pipe_stderr || p->err_logged};
   for (int i = 0; i < 3; i++) {
     if (want[i]) {
       uv_pipe_init(h->loop, &p->pipes[i], 0);
@@ -199,6 +257,8 @@ int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process *
     return rc == UV_ENOENT ? AH_ENOENT : AH_EIO;
   }
   p->pid = p->handle.pid;
+  if (p->err_logged)
+    uv_read_start((uv_stream_t *)&p->pipes[2], err_alloc, err_read);
   p->open_handles = 1;
   for (int i = 0; i < 3; i++)
     if (p->has_pipe[i])

@@ -552,7 +552,7 @@ uv_stream_t *ah__process_stdout(ah_process *p) {
   return proc_stream(p, 1);
 }
 uv_stream_t *ah__process_stderr(ah_process *p) {
-  return proc_stream(p, 2);
+  return p && p->err_logged ? NULL : proc_stream(p, 2); /* stderr_to_log: the host's own reader has it */
 }
 void ah__process_close_stdin(ah_process *p);
 void *ah__process_arg(ah_process *p) {

@@ -190,14 +190,24 @@ typedef struct gather_one {
 static void source_listed(const ah_outcome *o, void *arg) {
   gather_one *one = arg;
   gather *g = one->g;
+  const json_t *listed =
+      o->status == 0 && json_is_object(o->result) ? json_object_get(o->result, "tools") : o->result;
+  if (o->status == 0 && json_is_object(o->result)) { /* {tools, notices}: the source's own word too */
+    size_t k;
+    json_t *n;
+    json_array_foreach(json_object_get(o->result, "notices"), k, n) {
+      if (json_is_string(n))
+        json_array_append(g->notices, n);
+    }
+  }
   if (o->status != 0) {
     json_array_append_new(g->notices, json_sprintf("tools of %s* left out: %s", one->prefix, o->message));
-  } else if (!json_is_array(o->result)) {
+  } else if (!json_is_array(listed)) {
     AH_LOG_W("tools", "tool source %s*: list answered with something other than an array", one->prefix);
   } else {
     size_t i;
     json_t *t;
-    json_array_foreach(o->result, i, t) {
+    json_array_foreach(listed, i, t) {
       const char *name = json_string_value(json_object_get(t, "name"));
       const char *desc = json_string_value(json_object_get(t, "description"));
       json_t *schema = json_object_get(t, "schema");

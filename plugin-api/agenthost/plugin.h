@@ -296,6 +296,11 @@ typedef struct ah_process_opts {
   ah_exit_fn on_exit;      /* required */
   void *arg;
   void *reserved[4];
+  /* ABI 1.6: the host reads the child's stderr itself and logs each line on the host's log, escaped and
+   * tagged with the plugin's name, `log_tag` (copied; NULL = the program's name) and the pid — at most
+   * 64 KiB per child, lines cut at 512 bytes. pipe_stderr is then ignored (process_stderr() is NULL). */
+  bool stderr_to_log;
+  const char *log_tag;
 } ah_process_opts;
 
 typedef enum ah_log_level_pub {
@@ -376,9 +381,10 @@ typedef struct ah_tool_def {
  * answered `cancelled` for you at withdraw; their token trips when the turn is cancelled):
  *   list  params {sessionId, cwd}: answer with [{name, description, schema, group?}] — the tools that
  *         session sees now (`group`, e.g. the server's name, is how a UI shows them together; entries with a
- *         name outside the prefix or an invalid one are dropped and logged). The turn waits for the answer:
- *         answer within your own start-up limit with what you have (an error leaves the source out of the
- *         turn, with a notice the user sees: the message).
+ *         name outside the prefix or an invalid one are dropped and logged) — or with {tools: that array,
+ *         notices: [string]}, notices being what the user should learn (a server that did not start). The
+ *         turn waits for the answer: answer within your own start-up limit with what you have (an error
+ *         leaves the source out of the turn, with a notice the user sees: the message).
  *   call  params {tool, arguments, cwd, sessionId}: run one; as an ah_tool_def handler. Progress goes with
  *         api->call_progress(call, …). */
 typedef struct ah_tool_source_def {

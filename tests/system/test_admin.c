@@ -23,7 +23,8 @@
 
 /* The daemon's default plugins (browser, remote) are not built yet; a config that does not mention them
  * leaves them enabled, and the daemon warns and goes on. The tests name them only where it matters. */
-#define NO_DEFAULT_PLUGINS "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n"
+#define NO_DEFAULT_PLUGINS \
+  "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n[plugin.mcp]\nenabled = false\n"
 
 typedef struct test_daemon {
   char *dir;    /* private root, removed at the end */

@@ -168,9 +168,11 @@ Test(config, defaults_from_home) {
   cr_expect_eq(cfg.log_level, AH_LOG_INFO);
   cr_expect_str_eq(cfg.default_provider, "echo");
   cr_expect_null(cfg.file);
-  char *want = fmt("{\"browser\": {\"enabled\": true, \"modes\": [\"serve\"], \"path\": \"%s/browser.so\"},"
-                   " \"remote\": {\"enabled\": true, \"modes\": [\"serve\"], \"path\": \"%s/remote.so\"}}",
-                   AH_INSTALL_PLUGIN_DIR, AH_INSTALL_PLUGIN_DIR);
+  char *want =
+      fmt("{\"browser\": {\"enabled\": true, \"modes\": [\"serve\"], \"path\": \"%s/browser.so\"},"
+          " \"remote\": {\"enabled\": true, \"modes\": [\"serve\"], \"path\": \"%s/remote.so\"},"
+          " \"mcp\": {\"enabled\": true, \"modes\": [\"serve\", \"sdk\", \"acp\"], \"path\": \"%s/mcp.so\"}}",
+          AH_INSTALL_PLUGIN_DIR, AH_INSTALL_PLUGIN_DIR, AH_INSTALL_PLUGIN_DIR);
   expect_json(cfg.plugins, want);
   expect_json(cfg.providers, "{\"echo\": {\"type\": \"echo\"}}");
   /* Defaults come first, in this order. */
@@ -395,6 +397,8 @@ Test(config, file_values) {
               "  \"path\": \"/opt/ah/plugins/browser.so\"},"
               " \"remote\": {\"enabled\": true, \"modes\": [\"serve\"],"
               "  \"path\": \"/opt/ah/plugins/remote.so\"},"
+              " \"mcp\": {\"enabled\": true, \"modes\": [\"serve\", \"sdk\", \"acp\"],"
+              "  \"path\": \"/opt/ah/plugins/mcp.so\"},"
               " \"my-tool\": {\"enabled\": true, \"modes\": [\"serve\", \"sdk\", \"acp\"],"
               "  \"path\": \"/opt/x/tool.so\", \"greeting\": \"a;b=c\"}}");
   expect_json(cfg.providers, "{\"echo\": {\"type\": \"echo\"},"
@@ -449,7 +453,8 @@ Test(config, duplicate_keys_last_wins) {
   cr_expect(json_is_false(plugin_val(&cfg, "x", "enabled")));
   /* Order of first mention: defaults, then x. */
   void *it = json_object_iter(cfg.plugins);
-  it = json_object_iter_next(cfg.plugins, json_object_iter_next(cfg.plugins, it));
+  it = json_object_iter_next(cfg.plugins,
+                             json_object_iter_next(cfg.plugins, json_object_iter_next(cfg.plugins, it)));
   cr_expect_str_eq(json_object_iter_key(it), "x");
   ah__config_free(&cfg);
 }
@@ -944,7 +949,7 @@ Test(config, empty_file) {
   char *path = NULL;
   cr_assert_eq(load_text(&cfg, "", &path, &err), 0, "%s", err);
   cr_expect_str_eq(cfg.file, path);
-  cr_expect_eq(json_object_size(cfg.plugins), 2);
+  cr_expect_eq(json_object_size(cfg.plugins), 3, "browser, remote and mcp");
   ah__config_free(&cfg);
   free(path);
 }
@@ -966,9 +971,9 @@ Test(config, plugins_for_mode) {
   json_t *sdk = ah__config_plugins_for_mode(&cfg, "sdk");
   json_t *acp = ah__config_plugins_for_mode(&cfg, "acp");
   json_t *web = ah__config_plugins_for_mode(&cfg, "web");
-  expect_json(serve, "[\"browser\", \"sdk\"]");
-  expect_json(sdk, "[\"browser\", \"sdk\"]");
-  expect_json(acp, "[\"acp\"]");
+  expect_json(serve, "[\"browser\", \"mcp\", \"sdk\"]");
+  expect_json(sdk, "[\"browser\", \"mcp\", \"sdk\"]");
+  expect_json(acp, "[\"mcp\", \"acp\"]");
   expect_json(web, "[]");
   json_decref(serve);
   json_decref(sdk);
@@ -983,7 +988,7 @@ Test(config, a_provider_type_names_the_plugin_that_provides_it) {
   char *err = NULL;
   cr_assert_eq(load_text(&cfg, "[provider.fast]\ntype = bench-stream\n", NULL, &err), 0, "%s", err);
   json_t *acp = ah__config_plugins_for_mode(&cfg, "acp");
-  expect_json(acp, "[\"bench-stream\"]");
+  expect_json(acp, "[\"mcp\", \"bench-stream\"]");
   json_decref(acp);
   ah__config_free(&cfg);
 }
@@ -1003,9 +1008,9 @@ Test(config, plugins_for_mode_adds_the_plugin_of_each_provider_type) {
   json_t *sdk = ah__config_plugins_for_mode(&cfg, "sdk");
   json_t *serve = ah__config_plugins_for_mode(&cfg, "serve");
   json_t *acp = ah__config_plugins_for_mode(&cfg, "acp");
-  expect_json(sdk, "[\"sdk\", \"acp\"]");
-  expect_json(serve, "[\"browser\", \"remote\", \"acp\"]");
-  expect_json(acp, "[\"acp\"]");
+  expect_json(sdk, "[\"mcp\", \"sdk\", \"acp\"]");
+  expect_json(serve, "[\"browser\", \"remote\", \"mcp\", \"acp\"]");
+  expect_json(acp, "[\"mcp\", \"acp\"]");
   json_decref(sdk);
   json_decref(serve);
   json_decref(acp);
@@ -1019,8 +1024,8 @@ Test(config, plugins_for_mode_defaults) {
   cr_assert_eq(ah__config_load(&cfg, NULL, env, &err), 0, "%s", err);
   json_t *serve = ah__config_plugins_for_mode(&cfg, "serve");
   json_t *sdk = ah__config_plugins_for_mode(&cfg, "sdk");
-  expect_json(serve, "[\"browser\", \"remote\"]");
-  expect_json(sdk, "[]");
+  expect_json(serve, "[\"browser\", \"remote\", \"mcp\"]");
+  expect_json(sdk, "[\"mcp\"]"); /* the MCP client is wanted in every mode */
   json_decref(serve);
   json_decref(sdk);
   ah__config_free(&cfg);
@@ -1051,4 +1056,26 @@ Test(config, synchronous_modes) {
   ah__config_free(&cfg);
   free(path);
   file_error_case("[host]\nsynchronous = sometimes\n", "2: [host] synchronous: ", "unknown synchronous mode");
+}
+
+/* [mcp.NAME] sections become the mcp plugin's `servers`, their values as written (the plugin checks them);
+ * an unknown key is ignored with a warning that names only the key; a bad server name is an error. */
+Test(config, mcp_sections_become_the_mcp_plugins_servers) {
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg,
+                         "[mcp.files]\ncommand = npx\nargs = [\"-y\", \"server\"]\nenv = A=1, B=2\n"
+                         "tool_timeout_ms = 5000\nsecret_thing = x\n"
+                         "[mcp.web]\nurl = https://mcp.example/mcp\nheaders = X-A: 1\nenabled = false\n",
+                         NULL, &err),
+               0, "%s", err);
+  expect_json(json_object_get(plugin_val(&cfg, "mcp", "servers"), "files"),
+              "{\"command\": \"npx\", \"args\": \"[\\\"-y\\\", \\\"server\\\"]\", \"env\": \"A=1, B=2\","
+              " \"tool_timeout_ms\": \"5000\"}");
+  expect_json(json_object_get(plugin_val(&cfg, "mcp", "servers"), "web"),
+              "{\"url\": \"https://mcp.example/mcp\", \"headers\": \"X-A: 1\", \"enabled\": \"false\"}");
+  ah__config_free(&cfg);
+  cr_expect_neq(load_text(&cfg, "[mcp.Bad_Name]\ncommand = x\n", NULL, &err), 0);
+  cr_expect(err && strstr(err, "bad MCP server name"), "%s", err ? err : "");
+  free(err);
 }
