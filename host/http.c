@@ -31,7 +31,8 @@ struct ah__http_ctx {
   ah__link transfers; /* every ah_http not yet freed */
   ah__link sockets;
   bool closing;
-  bool in_action; /* inside curl_multi_socket_action() */
+  bool in_action;    /* inside curl_multi_socket_action() */
+  ah__link deferred; /* transfers started from inside a callback: added to the multi handle after it */
 };
 
 typedef struct sock {
@@ -73,11 +74,15 @@ struct ah_http {
   char *fail_msg; /* malloc'ed; with fail */
   ah__link link;  /* in ctx->transfers */
   ah__link mlink; /* in the mount's https */
+  ah__link dlink; /* in ctx->deferred while `deferred` */
+  bool deferred;
 };
 
 /* ---- the multi handle on the loop -------------------------------------------------------------------- */
 
 static void finish(ah_http *h, CURLcode code);
+static void set_fail(ah_http *h, int status, const char *fmt, const char *detail);
+static void deferred_done(uv_timer_t *t);
 
 static void check_done(ah__http_ctx *ctx) {
   CURLMsg *msg = NULL;
@@ -90,6 +95,25 @@ static void check_done(ah__http_ctx *ctx) {
     CURLcode code = msg->data.result;
     if (h)
       finish(h, code);
+  }
+}
+
+/* libcurl refuses curl_multi_add_handle() from inside its own callbacks (a plugin's on_head or on_body that
+ * starts the next transfer, as the MCP client does): those wait here until the action returned. */
+static void add_deferred(ah__http_ctx *ctx) {
+  while (!ah__list_empty(&ctx->deferred)) {
+    ah_http *h = AH__CONTAINER(ctx->deferred.next, ah_http, dlink);
+    ah__list_remove(&h->dlink);
+    h->deferred = false;
+    if (h->done)
+      continue; /* aborted meanwhile: its timer delivers the outcome */
+    if (curl_multi_add_handle(ctx->multi, h->easy) == CURLM_OK) {
+      h->in_multi = true;
+    } else {
+      set_fail(h, AH_ENOMEM, "the transfer to %s could not start%s", NULL);
+      h->done = true;
+      uv_timer_start(&h->timer, deferred_done, 0, 0);
+    }
   }
 }
 
@@ -107,6 +131,7 @@ static void on_poll(uv_poll_t *p, int status, int events) {
   ctx->in_action = true;
   curl_multi_socket_action(ctx->multi, s->fd, flags, &running);
   ctx->in_action = false;
+  add_deferred(ctx);
   check_done(ctx);
 }
 
@@ -156,6 +181,7 @@ static void on_multi_timer(uv_timer_t *t) {
   ctx->in_action = true;
   curl_multi_socket_action(ctx->multi, CURL_SOCKET_TIMEOUT, 0, &running);
   ctx->in_action = false;
+  add_deferred(ctx);
   check_done(ctx);
 }
 
@@ -189,6 +215,7 @@ static ah__http_ctx *ctx_of(ah_host *host) {
     return NULL;
   }
   ah__list_init(&ctx->transfers);
+  ah__list_init(&ctx->deferred);
   ah__list_init(&ctx->sockets);
   uv_timer_init(ctx->loop, &ctx->timer);
   ctx->timer.data = ctx;
@@ -211,6 +238,10 @@ static void transfer_closed(uv_handle_t *hd) {
 }
 
 static void transfer_free(ah_http *h) {
+  if (h->deferred) {
+    ah__list_remove(&h->dlink);
+    h->deferred = false;
+  }
   if (h->in_multi) {
     curl_multi_remove_handle(h->ctx->multi, h->easy);
     h->in_multi = false;
@@ -246,6 +277,10 @@ static void deliver_done(ah_http *h, int status, const char *message) {
     curl_multi_remove_handle(h->ctx->multi, h->easy);
     h->in_multi = false;
   }
+  /* Out of the mount's list first: on_done may finish the plugin's withdraw (its done()), and the host must
+   * not then free this transfer, which is ending here, as one the plugin left behind. */
+  if (h->m)
+    ah__list_remove(&h->mlink);
   h->on_done(h, status, message ? message : ah_strerror(status), h->arg);
   transfer_free(h);
 }
@@ -593,6 +628,12 @@ int ah__http_start(ah_mount *m, const ah_http_request *req, ah_http **out) {
    * timeouts fire early. */
   uv_update_time(ctx->loop);
   uv_timer_start(&h->timer, on_transfer_timer, first, 0);
+  if (ctx->in_action) {
+    h->deferred = true;
+    ah__list_push(&ctx->deferred, &h->dlink);
+    *out = h;
+    return 0;
+  }
   if (curl_multi_add_handle(ctx->multi, e) != CURLM_OK) {
     h->done = true;
     transfer_free(h);

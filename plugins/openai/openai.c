@@ -73,7 +73,7 @@ struct ah_provider_turn {
   json_t *msgs;
   json_t *tools;
   oa_round round;
-  oa_sse sse;
+  sse_parser sse;
   ah_http *http;
   ah_timer *timer; /* a retry wait, or the posted start/end */
   int http_status;
@@ -426,7 +426,7 @@ static int on_body(ah_http *h, const char *data, size_t len, void *arg) {
     }
     return 0;
   }
-  int rc = oa_sse_feed(&t->sse, data, len, on_event, t);
+  int rc = sse_feed(&t->sse, data, len, on_event, t);
   if (rc < 0 && !t->stream_error[0])
     snprintf(t->stream_error, sizeof t->stream_error, "%s",
              rc == -1   ? "the provider sent a stream line longer than 4 MiB"
@@ -793,8 +793,8 @@ static void send_round(ah_provider_turn *t) {
   oa_state *st = t->st;
   oa_round_reset(&t->round);
   t->committed = false;
-  oa_sse_free(&t->sse);
-  oa_sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
+  sse_free(&t->sse);
+  sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
   oa_buf_free(&t->err_body);
   t->stream_error[0] = '\0';
   t->http_status = 0;
@@ -857,7 +857,7 @@ static int turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sin
   t->sink = sink;
   t->ctx = ctx;
   st->turns++;
-  oa_sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
+  sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
   char err[600] = "";
   const json_t *pc = AH_HAS(in, ah_turn_input, provider_config) ? in->provider_config : NULL;
   const char *pname = AH_HAS(in, ah_turn_input, provider_name) ? in->provider_name : "openai";
@@ -934,7 +934,7 @@ static void turn_release(ah_provider_turn *t) {
   json_decref(t->tools);
   json_decref(t->results);
   oa_round_reset(&t->round);
-  oa_sse_free(&t->sse);
+  sse_free(&t->sse);
   oa_buf_free(&t->err_body);
   json_decref(t->err_headers);
   free(t->end_error);

@@ -50,42 +50,42 @@ static void check(const seen *s) {
 
 Test(openai_wire, events_split_at_every_byte_parse_the_same) {
   seen whole = {0};
-  oa_sse p;
-  oa_sse_init(&p, 1024, 4096);
-  cr_assert_eq(oa_sse_feed(&p, stream, strlen(stream), collect, &whole), 0);
+  sse_parser p;
+  sse_init(&p, 1024, 4096);
+  cr_assert_eq(sse_feed(&p, stream, strlen(stream), collect, &whole), 0);
   check(&whole);
-  cr_expect_not(oa_sse_pending(&p));
-  oa_sse_free(&p);
+  cr_expect_not(sse_pending(&p));
+  sse_free(&p);
   for (size_t cut = 1; cut < strlen(stream); cut++) {
     seen s = {0};
-    oa_sse_init(&p, 1024, 4096);
-    cr_assert_eq(oa_sse_feed(&p, stream, cut, collect, &s), 0);
-    cr_assert_eq(oa_sse_feed(&p, stream + cut, strlen(stream) - cut, collect, &s), 0);
+    sse_init(&p, 1024, 4096);
+    cr_assert_eq(sse_feed(&p, stream, cut, collect, &s), 0);
+    cr_assert_eq(sse_feed(&p, stream + cut, strlen(stream) - cut, collect, &s), 0);
     check(&s);
-    oa_sse_free(&p);
+    sse_free(&p);
   }
   seen bytes = {0};
-  oa_sse_init(&p, 1024, 4096);
+  sse_init(&p, 1024, 4096);
   for (size_t i = 0; i < strlen(stream); i++)
-    cr_assert_eq(oa_sse_feed(&p, stream + i, 1, collect, &bytes), 0);
+    cr_assert_eq(sse_feed(&p, stream + i, 1, collect, &bytes), 0);
   check(&bytes);
-  oa_sse_free(&p);
+  sse_free(&p);
 }
 
 Test(openai_wire, lines_and_events_over_their_caps_are_errors) {
-  oa_sse p;
+  sse_parser p;
   seen s = {0};
-  oa_sse_init(&p, 16, 32);
-  cr_expect_eq(oa_sse_feed(&p, "data: 0123456789abcdef", 22, collect, &s), -1, "a line over 16 bytes");
-  oa_sse_free(&p);
-  oa_sse_init(&p, 64, 32);
+  sse_init(&p, 16, 32);
+  cr_expect_eq(sse_feed(&p, "data: 0123456789abcdef", 22, collect, &s), -1, "a line over 16 bytes");
+  sse_free(&p);
+  sse_init(&p, 64, 32);
   const char *many = "data: 0123456789\ndata: 0123456789\ndata: 0123456789\n\n";
-  cr_expect_eq(oa_sse_feed(&p, many, strlen(many), collect, &s), -2, "an event over 32 bytes");
-  oa_sse_free(&p);
-  oa_sse_init(&p, 64, 64);
-  cr_expect_eq(oa_sse_feed(&p, "data: half", 10, collect, &s), 0);
-  cr_expect(oa_sse_pending(&p), "an unfinished event is pending");
-  oa_sse_free(&p);
+  cr_expect_eq(sse_feed(&p, many, strlen(many), collect, &s), -2, "an event over 32 bytes");
+  sse_free(&p);
+  sse_init(&p, 64, 64);
+  cr_expect_eq(sse_feed(&p, "data: half", 10, collect, &s), 0);
+  cr_expect(sse_pending(&p), "an unfinished event is pending");
+  sse_free(&p);
   cr_expect_eq(s.n, 0);
 }
 
@@ -96,12 +96,30 @@ static int stop_at_first(void *arg, const char *event, const char *data, size_t 
 }
 
 Test(openai_wire, a_callback_stops_the_feed) {
-  oa_sse p;
+  sse_parser p;
   int calls = 0;
-  oa_sse_init(&p, 64, 64);
-  cr_expect_eq(oa_sse_feed(&p, "data: a\n\ndata: b\n\n", 18, stop_at_first, &calls), 9);
+  sse_init(&p, 64, 64);
+  cr_expect_eq(sse_feed(&p, "data: a\n\ndata: b\n\n", 18, stop_at_first, &calls), 9);
   cr_expect_eq(calls, 1);
-  oa_sse_free(&p);
+  sse_free(&p);
+}
+
+/* id and retry are kept for a client that resumes the stream (MCP's Streamable HTTP); bad ones are ignored.
+ */
+Test(openai_wire, the_last_event_id_and_retry_are_kept) {
+  sse_parser p;
+  seen s = {0};
+  sse_init(&p, 1024, 1024);
+  cr_expect_str_eq(p.last_id, "");
+  cr_expect_eq(p.retry_ms, -1);
+  cr_assert_eq(sse_feed(&p, stream, strlen(stream), collect, &s), 0);
+  cr_expect_str_eq(p.last_id, "7");
+  cr_expect_eq(p.retry_ms, 100);
+  static const char bad[] = "id: 8\nretry: 5x\nretry: -1\ndata: a\n\nid\n\n";
+  cr_assert_eq(sse_feed(&p, bad, strlen(bad), collect, &s), 0);
+  cr_expect_eq(p.retry_ms, 100, "retry with other than digits is ignored");
+  cr_expect_str_eq(p.last_id, "", "a bare id line resets the last event id");
+  sse_free(&p);
 }
 
 static void feed(oa_round *r, const char *json) {

@@ -4,19 +4,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-void oa_sse_init(oa_sse *p, size_t max_line, size_t max_event) {
+void sse_init(sse_parser *p, size_t max_line, size_t max_event) {
   memset(p, 0, sizeof *p);
   p->max_line = max_line;
   p->max_event = max_event;
+  p->retry_ms = -1;
 }
 
-void oa_sse_free(oa_sse *p) {
+void sse_free(sse_parser *p) {
   free(p->line);
   free(p->data);
   memset(p, 0, sizeof *p);
 }
 
-bool oa_sse_pending(const oa_sse *p) {
+bool sse_pending(const sse_parser *p) {
   return p->line_len > 0 || p->has_data;
 }
 
@@ -34,7 +35,7 @@ static int grow(char **buf, size_t *cap, size_t need) {
   return 0;
 }
 
-static int dispatch(oa_sse *p, oa_sse_fn fn, void *arg) {
+static int dispatch(sse_parser *p, sse_fn fn, void *arg) {
   int rc = 0;
   if (p->has_data) {
     size_t n = p->data_len;
@@ -52,7 +53,7 @@ static int dispatch(oa_sse *p, oa_sse_fn fn, void *arg) {
 }
 
 /* One complete line (without its end). */
-static int line(oa_sse *p, oa_sse_fn fn, void *arg) {
+static int line(sse_parser *p, sse_fn fn, void *arg) {
   const char *l = p->line;
   size_t n = p->line_len;
   p->line_len = 0;
@@ -81,12 +82,24 @@ static int line(oa_sse *p, oa_sse_fn fn, void *arg) {
     size_t k = vl < sizeof p->event - 1 ? vl : sizeof p->event - 1;
     memcpy(p->event, v, k);
     p->event[k] = '\0';
+  } else if (fl == 2 && memcmp(l, "id", 2) == 0) {
+    if (!memchr(v, '\0', vl) && vl < sizeof p->last_id) {
+      memcpy(p->last_id, v, vl);
+      p->last_id[vl] = '\0';
+    }
+  } else if (fl == 5 && memcmp(l, "retry", 5) == 0) {
+    long ms = 0;
+    size_t k = 0;
+    while (k < vl && v[k] >= '0' && v[k] <= '9' && ms < 100000000)
+      ms = ms * 10 + (v[k++] - '0');
+    if (vl > 0 && k == vl)
+      p->retry_ms = ms;
   }
-  /* id, retry and unknown fields: nothing a model stream needs */
+  /* unknown fields are ignored */
   return 0;
 }
 
-int oa_sse_feed(oa_sse *p, const char *buf, size_t n, oa_sse_fn fn, void *arg) {
+int sse_feed(sse_parser *p, const char *buf, size_t n, sse_fn fn, void *arg) {
   size_t i = 0;
   while (i < n) {
     char c = buf[i];
