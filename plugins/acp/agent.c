@@ -94,7 +94,8 @@ typedef struct ccall {
   bool replay;      /* CALL_GET: load (replay) or resume */
   int64_t last_seq; /* CALL_HISTORY: the replay so far */
   acp_msgctr ctr;
-  char *cwd; /* CALL_LIST filter */
+  char *cwd;   /* CALL_LIST filter; the session's cwd for CALL_NEW and CALL_GET */
+  json_t *mcp; /* CALL_NEW, CALL_GET: the client's mcpServers, attached once the session is there */
 } ccall;
 
 /* One session/request_permission in flight. */
@@ -206,6 +207,7 @@ static ccall *ccall_new(acp_agent *a, call_kind kind, ah_rpc_inbound *req, const
 static void ccall_free(ccall *c) {
   free(c->sid);
   free(c->cwd);
+  json_decref(c->mcp);
   free(c);
 }
 
@@ -241,6 +243,28 @@ static void fire(acp_agent *a, const char *method, json_t *params) {
     if (c)
       ccall_free(c);
     a->api->log(a->m, AH_PLOG_WARN, "%s could not be sent: %s", method, ah_strerror(rc));
+  }
+}
+
+/* The editor's MCP servers for a session (session/new, session/load, session/resume): handed to the mcp
+ * plugin (mcp.attach), which skips a server it cannot run — logging its name and why — and never fails the
+ * session; the same list again keeps the servers running. An empty list detaches what an earlier call gave.
+ */
+static void attach_servers(acp_agent *a, const char *sid, ccall *from) {
+  if (!from->mcp)
+    return;
+  json_t *params = json_pack("{s:s, s:O, s:s?}", "sessionId", sid, "servers", from->mcp, "cwd", from->cwd);
+  ccall *c = ccall_new(a, CALL_FIRE, NULL, "mcp.attach");
+  int rc = c ? core(a, "mcp.attach", params, on_core_reply, c) : AH_ENOMEM;
+  if (!c)
+    json_decref(params);
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    if (json_array_size(from->mcp) > 0)
+      a->api->log(a->m, AH_PLOG_WARN, "session %s: its %zu MCP server(s) are skipped: %s", sid,
+                  json_array_size(from->mcp),
+                  rc == AH_ENOMETHOD ? "the mcp plugin is not loaded" : ah_strerror(rc));
   }
 }
 
@@ -609,8 +633,10 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
       respond_status(a, c->req, o->status, o->message, false);
     else if (!sid || !track(a, sid, 0))
       respond_status(a, c->req, AH_EINTERNAL, "the session could not be created", false);
-    else
+    else {
+      attach_servers(a, sid, c);
       a->api->rpc->respond(c->req, json_pack("{s:s}", "sessionId", sid));
+    }
     break;
   }
   case CALL_PROMPT:
@@ -636,8 +662,10 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
   case CALL_GET:
     if (o->status)
       respond_status(a, c->req, o->status, o->status == AH_ENOENT ? "unknown session" : o->message, true);
-    else
+    else {
+      attach_servers(a, c->sid, c);
       answer_session_info(a, c, o);
+    }
     break;
   case CALL_HISTORY:
     if (o->status)
@@ -711,9 +739,10 @@ static void m_initialize(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   json_t *res = json_pack(
       "{s:i, s:{s:b, s:{s:b, s:b, s:b}, s:{s:b, s:b}, s:{s:{}, s:{}, s:{}, s:{}}}, s:[], s:{s:s, s:s, s:s}}",
       "protocolVersion", ACP_PROTOCOL_VERSION, "agentCapabilities", "loadSession", 1, "promptCapabilities",
-      "image", 0, "audio", 0, "embeddedContext", 0, "mcpCapabilities", "http", 0, "sse", 0,
-      "sessionCapabilities", "list", "resume", "close", "delete", "authMethods", "agentInfo", "name",
-      "agenthost", "title", "agenthost", "version", a->api->host_version());
+      "image", 0, "audio", 0, "embeddedContext", 0, "mcpCapabilities", "http",
+      AH_HAS(a->api, ah_host_api, http_start), "sse", 0, "sessionCapabilities", "list", "resume", "close",
+      "delete", "authMethods", "agentInfo", "name", "agenthost", "title", "agenthost", "version",
+      a->api->host_version());
   a->api->rpc->respond(req, res);
 }
 
@@ -734,11 +763,13 @@ static bool check_setup(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
     bad_params(a, req, "params.mcpServers: an array is required");
     return false;
   }
-  if (json_array_size(mcp) > 0) {
-    bad_params(a, req,
-               "params.mcpServers: MCP servers are not supported yet (agenthost has no MCP tools); send an "
-               "empty list");
-    return false;
+  size_t i;
+  json_t *srv;
+  json_array_foreach(mcp, i, srv) {
+    if (!json_is_object(srv) || !json_is_string(json_object_get(srv, "name"))) {
+      bad_params(a, req, "params.mcpServers: each server is an object with a name");
+      return false;
+    }
   }
   if (dirs && !json_is_array(dirs) && !json_is_null(dirs)) {
     bad_params(a, req, "params.additionalDirectories: an array is required");
@@ -754,6 +785,14 @@ static bool check_setup(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   return true;
 }
 
+/* What a session/new or session/load keeps for attach_servers(). */
+static bool setup_keep(ccall *c, const json_t *p) {
+  json_t *mcp = json_object_get(p, "mcpServers");
+  c->mcp = json_is_array(mcp) ? json_deep_copy(mcp) : NULL;
+  c->cwd = strdup(str_of(p, "cwd"));
+  return c->cwd && (c->mcp || !json_is_array(mcp));
+}
+
 static void m_new(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   if (!json_is_object(p)) {
     bad_params(a, req, "params: an object with cwd and mcpServers is required");
@@ -762,6 +801,10 @@ static void m_new(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   if (!check_setup(a, req, p))
     return;
   ccall *c = ccall_new(a, CALL_NEW, req, NULL);
+  if (c && !setup_keep(c, p)) {
+    ccall_free(c);
+    c = NULL;
+  }
   int rc = c ? core(a, "session.create", json_pack("{s:s}", "cwd", str_of(p, "cwd")), on_core_reply, c)
              : AH_ENOMEM;
   if (rc) {
@@ -781,6 +824,10 @@ static void m_load(acp_agent *a, ah_rpc_inbound *req, const json_t *p, bool repl
   if (!check_setup(a, req, p))
     return;
   ccall *c = ccall_new(a, CALL_GET, req, json_string_value(sid));
+  if (c && !setup_keep(c, p)) {
+    ccall_free(c);
+    c = NULL;
+  }
   if (c)
     c->replay = replay;
   int rc = c ? core(a, "session.get", json_pack("{s:O}", "sessionId", sid), on_core_reply, c) : AH_ENOMEM;

@@ -209,6 +209,7 @@ typedef struct listing {
 } listing;
 
 static void list_page(listing *l, const char *cursor);
+static void relist(mcp_server *s);
 
 static void listed(listing *l, int status, const char *why) {
   mcp_server *s = l->s;
@@ -231,6 +232,10 @@ static void listed(listing *l, int status, const char *why) {
     mcp_log(s->pl, AH_PLOG_INFO, "[mcp.%s] ready: protocol %s, %zu tools", s->name, s->protocol,
             json_array_size(tools));
     wake(s, 0, NULL);
+    if (s->relist_again && s->state == MCP_READY) {
+      s->relist_again = false;
+      relist(s);
+    }
     return;
   }
   s->relisting = false;
@@ -360,6 +365,7 @@ static void on_initialize(mcp_server *s, int status, const json_t *result, const
 
 static void start(mcp_server *s) {
   s->state = MCP_STARTING;
+  s->relist_again = false;
   s->protocol[0] = '\0';
   if (API(s)->timer_start(s->pl->m, s->startup_ms, 0, on_startup_timeout, s, &s->startup_timer) != 0)
     s->startup_timer = NULL;
@@ -621,8 +627,12 @@ void mcp_server_call(mcp_server *s, ah_call *call, const char *tool, const json_
 /* ---- from the server ---------------------------------------------------------------------------------- */
 
 static void relist(mcp_server *s) {
+  if (s->state == MCP_STARTING) { /* the start's own list may predate the change: list again once ready */
+    s->relist_again = true;
+    return;
+  }
   if (s->state != MCP_READY)
-    return; /* a start lists anyway */
+    return;
   if (s->relisting) {
     s->relist_again = true;
     return;

@@ -1,0 +1,197 @@
+// The editor's MCP servers through ACP, with the official ACP SDK as the editor and the official MCP reference
+// servers from npm (server-everything on stdio and on Streamable HTTP, server-filesystem): session/new with a
+// stdio and an HTTP server, their tools called through echo (`/tool NAME JSON`) and through the fake OpenAI
+// model, each approved through session/request_permission; session/load with the same servers; an isError
+// result; a long call cancelled (the server receives notifications/cancelled); list_changed honoured; a
+// server killed mid-call answered with an error while the host keeps serving; session/close leaving no MCP
+// process behind.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { writeFile } from "node:fs/promises";
+import { join } from "node:path";
+import { scope, waitFor, acp } from "./lib.mjs";
+import { startFakeModel, finishChunk, textChunk } from "../fake-model.mjs";
+import {
+  everythingStdio,
+  startEverythingHttp,
+  markedPids,
+  sentToServer,
+  filesystemBin,
+} from "../mcp/servers.mjs";
+
+const M = acp.methods.agent;
+const TEST = { timeout: 90000 };
+
+async function start(t, ini = "") {
+  const s = scope(t);
+  const conf = join(await s.tempDir("ah-acp-conf-"), "agenthost.ini");
+  await writeFile(conf, ini);
+  const a = await s.spawnAgent({ args: ["--config", conf] });
+  const init = await a.initialize(1);
+  const cwd = await s.tempDir("ah-acp-cwd-");
+  const logs = await s.tempDir("ah-acp-mcp-log-");
+  return { s, a, init, cwd, logs };
+}
+
+const allowOnce = async (record) => {
+  const allow = record.params.options.find((o) => o.kind === "allow_once");
+  return { outcome: { outcome: "selected", optionId: allow.optionId } };
+};
+
+/** The last tool_call_update with a final status, of the session. */
+function lastResult(a, sid) {
+  const done = a
+    .wireUpdates(sid)
+    .filter((u) => u.update.sessionUpdate === "tool_call_update" && ["completed", "failed"].includes(u.update.status));
+  return done.at(-1)?.update;
+}
+
+test("ACP-HANDSHAKE: mcpCapabilities advertises HTTP (Streamable HTTP), not the old SSE transport", TEST, async (t) => {
+  const { init } = await start(t);
+  assert.equal(init.agentCapabilities.mcpCapabilities?.http, true, JSON.stringify(init.agentCapabilities));
+  assert.notEqual(init.agentCapabilities.mcpCapabilities?.sse, true);
+});
+
+test("ACP-OUTPUT-PERMISSION: session/new with a stdio and an HTTP server: their tools run through echo after the editor's permission", TEST, async (t) => {
+  const { a, cwd, logs } = await start(t);
+  const http = await startEverythingHttp(t);
+  const ev = everythingStdio("ev", join(logs, "ev.log"));
+  const r = await a.request(M.session.new, {
+    cwd,
+    mcpServers: [ev.server, { type: "http", name: "web", url: http.url, headers: [] }],
+  });
+  const sid = r.sessionId;
+  a.onPermission = allowOnce;
+  let p = await a.prompt(sid, '/tool mcp__ev__echo {"message": "over stdio"}', 60000);
+  assert.equal(p.stopReason, "end_turn");
+  assert.equal(a.permissions.length, 1, "the editor was asked");
+  assert.equal(a.permissions[0].params.toolCall?.title?.includes("mcp__ev__echo") ?? true, true);
+  let res = lastResult(a, sid);
+  assert.equal(res.status, "completed", JSON.stringify(res));
+  assert.match(JSON.stringify(res.rawOutput), /Echo: over stdio/);
+  p = await a.prompt(sid, '/tool mcp__web__get-sum {"a": 20, "b": 22}', 60000);
+  assert.equal(p.stopReason, "end_turn");
+  res = lastResult(a, sid);
+  assert.equal(res.status, "completed", JSON.stringify(res));
+  assert.match(JSON.stringify(res.rawOutput), /42/);
+  assert.equal(a.permissions.length, 2);
+  // The stdio server got initialize, initialized and tools/list from us, in that order.
+  const sent = sentToServer(join(logs, "ev.log")).map((m) => m.method).filter(Boolean);
+  assert.deepEqual(sent.slice(0, 3), ["initialize", "notifications/initialized", "tools/list"], sent.join(","));
+  // server-everything says list_changed right after start: the list is asked again.
+  await waitFor(() => sentToServer(join(logs, "ev.log")).filter((m) => m.method === "tools/list").length >= 2, 10000,
+    "tools/list again after notifications/tools/list_changed");
+  a.assertStdoutPure();
+});
+
+test("ACP-OUTPUT-PERMISSION: the fake OpenAI model sees the MCP tools with their schemas and calls one", TEST, async (t) => {
+  const fake = await startFakeModel(t);
+  const { a, cwd, logs } = await start(t,
+    `[host]\ndefault_provider = fake\n[provider.fake]\ntype = openai\nbase_url = ${fake.baseUrl}\nmodel = m1\n`);
+  const ev = everythingStdio("ev", join(logs, "ev.log"));
+  await fake.script([
+    { sse: [{ choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: "c1", type: "function",
+      function: { name: "mcp__ev__get-sum", arguments: JSON.stringify({ a: 2, b: 3 }) } }] } }] },
+      finishChunk("tool_calls"), "[DONE]"] },
+    { sse: [textChunk("five"), finishChunk("stop"), "[DONE]"] },
+  ]);
+  const { sessionId: sid } = await a.request(M.session.new, { cwd, mcpServers: [ev.server] });
+  a.onPermission = allowOnce;
+  const p = await a.prompt(sid, "add them", 60000);
+  assert.equal(p.stopReason, "end_turn", JSON.stringify(p));
+  const reqs = await fake.requests();
+  const first = JSON.parse(reqs[0].body);
+  const sum = first.tools.find((x) => x.function.name === "mcp__ev__get-sum");
+  assert.ok(sum, `offered tools: ${first.tools.map((x) => x.function.name).join(", ")}`);
+  assert.equal(sum.function.parameters.properties.a.type, "number", JSON.stringify(sum.function.parameters));
+  const second = JSON.parse(reqs[1].body);
+  const toolMsg = second.messages.at(-1);
+  assert.equal(toolMsg.role, "tool");
+  assert.equal(toolMsg.tool_call_id, "c1");
+  assert.match(toolMsg.content, /5/);
+  assert.equal(a.permissions.length, 1);
+});
+
+test("ACP-QUIESCE: session/load with the same servers keeps them running; session/close leaves no MCP process", TEST, async (t) => {
+  const { a, cwd, logs } = await start(t);
+  const ev = everythingStdio("ev", join(logs, "ev.log"));
+  const { sessionId: sid } = await a.request(M.session.new, { cwd, mcpServers: [ev.server] });
+  a.onPermission = allowOnce;
+  await a.prompt(sid, '/tool mcp__ev__echo {"message": "one"}', 60000);
+  const before = markedPids(ev.mark);
+  assert.ok(before.length >= 1, "the server runs");
+  await a.request(M.session.load, { sessionId: sid, cwd, mcpServers: [ev.server] });
+  await a.prompt(sid, '/tool mcp__ev__echo {"message": "two"}', 60000);
+  assert.match(JSON.stringify(lastResult(a, sid).rawOutput), /Echo: two/);
+  assert.deepEqual(markedPids(ev.mark).sort(), before.sort(), "the same processes: not restarted by the load");
+  await a.request(M.session.close, { sessionId: sid });
+  await waitFor(() => markedPids(ev.mark).length === 0, 10000, "no process of the server left after close",
+    () => `left: ${markedPids(ev.mark).join(", ")}\n${a.stderrTail()}`);
+});
+
+test("ACP-OUTPUT-PERMISSION: an isError result of server-filesystem is a failed tool call; an unsupported server is skipped", TEST, async (t) => {
+  const { s, a, cwd } = await start(t);
+  const allowed = await s.tempDir("ah-acp-fs-");
+  await writeFile(join(allowed, "hello.txt"), "hello from the filesystem server\n");
+  const { sessionId: sid } = await a.request(M.session.new, {
+    cwd,
+    mcpServers: [
+      { name: "fs", command: filesystemBin, args: [allowed], env: [] },
+      { type: "sse", name: "legacy", url: "http://127.0.0.1:9/sse", headers: [] },
+    ],
+  });
+  a.onPermission = allowOnce;
+  await a.prompt(sid, `/tool mcp__fs__read_text_file {"path": "${join(allowed, "hello.txt")}"}`, 60000);
+  let res = lastResult(a, sid);
+  assert.equal(res.status, "completed", JSON.stringify(res));
+  assert.match(JSON.stringify(res.rawOutput), /hello from the filesystem server/);
+  await a.prompt(sid, '/tool mcp__fs__read_text_file {"path": "/etc/hostname"}', 60000);
+  res = lastResult(a, sid);
+  assert.equal(res.status, "failed", JSON.stringify(res));
+  assert.match(JSON.stringify(res.rawOutput), /denied|outside|not allowed/i);
+  assert.match(a.stderr, /legacy.*(not supported|skipped)|skipped.*legacy/i, "the SSE server is skipped, by name");
+});
+
+test("ACP-PROMPT-CANCEL: a long MCP tool call is cancelled: the server gets notifications/cancelled", TEST, async (t) => {
+  const { a, cwd, logs } = await start(t);
+  const log = join(logs, "ev.log");
+  const ev = everythingStdio("ev", log);
+  const { sessionId: sid } = await a.request(M.session.new, { cwd, mcpServers: [ev.server] });
+  a.onPermission = allowOnce;
+  const pending = a.prompt(sid, '/tool mcp__ev__trigger-long-running-operation {"duration": 30, "steps": 30}', 60000);
+  await waitFor(() => sentToServer(log).some((m) => m.method === "tools/call"), 20000, "the call reached the server");
+  const t0 = Date.now();
+  a.cancel(sid);
+  const r = await pending;
+  assert.equal(r.stopReason, "cancelled");
+  assert.ok(Date.now() - t0 < 5000, "cancelled at once, not after the 30 s operation");
+  const call = sentToServer(log).find((m) => m.method === "tools/call");
+  await waitFor(() => sentToServer(log).some((m) => m.method === "notifications/cancelled"), 5000,
+    "notifications/cancelled sent to the server");
+  const cancel = sentToServer(log).find((m) => m.method === "notifications/cancelled");
+  assert.equal(cancel.params.requestId, call.id, "for the call's request id");
+});
+
+test("ACP-OUTPUT-PERMISSION: a server killed mid-call fails the call with a clear error; the host keeps serving and restarts it", TEST, async (t) => {
+  const { a, cwd, logs } = await start(t);
+  const log = join(logs, "ev.log");
+  const ev = everythingStdio("ev", log);
+  const { sessionId: sid } = await a.request(M.session.new, { cwd, mcpServers: [ev.server] });
+  a.onPermission = allowOnce;
+  const pending = a.prompt(sid, '/tool mcp__ev__trigger-long-running-operation {"duration": 30, "steps": 30}', 60000);
+  await waitFor(() => sentToServer(log).some((m) => m.method === "tools/call"), 20000, "the call reached the server");
+  for (const pid of markedPids(ev.mark)) process.kill(pid, "SIGKILL");
+  const r = await pending;
+  assert.equal(r.stopReason, "end_turn");
+  const res = lastResult(a, sid);
+  assert.equal(res.status, "failed", JSON.stringify(res));
+  assert.match(JSON.stringify(res.rawOutput), /MCP server ev/);
+  // The host keeps serving: a plain prompt, then the server is started again at its next use (after the
+  // backoff of its first failure, 1 s).
+  const plain = await a.prompt(sid, "still there?", 20000);
+  assert.equal(plain.stopReason, "end_turn");
+  await new Promise((res2) => setTimeout(res2, 1200));
+  await a.prompt(sid, '/tool mcp__ev__echo {"message": "again"}', 60000);
+  assert.match(JSON.stringify(lastResult(a, sid).rawOutput), /Echo: again/);
+  a.assertStdoutPure();
+});
