@@ -1,7 +1,7 @@
 /* agenthost mcp plugin — one MCP server: its start, its tools, its calls, its failures.
  *
  * States: IDLE → (first use) STARTING: the transport opens, `initialize` (protocol 2025-11-25 offered;
- * 2025-06-18 accepted), `notifications/initialized`, then `tools/list` page by page → READY. The whole start
+ * 2025-06-18 and 2025-03-26 accepted), `notifications/initialized`, then `tools/list` page by page → READY. The whole start
  * has startup_ms: past it, or on any failure, the server is closed (CLOSING → IDLE) with its error kept, and
  * a new start is refused until the backoff (1 s, doubling to 30 s) has passed; the next use after that
  * starts it again. A READY server that goes away (the child exits, the connection breaks) fails its calls
@@ -329,8 +329,10 @@ static void list_page(listing *l, const char *cursor) {
     listed(l, rc, ah_strerror(rc));
 }
 
+/* We offer 2025-11-25; a server may answer with an older version it speaks. 2025-06-18 and 2025-03-26 (the
+ * first with Streamable HTTP) differ from it in nothing this client uses (tools, progress, cancellation). */
 static bool version_ok(const char *v) {
-  return v && (strcmp(v, "2025-11-25") == 0 || strcmp(v, "2025-06-18") == 0);
+  return v && (strcmp(v, "2025-11-25") == 0 || strcmp(v, "2025-06-18") == 0 || strcmp(v, "2025-03-26") == 0);
 }
 
 static void on_initialize(mcp_server *s, int status, const json_t *result, const json_t *error,
@@ -346,7 +348,7 @@ static void on_initialize(mcp_server *s, int status, const json_t *result, const
   }
   const char *v = json_string_value(json_object_get(result, "protocolVersion"));
   if (!version_ok(v)) {
-    fail(s, mcp_fmt("the server speaks protocol %.40s; agenthost speaks 2025-11-25 and 2025-06-18",
+    fail(s, mcp_fmt("the server speaks protocol %.40s; agenthost speaks 2025-11-25, 2025-06-18 and 2025-03-26",
                     v ? v : "(none)"));
     return;
   }
