@@ -39,100 +39,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_lines.h"
 #include "bench_util.h"
 
 #define WAIT_NS (20ull * 1000000000ull) /* any single wait for a child */
 #define WARMUP 20
 
-typedef struct child {
-  bench_proc proc; /* label, pid, pipes, stderr log */
-  char *rbuf;
-  size_t rlen, rcap;
-} child;
-
-static void child_reap(child *c) {
-  bench_reap(&c->proc, true);
-  free(c->rbuf);
-  c->rbuf = NULL;
-  c->rlen = c->rcap = 0;
-}
-
-static int send_line(child *c, const char *fmt, ...) {
-  char buf[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
-  va_end(ap);
-  if (n < 0 || (size_t)n >= sizeof buf - 1) {
-    bench_fail(&c->proc, "message too long");
-    return -1;
-  }
-  buf[n++] = '\n';
-  for (int off = 0; off < n;) {
-    ssize_t w = write(c->proc.to_fd, buf + off, (size_t)(n - off));
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w < 0) {
-      bench_fail(&c->proc, "write to the child: %s", strerror(errno));
-      return -1;
-    }
-    off += (int)w;
-  }
-  return 0;
-}
-
-/* The next message from the child (parsed), or NULL on EOF, error or the deadline. */
-static json_t *next_msg(child *c, uint64_t deadline) {
-  for (;;) {
-    char *nl = c->rlen ? memchr(c->rbuf, '\n', c->rlen) : NULL;
-    if (nl) {
-      size_t len = (size_t)(nl - c->rbuf);
-      json_error_t err;
-      json_t *msg = json_loadb(c->rbuf, len, 0, &err);
-      memmove(c->rbuf, nl + 1, c->rlen - len - 1);
-      c->rlen -= len + 1;
-      if (!msg || !json_is_object(msg)) {
-        bench_fail(&c->proc, "a line that is not a JSON object on stdout");
-        json_decref(msg);
-        return NULL;
-      }
-      return msg;
-    }
-    uint64_t now = bench_now_ns();
-    if (now >= deadline) {
-      bench_fail(&c->proc, "no answer within %llu s", (unsigned long long)(WAIT_NS / 1000000000ull));
-      return NULL;
-    }
-    struct pollfd p = {.fd = c->proc.from_fd, .events = POLLIN};
-    int n = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
-    if (n < 0 && errno != EINTR) {
-      bench_fail(&c->proc, "poll: %s", strerror(errno));
-      return NULL;
-    }
-    if (n <= 0)
-      continue;
-    if (c->rcap - c->rlen < 65536) {
-      c->rcap = c->rcap * 2 + 65536;
-      char *b = realloc(c->rbuf, c->rcap);
-      if (!b) {
-        bench_fail(&c->proc, "out of memory");
-        return NULL;
-      }
-      c->rbuf = b;
-    }
-    ssize_t got = read(c->proc.from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
-    if (got == 0) {
-      bench_fail(&c->proc, "the child closed its stdout");
-      return NULL;
-    }
-    if (got < 0 && errno != EINTR && errno != EAGAIN) {
-      bench_fail(&c->proc, "read: %s", strerror(errno));
-      return NULL;
-    }
-    if (got > 0)
-      c->rlen += (size_t)got;
-  }
-}
+typedef bench_chan child;
+#define child_reap bench_chan_reap
+#define send_line bench_chan_send
+#define next_msg bench_chan_next
 
 /* Wait for the answer to request `id` (returned; the caller frees it). Notifications are passed to `on_note`
  * (may be NULL); requests from the child are answered -32601. */

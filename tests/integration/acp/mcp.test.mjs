@@ -195,3 +195,28 @@ test("ACP-OUTPUT-PERMISSION: a server killed mid-call fails the call with a clea
   assert.match(JSON.stringify(lastResult(a, sid).rawOutput), /Echo: again/);
   a.assertStdoutPure();
 });
+
+test("ACP-OUTPUT-PERMISSION: hostile servers: one that never answers initialize times out without holding the turn; garbage and an oversized line are refused", TEST, async (t) => {
+  const { s, a, cwd } = await start(t,
+    "[mcp.stuck]\ncommand = /bin/sleep\nargs = 60\nstartup_timeout_ms = 500\n");
+  const bin = await s.tempDir("ah-acp-hostile-");
+  const noisy = join(bin, "noisy.sh");
+  // Not JSON, a 17 MiB line (over the 16 MiB bound), then a valid answer to initialize with a bad version.
+  await writeFile(noisy, `#!/bin/sh\nread line\necho 'this is not json'\nhead -c 17825792 /dev/zero | tr '\\\\0' x\necho\n` +
+    `echo '{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"1999-01-01","capabilities":{}}}'\nsleep 60\n`, { mode: 0o755 });
+  const { sessionId: sid } = await a.request(M.session.new, {
+    cwd,
+    mcpServers: [{ name: "noisy", command: noisy, args: [], env: [] }],
+  });
+  const t0 = Date.now();
+  const p = await a.prompt(sid, "hello", 30000);
+  assert.equal(p.stopReason, "end_turn");
+  assert.ok(Date.now() - t0 < 10000, `the turn was not held (${Date.now() - t0} ms)`);
+  await waitFor(() => /\[mcp\.stuck\] did not finish starting/.test(a.stderr), 5000, "the start-up timeout logged");
+  await waitFor(() => /\[mcp\.noisy\].*(1999-01-01|too long)/.test(a.stderr), 10000, "the noisy server refused",
+    () => a.stderrTail());
+  // The host still serves: another prompt, and a tool of the refused server is unknown, not a crash.
+  const again = await a.prompt(sid, '/tool mcp__noisy__anything {}', 30000);
+  assert.equal(again.stopReason, "end_turn");
+  a.assertStdoutPure();
+});

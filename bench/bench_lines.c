@@ -1,0 +1,93 @@
+/* The JSON-lines channel of a benchmark's child (bench_lines.h). */
+#include "bench_lines.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void bench_chan_reap(bench_chan *c) {
+  bench_reap(&c->proc, true);
+  free(c->rbuf);
+  c->rbuf = NULL;
+  c->rlen = c->rcap = 0;
+}
+
+int bench_chan_send(bench_chan *c, const char *fmt, ...) {
+  char buf[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof buf - 1, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof buf - 1) {
+    bench_fail(&c->proc, "message too long");
+    return -1;
+  }
+  buf[n++] = '\n';
+  for (int off = 0; off < n;) {
+    ssize_t w = write(c->proc.to_fd, buf + off, (size_t)(n - off));
+    if (w < 0 && errno == EINTR)
+      continue;
+    if (w < 0) {
+      bench_fail(&c->proc, "write to the child: %s", strerror(errno));
+      return -1;
+    }
+    off += (int)w;
+  }
+  return 0;
+}
+
+json_t *bench_chan_next(bench_chan *c, uint64_t deadline) {
+  for (;;) {
+    char *nl = c->rlen ? memchr(c->rbuf, '\n', c->rlen) : NULL;
+    if (nl) {
+      size_t len = (size_t)(nl - c->rbuf);
+      json_error_t err;
+      json_t *msg = json_loadb(c->rbuf, len, 0, &err);
+      memmove(c->rbuf, nl + 1, c->rlen - len - 1);
+      c->rlen -= len + 1;
+      if (!msg || !json_is_object(msg)) {
+        bench_fail(&c->proc, "a line that is not a JSON object on stdout");
+        json_decref(msg);
+        return NULL;
+      }
+      return msg;
+    }
+    uint64_t now = bench_now_ns();
+    if (now >= deadline) {
+      bench_fail(&c->proc, "no answer before the deadline");
+      return NULL;
+    }
+    struct pollfd p = {.fd = c->proc.from_fd, .events = POLLIN};
+    int n = poll(&p, 1, (int)((deadline - now) / 1000000u) + 1);
+    if (n < 0 && errno != EINTR) {
+      bench_fail(&c->proc, "poll: %s", strerror(errno));
+      return NULL;
+    }
+    if (n <= 0)
+      continue;
+    if (c->rcap - c->rlen < 65536) {
+      c->rcap = c->rcap * 2 + 65536;
+      char *b = realloc(c->rbuf, c->rcap);
+      if (!b) {
+        bench_fail(&c->proc, "out of memory");
+        return NULL;
+      }
+      c->rbuf = b;
+    }
+    ssize_t got = read(c->proc.from_fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+    if (got == 0) {
+      bench_fail(&c->proc, "the child closed its stdout");
+      return NULL;
+    }
+    if (got < 0 && errno != EINTR && errno != EAGAIN) {
+      bench_fail(&c->proc, "read: %s", strerror(errno));
+      return NULL;
+    }
+    if (got > 0)
+      c->rlen += (size_t)got;
+  }
+}

@@ -1,0 +1,25 @@
+/* A child of a benchmark that speaks JSON lines on its stdin and stdout (agenthost sdk / acp, an MCP server):
+ * write one message, read the next one with a deadline. Shared by bench/acp.c and bench/mcp.c. */
+#ifndef AGENTHOST_BENCH_LINES_H
+#define AGENTHOST_BENCH_LINES_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "bench_util.h"
+
+typedef struct bench_chan {
+  bench_proc proc; /* label, pid, pipes, stderr log */
+  char *rbuf;
+  size_t rlen, rcap;
+} bench_chan;
+
+/* Kill and reap the child, free the buffer. */
+void bench_chan_reap(bench_chan *c);
+/* One line (printf format, at most 2 KiB, "\n" added). 0 or -1 (reported). */
+int bench_chan_send(bench_chan *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The next message from the child (parsed, an object), or NULL (reported) on EOF, error or the deadline
+ * (bench_now_ns() time). */
+json_t *bench_chan_next(bench_chan *c, uint64_t deadline);
+
+#endif
