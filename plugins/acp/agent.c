@@ -1187,6 +1187,27 @@ static void on_delta(acp_agent *a, const json_t *data) {
   notify_update(a, s->id, acp_codec_text_chunk("agent_message_chunk", text, mid));
 }
 
+/* A tool's progress (session.progress, e.g. an MCP server's notifications/progress): the running tool call's
+ * content shows "progress[/total]: message". */
+static void on_progress(acp_agent *a, const json_t *data) {
+  asession *s = find_session(a, str_of(data, "sessionId"));
+  const char *turn = str_of(data, "turnId"), *call = str_of(data, "callId"), *msg = str_of(data, "message");
+  json_t *progress = json_object_get(data, "progress"), *total = json_object_get(data, "total");
+  if (!s || !turn || !call || !json_is_number(progress))
+    return;
+  char id[192], text[512];
+  acp_codec_tool_call_id(id, sizeof id, turn, call);
+  int n = json_is_number(total)
+              ? snprintf(text, sizeof text, "%g/%g", json_number_value(progress), json_number_value(total))
+              : snprintf(text, sizeof text, "%g", json_number_value(progress));
+  if (msg && n > 0 && (size_t)n < sizeof text)
+    snprintf(text + n, sizeof text - (size_t)n, ": %s", msg);
+  notify_update(a, s->id,
+                json_pack("{s:s, s:s, s:s, s:[{s:s, s:{s:s, s:s}}]}", "sessionUpdate", "tool_call_update",
+                          "toolCallId", id, "status", "in_progress", "content", "type", "content", "content",
+                          "type", "text", "text", text));
+}
+
 /* stream_deltas: a committed message whose text was streamed is not repeated (what the deltas missed is
  * sent as one more chunk of the same message); a commit that was not streamed (a directive's result) is
  * sent whole. */
@@ -1263,6 +1284,8 @@ static void on_event(const char *name, const json_t *data, void *arg) {
   } else if (strcmp(name, "session.delta") == 0) {
     if (a->stream_deltas)
       on_delta(a, data);
+  } else if (strcmp(name, "session.progress") == 0) {
+    on_progress(a, data);
   } else if (strcmp(name, "request.pending") == 0) {
     forward_request(a, json_object_get(data, "request"));
   } else if (strcmp(name, "subagent.started") == 0) {

@@ -50,6 +50,7 @@ typedef enum call_kind {
   CALL_PROMPT,  /* session.prompt */
   CALL_SIMPLE,  /* session.cancel / session.close: the result as is */
   CALL_RESPOND, /* request.respond for a server request's answer */
+  CALL_ATTACH,  /* mcp.attach: the connection's MCP servers for a session it created */
 } call_kind;
 
 /* One core call in flight. */
@@ -83,6 +84,7 @@ struct sdk {
   char *model;
   int64_t max_tokens; /* kept for the record; the core's session.create takes no token limit */
   bool can_requests;
+  json_t *mcp_servers; /* initialize's mcpServers (ACP's shape), attached to every session it creates */
   /* the default session */
   char *default_sid;
   bool creating;
@@ -156,6 +158,27 @@ static void send_prompt(sdk *s, ah_rpc_inbound *req, const char *session_id, jso
 
 static void shutdown_answer(sdk *s);
 
+static void on_core_reply(const ah_outcome *o, void *arg);
+
+/* initialize's mcpServers for a session this connection created (the mcp plugin skips, by name and with a log
+ * line, a server it cannot run; without the plugin the servers are skipped with one line). */
+static void attach_servers(sdk *s, const char *sid) {
+  if (json_array_size(s->mcp_servers) == 0)
+    return;
+  core_call *c = call_new(s, CALL_ATTACH, NULL);
+  json_t *params = json_pack("{s:s, s:O, s:s}", "sessionId", sid, "servers", s->mcp_servers, "cwd", s->cwd);
+  int rc = c && params ? core(s, "mcp.attach", params, on_core_reply, c) : AH_ENOMEM;
+  if (!c)
+    json_decref(params);
+  if (rc) {
+    if (c)
+      call_free(c);
+    s->api->log(s->m, AH_PLOG_WARN, "session %s: its %zu MCP server(s) are skipped: %s", sid,
+                json_array_size(s->mcp_servers),
+                rc == AH_ENOMETHOD ? "the mcp plugin is not loaded" : ah_strerror(rc));
+  }
+}
+
 static void on_core_reply(const ah_outcome *o, void *arg) {
   core_call *c = arg;
   sdk *s = c->s;
@@ -184,6 +207,7 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     if (sid) {
       free(s->default_sid);
       s->default_sid = strdup(sid);
+      attach_servers(s, sid); /* before the waiting prompts: their turns see the servers */
     } else if (o->status == 0) {
       s->api->log(s->m, AH_PLOG_ERROR, "session.create answered without a sessionId");
     }
@@ -213,6 +237,10 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
   case CALL_RESPOND:
     if (o->status)
       s->api->log(s->m, AH_PLOG_WARN, "request.respond failed: %s", o->message);
+    break;
+  case CALL_ATTACH:
+    if (o->status)
+      s->api->log(s->m, AH_PLOG_WARN, "the MCP servers could not be attached: %s", o->message);
     break;
   }
   call_free(c);
@@ -260,6 +288,17 @@ static void m_initialize(sdk *s, ah_rpc_inbound *req, const json_t *p) {
     bad_params(s, req, "params.capabilities.requests: a boolean is required");
     return;
   }
+  json_t *mcp = json_object_get(p, "mcpServers");
+  bool mcp_ok = !mcp || json_is_array(mcp);
+  size_t i;
+  json_t *srv;
+  json_array_foreach(mcp, i, srv) mcp_ok =
+      mcp_ok && json_is_object(srv) && json_is_string(json_object_get(srv, "name"));
+  if (!mcp_ok) {
+    bad_params(s, req, "params.mcpServers: an array of servers, each an object with a name");
+    return;
+  }
+  s->mcp_servers = mcp ? json_deep_copy(mcp) : NULL;
   s->cwd = strdup(cwd);
   s->provider = provider ? strdup(json_string_value(provider)) : NULL;
   s->model = model ? strdup(json_string_value(model)) : NULL;
@@ -603,6 +642,7 @@ static void sdk_free(sdk *s) {
   free(s->cwd);
   free(s->provider);
   free(s->model);
+  json_decref(s->mcp_servers);
   free(s);
 }
 

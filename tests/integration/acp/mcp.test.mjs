@@ -152,7 +152,7 @@ test("ACP-OUTPUT-PERMISSION: an isError result of server-filesystem is a failed 
   assert.match(a.stderr, /legacy.*(not supported|skipped)|skipped.*legacy/i, "the SSE server is skipped, by name");
 });
 
-test("ACP-PROMPT-CANCEL: a long MCP tool call is cancelled: the server gets notifications/cancelled", TEST, async (t) => {
+test("ACP-PROMPT-CANCEL: a long MCP tool call shows its progress and is cancelled: the server gets notifications/cancelled", TEST, async (t) => {
   const { a, cwd, logs } = await start(t);
   const log = join(logs, "ev.log");
   const ev = everythingStdio("ev", log);
@@ -160,6 +160,11 @@ test("ACP-PROMPT-CANCEL: a long MCP tool call is cancelled: the server gets noti
   a.onPermission = allowOnce;
   const pending = a.prompt(sid, '/tool mcp__ev__trigger-long-running-operation {"duration": 30, "steps": 30}', 60000);
   await waitFor(() => sentToServer(log).some((m) => m.method === "tools/call"), 20000, "the call reached the server");
+  // The server's progress notifications are the tool call's progress in the editor.
+  const progress = await waitFor(() => a.wireUpdates(sid).find((u) => u.update.sessionUpdate === "tool_call_update" &&
+    u.update.status === "in_progress" && /^\d+\/30/.test(u.update.content?.[0]?.content?.text ?? "")), 10000,
+  "a progress update of the running tool call");
+  console.log(`  progress shown: ${progress.update.content[0].content.text}`);
   const t0 = Date.now();
   a.cancel(sid);
   const r = await pending;
