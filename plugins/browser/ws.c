@@ -543,14 +543,15 @@ void bp_ws_close_all(bp_state *st, int code, const char *why) {
 static bool is_mux_event(const char *name) {
   return strcmp(name, "session.event") == 0 || strcmp(name, "session.delta") == 0 ||
          strcmp(name, "session.reasoning") == 0 || strcmp(name, "session.status") == 0 ||
-         strcmp(name, "subagent.started") == 0 || strcmp(name, "subagent.finished") == 0;
+         strcmp(name, "session.progress") == 0 || strcmp(name, "subagent.started") == 0 ||
+         strcmp(name, "subagent.finished") == 0;
 }
 
 static bool is_host_event(const char *name) {
   return strcmp(name, "request.pending") == 0 || strcmp(name, "request.resolved") == 0 ||
          strcmp(name, "plugin.mounted") == 0 || strcmp(name, "plugin.withdrawn") == 0 ||
          strcmp(name, "session.created") == 0 || strcmp(name, "session.closed") == 0 ||
-         strcmp(name, "host.config-changed") == 0;
+         strcmp(name, "host.config-changed") == 0 || strcmp(name, "tools.changed") == 0;
 }
 
 static void fan_out(bp_state *st, bp_ws_kind kind, const char *text, int64_t cursor, const char *rid) {

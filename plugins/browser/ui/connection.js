@@ -42,6 +42,9 @@ const PAYLOAD_SCHEMAS = {
   },
   "session.delta": (p) => (isStr(p.sessionId) && isStr(p.text) ? null : "needs sessionId and text"),
   "session.reasoning": (p) => (isStr(p.sessionId) && isStr(p.text) ? null : "needs sessionId and text"),
+  "session.progress": (p) =>
+    isStr(p.sessionId) && isStr(p.callId) && typeof p.progress === "number" ? null : "needs sessionId, callId and progress",
+  "tools.changed": (p) => (p.sessionId === undefined || isStr(p.sessionId) ? null : "sessionId must be a string"),
   "session.status": (p) => (isStr(p.sessionId) && isStr(p.status) ? null : "needs sessionId and status"),
   "session.created": (p) => (isObject(p.session) && isStr(p.session.id) ? null : "needs session.id"),
   "session.closed": (p) => (isStr(p.sessionId) ? null : "needs sessionId"),

@@ -181,6 +181,12 @@ function onFrame(frame) {
       logger.warn("agenthost: stream error", JSON.stringify(p));
       notice(`The host reported a stream error: ${p?.message ?? p?.error?.message ?? "unknown"}`, { error: true });
       break;
+    case "session.progress":
+      store.addProgress(p.sessionId, p);
+      break;
+    case "tools.changed":
+      if (!p.sessionId || p.sessionId === selected) loadTools();
+      break;
     case "plugin.mounted":
     case "plugin.withdrawn":
       // The descriptor set may have changed: describe again (remounted only if it did).
@@ -219,6 +225,52 @@ async function loadProviders() {
 }
 
 $("new-provider").addEventListener("change", showModels);
+
+// The tools the selected session's next turn would offer (session.tools), by server: the built-in ones, the
+// plugins' and each MCP server's (its `group`), each with the policy that applies. Asked when the panel is
+// opened (asking starts host-wide MCP servers, as a turn would) and again on tools.changed while it is open.
+let toolsFor = null;
+
+async function loadTools() {
+  const panel = $("tools-panel");
+  if (!panel.open || !selected) return;
+  const id = selected;
+  let r;
+  try {
+    r = await api.call("session.tools", { sessionId: id });
+  } catch (err) {
+    if (id !== selected) return;
+    $("tools-list").replaceChildren(el("p", { class: "field-error", text: `Tools: ${describeError(err)}` }));
+    return;
+  }
+  if (id !== selected) return;
+  toolsFor = id;
+  const tools = Array.isArray(r?.tools) ? r.tools : [];
+  const groups = new Map();
+  for (const t of tools) {
+    const g = typeof t.group === "string" ? `MCP server ${t.group}` : t.params ? "Built-in" : "Plugins";
+    if (!groups.has(g)) groups.set(g, []);
+    groups.get(g).push(t);
+  }
+  $("tools-summary").textContent = `Tools (${tools.length})`;
+  $("tools-list").replaceChildren(
+    ...[...groups].map(([g, list]) =>
+      el("section", { class: "tools-group", dataset: { group: g } },
+        el("h4", { text: `${g} · ${list.length}` }),
+        el("ul", {},
+          ...list.map((t) =>
+            el("li", { dataset: { tool: t.name } },
+              el("code", { text: t.name }), " ",
+              el("span", { class: `badge policy-${t.policy}`, text: t.policy }), " ",
+              el("span", { class: "tool-desc", text: String(t.description ?? "").split("\n")[0].slice(0, 160) }))))),
+    ),
+  );
+  const notes = Array.isArray(r?.notices) ? r.notices : [];
+  $("tools-notices").hidden = notes.length === 0;
+  $("tools-notices").textContent = notes.join(" · ");
+}
+
+$("tools-panel").addEventListener("toggle", () => loadTools());
 
 async function onReady(info) {
   $("token-banner").hidden = true;
@@ -283,6 +335,13 @@ store.subscribe((change) => renderAll(change));
 
 function select(id) {
   selected = id;
+  if (toolsFor !== id) {
+    toolsFor = null;
+    $("tools-summary").textContent = "Tools";
+    $("tools-list").replaceChildren();
+    $("tools-notices").hidden = true;
+    loadTools();
+  }
   history.replaceState(history.state, "", location.pathname + location.search + "#s=" + encodeURIComponent(id));
   if (!store.sessions.has(id)) fetchSession(id);
   ensureHistory(id);

@@ -11,6 +11,7 @@ export class Store {
     this.events = new Map(); // sessionId → Map(seq → stored event)
     this.streaming = new Map(); // sessionId → Map(turnId → text)
     this.reasoning = new Map(); // sessionId → Map(turnId → the model's streamed reasoning)
+    this.progress = new Map(); // sessionId → Map(callId → "3/10: message") of running tools (session.progress)
     this.requests = new Map(); // id → {request, receipt?, resolvedState?, answering?}
     this.muxCursor = null; // the highest cursor seen on the mux stream
     this.pendingSummaries = new Map(); // sessionId → {approvals, questions, requests} (Remote sessions.pending)
@@ -105,6 +106,8 @@ export class Store {
       this.streaming.get(sessionId)?.delete(ev.turnId);
     }
     if (ev.kind === "turn/ended" && ev.turnId) this.reasoning.get(sessionId)?.delete(ev.turnId);
+    if (ev.kind === "tool/result") this.progress.get(sessionId)?.delete(ev.data?.callId);
+    if (ev.kind === "turn/ended") this.progress.delete(sessionId);
     this.changed("events", sessionId);
     return true;
   }
@@ -155,6 +158,18 @@ export class Store {
     }
     const key = turnId ?? "";
     m.set(key, (m.get(key) ?? "") + text);
+    this.changed("events", sessionId);
+  }
+
+  // A running tool's progress: shown on its call until its result arrives, never stored.
+  addProgress(sessionId, p) {
+    let m = this.progress.get(sessionId);
+    if (!m) {
+      m = new Map();
+      this.progress.set(sessionId, m);
+    }
+    const total = typeof p.total === "number" ? `/${p.total}` : "";
+    m.set(p.callId, `${p.progress}${total}${typeof p.message === "string" && p.message ? `: ${p.message}` : ""}`);
     this.changed("events", sessionId);
   }
 

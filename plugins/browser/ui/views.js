@@ -202,12 +202,13 @@ function eventNode(ev) {
     case "tool/call":
       return el(
         "li",
-        { ...base, class: "ev ev-tool" },
+        { ...base, class: "ev ev-tool", dataset: { ...base.dataset, callId: d.callId ?? "" } },
         el(
           "details",
           {},
           el("summary", {}, el("span", { class: "ev-label", text: `Tool call · ${d.name ?? "?"}` }), " ",
-            el("code", { class: "ev-args", text: compact(d.args ?? {}).slice(0, 120) })),
+            el("code", { class: "ev-args", text: compact(d.args ?? {}).slice(0, 120) }), " ",
+            el("span", { class: "ev-progress", role: "status" })),
           el("pre", { class: "ev-args-full", text: pretty(d.args ?? {}) }),
         ),
       );
@@ -316,6 +317,12 @@ export class ConversationView {
         this.list.insertBefore(node, next ?? this.firstStreamNode());
         next = node;
       }
+    }
+    // A running tool's progress on its call (cleared when the result or the turn's end arrives).
+    const progress = store.progress.get(this.sessionId);
+    for (const span of this.list.querySelectorAll("li.ev-tool .ev-progress")) {
+      const text = progress?.get(span.closest("li").dataset.callId) ?? "";
+      if (span.textContent !== text) span.textContent = text;
     }
     const live = new Map(store.streamingOf(this.sessionId));
     for (const [turnId, node] of this.streamNodes) {
