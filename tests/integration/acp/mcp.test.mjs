@@ -17,6 +17,8 @@ import {
   markedPids,
   sentToServer,
   filesystemBin,
+  everythingBin,
+  relayPath,
 } from "../mcp/servers.mjs";
 
 const M = acp.methods.agent;
@@ -224,4 +226,45 @@ test("ACP-OUTPUT-PERMISSION: hostile servers: one that never answers initialize 
   const again = await a.prompt(sid, '/tool mcp__noisy__anything {}', 30000);
   assert.equal(again.stopReason, "end_turn");
   a.assertStdoutPure();
+});
+
+/** The tool name agenthost gives TOOL of SERVER (docs/tools.md "Naming"): FNV-1a of the whole name. */
+function toolName(server, tool) {
+  const clean = (s) => s.replace(/[^A-Za-z0-9-]/g, "_");
+  const whole = `mcp__${clean(server)}__${clean(tool)}`;
+  if (whole.length <= 64) return whole;
+  let h = 2166136261;
+  for (const c of Buffer.from(whole)) h = Math.imul(h ^ c, 16777619) >>> 0;
+  return `${whole.slice(0, 55)}_${h.toString(16).padStart(8, "0")}`;
+}
+
+test("ACP-OUTPUT-PERMISSION: tool names are sanitized and cut with a hash; a name two servers give is kept once, with a warning", TEST, async (t) => {
+  const s = scope(t);
+  const logs = await s.tempDir("ah-acp-mcp-log-");
+  const hostLog = join(logs, "host.log");
+  const conf = join(await s.tempDir("ah-acp-conf-"), "agenthost.ini");
+  await writeFile(conf, `[mcp.ev]\ncommand = ${process.execPath}\nargs = ${relayPath} ${hostLog} ${everythingBin} stdio\n`);
+  const a = await s.spawnAgent({ args: ["--config", conf] });
+  await a.initialize(1);
+  const cwd = await s.tempDir("ah-acp-cwd-");
+  const long = "a server.with spaces/and-a-name-far-longer-than-what-fits";
+  const one = everythingStdio(long, join(logs, "long.log"));
+  const twin = everythingStdio("ev", join(logs, "twin.log"));
+  const third = everythingStdio("other", join(logs, "third.log"));
+  const { sessionId: sid } = await a.request(M.session.new, {
+    cwd, mcpServers: [one.server, twin.server, { ...third.server, name: long }] });
+  a.onPermission = allowOnce;
+  const name = toolName(long, "get-sum");
+  assert.equal(name.length, 64, name);
+  await a.prompt(sid, `/tool ${name} {"a": 1, "b": 2}`, 60000);
+  const res = lastResult(a, sid);
+  assert.equal(res.status, "completed", `${name}: ${JSON.stringify(res)}\n${a.stderrTail()}`);
+  assert.match(JSON.stringify(res.rawOutput), /3/);
+  assert.match(a.stderr, /a second server named a server\.with spaces/, "one list naming a server twice");
+  // The host-wide ev and the session's ev give the same names: the host-wide one wins, the other is named.
+  await a.prompt(sid, '/tool mcp__ev__echo {"message": "twin"}', 60000);
+  assert.match(JSON.stringify(lastResult(a, sid).rawOutput), /Echo: twin/);
+  assert.match(a.stderr, /tool name mcp__ev__echo: given by servers ev and ev; the one of ev is left out/);
+  assert.ok(sentToServer(hostLog).some((m) => m.method === "tools/call"), "the host-wide server ran it");
+  assert.ok(!sentToServer(join(logs, "twin.log")).some((m) => m.method === "tools/call"), "not the session's twin");
 });
