@@ -268,3 +268,28 @@ test("ACP-OUTPUT-PERMISSION: tool names are sanitized and cut with a hash; a nam
   assert.ok(sentToServer(hostLog).some((m) => m.method === "tools/call"), "the host-wide server ran it");
   assert.ok(!sentToServer(join(logs, "twin.log")).some((m) => m.method === "tools/call"), "not the session's twin");
 });
+
+test("ACP-OUTPUT-PERMISSION: a paged tools/list is read to its end; every content type is mapped for the model", TEST, async (t) => {
+  const { a, cwd, logs } = await start(t);
+  const log = join(logs, "fake.log");
+  const fake = join(process.env.AH_TEST_SOURCE_ROOT, "tests", "fakes", "fake_mcp.py");
+  const { sessionId: sid } = await a.request(M.session.new, {
+    cwd, mcpServers: [{ name: "fake", command: "python3", args: [fake, log], env: [] }] });
+  a.onPermission = allowOnce;
+  await a.prompt(sid, "/tool mcp__fake__mixed {}", 30000);
+  let res = lastResult(a, sid);
+  assert.equal(res.status, "completed", JSON.stringify(res));
+  const out = res.rawOutput;
+  assert.equal(out.content, ["plain text", "[image: image/png, 300 bytes, not shown]",
+    "[audio: audio/wav, 3 bytes, not shown]", "[resource link: file:///srv/a.txt a.txt]",
+    "[resource file:///srv/b.txt]\nembedded body", "[resource file:///srv/c.bin: 6 bytes of binary data, not shown]"].join("\n"));
+  assert.deepEqual(out.structuredContent, { answer: 42 });
+  const lists = sentToServer(log).filter((m) => m.method === "tools/list");
+  assert.deepEqual(lists.map((m) => m.params?.cursor ?? null), [null, "1"], "both pages asked for");
+  await a.prompt(sid, "/tool mcp__fake__page_one {}", 30000);
+  assert.equal(lastResult(a, sid).status, "completed", "a tool of the first page");
+  await a.prompt(sid, "/tool mcp__fake__fails {}", 30000);
+  res = lastResult(a, sid);
+  assert.equal(res.status, "failed");
+  assert.match(JSON.stringify(res.rawOutput), /it broke/);
+});
