@@ -11,6 +11,8 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "log.h"
 #include <uv.h>
 
 #include "host_support.h"
@@ -483,4 +485,48 @@ Test(process, malformed_extra_does_not_remove_an_inherited_variable) {
   cr_assert_eq(count, 1);
   cr_assert_eq(env_len(env), 2);
   ah__child_env_free(env);
+}
+
+/* stderr_to_log (ABI 1.6): the host reads the child's stderr into lines on its log, escaped, tagged with the
+ * plugin, the tag and the pid; a line over 512 bytes is cut and said so; process_stderr() is then NULL; a
+ * last line without its newline is not lost. */
+Test(process, stderr_lines_go_to_the_host_log) {
+  fixture f;
+  fx_up(&f);
+  char path[] = "/tmp/ah-test-stderr-log-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert_geq(fd, 0);
+  ah__log_set_fd(fd);
+  proc_run run = {0};
+  const char *args[] = {
+      "/bin/sh", "-c",
+      "echo first >&2; printf 'esc\\033[31m\\n' >&2; head -c 600 /dev/zero | tr '\\0' y >&2; "
+      "echo >&2; printf 'no newline' >&2",
+      NULL};
+  ah_process_opts o = opts_for(args, &run);
+  o.stderr_to_log = true;
+  o.log_tag = "srv";
+  ah_process *p = NULL;
+  cr_assert_eq(f.api->spawn(f.core, &o, &p), 0);
+  run.proc = p;
+  cr_expect_null(f.api->process_stderr(p), "the host reads it");
+  int pid = f.api->process_pid(p);
+  cr_assert(ts_run_until(&f.loop, &run.exited, 10000));
+  ah__log_set_fd(-1);
+  char *text = ts_read_file(path, NULL);
+  cr_assert_not_null(text);
+  char want[64];
+  snprintf(want, sizeof want, "srv[%d]: first", pid);
+  cr_expect(strstr(text, want), "a tagged line: %s", text);
+  cr_expect(strstr(text, "srv[") && strstr(text, "esc\\u001b[31m"), "escaped: %s", text);
+  cr_expect(strstr(text, " (cut)"), "the long line is cut: %s", text);
+  char ys[514];
+  memset(ys, 'y', 513);
+  ys[513] = '\0';
+  cr_expect_null(strstr(text, ys), "no more than 512 bytes of it");
+  cr_expect(strstr(text, "no newline"), "the last line without a newline: %s", text);
+  free(text);
+  unlink(path);
+  close(fd);
+  fx_down(&f);
 }
