@@ -91,3 +91,37 @@ json_t *bench_chan_next(bench_chan *c, uint64_t deadline) {
       c->rlen += (size_t)got;
   }
 }
+
+/* Wait for the answer to request `id` (returned; the caller frees it). Notifications are passed to `on_note`
+ * (may be NULL); requests from the child are answered -32601. */
+json_t *bench_chan_answer(bench_chan *c, int64_t id, void (*on_note)(const json_t *msg, void *arg),
+                          void *arg) {
+  uint64_t deadline = bench_now_ns() + BENCH_CHAN_WAIT_NS;
+  for (;;) {
+    json_t *msg = bench_chan_next(c, deadline);
+    if (!msg)
+      return NULL;
+    const json_t *mid = json_object_get(msg, "id");
+    const char *method = json_string_value(json_object_get(msg, "method"));
+    if (method && !mid) {
+      if (on_note)
+        on_note(msg, arg);
+    } else if (method) {
+      char *idtext = json_dumps(mid, JSON_ENCODE_ANY | JSON_COMPACT);
+      bench_chan_send(
+          c, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"error\":{\"code\":-32601,\"message\":\"method not found\"}}",
+          idtext ? idtext : "null");
+      free(idtext);
+    } else if (json_is_integer(mid) && json_integer_value(mid) == id) {
+      if (!json_object_get(msg, "result")) {
+        char *text = json_dumps(msg, JSON_COMPACT);
+        bench_fail(&c->proc, "request %lld failed: %.300s", (long long)id, text ? text : "?");
+        free(text);
+        json_decref(msg);
+        return NULL;
+      }
+      return msg;
+    }
+    json_decref(msg);
+  }
+}

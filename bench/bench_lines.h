@@ -22,4 +22,11 @@ int bench_chan_send(bench_chan *c, const char *fmt, ...) __attribute__((format(p
  * (bench_now_ns() time). */
 json_t *bench_chan_next(bench_chan *c, uint64_t deadline);
 
+/* The longest bench_chan_answer() waits. */
+#define BENCH_CHAN_WAIT_NS (30ull * 1000000000ull)
+/* Wait for the answer to request `id` (returned; the caller frees it; NULL, reported, on an error answer or
+ * none). Notifications go to `on_note` (may be NULL); requests from the child are answered -32601. */
+json_t *bench_chan_answer(bench_chan *c, int64_t id, void (*on_note)(const json_t *msg, void *arg),
+                          void *arg);
+
 #endif

@@ -20,30 +20,15 @@
 #include "bench_lines.h"
 #include "bench_util.h"
 
-#define WAIT_NS (30ull * 1000000000ull)
+#define WAIT_NS BENCH_CHAN_WAIT_NS
 #define WARMUP 10
 
-static int answer_of(bench_chan *c, int64_t id, json_t **out) {
-  uint64_t deadline = bench_now_ns() + WAIT_NS;
-  for (;;) {
-    json_t *m = bench_chan_next(c, deadline);
-    if (!m)
-      return -1;
-    json_t *mid = json_object_get(m, "id");
-    if (!json_object_get(m, "method") && json_is_integer(mid) && json_integer_value(mid) == id) {
-      if (!json_object_get(m, "result")) {
-        bench_fail(&c->proc, "request %lld failed", (long long)id);
-        json_decref(m);
-        return -1;
-      }
-      if (out)
-        *out = m;
-      else
-        json_decref(m);
-      return 0;
-    }
-    json_decref(m); /* notifications (list_changed, logging) */
-  }
+static int answer_of(bench_chan *c, int64_t id) {
+  json_t *m = bench_chan_answer(c, id, NULL, NULL);
+  if (!m)
+    return -1;
+  json_decref(m);
+  return 0;
 }
 
 /* One prompt through agenthost: the times to the tool's result and to the turn's end. Answers an approval
@@ -148,13 +133,13 @@ int main(int argc, char **argv) {
           "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"initialize\",\"params\":{\"protocolVersion\":"
           "\"2025-11-25\",\"capabilities\":{},\"clientInfo\":{\"name\":\"bench\",\"version\":\"1\"}}}",
           (long long)did) != 0 ||
-      answer_of(&direct, did++, NULL) != 0 ||
+      answer_of(&direct, did++) != 0 ||
       bench_chan_send(&direct, "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}") != 0 ||
       bench_chan_send(&host,
                       "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"initialize\",\"params\":{\"cwd\":\"%s\","
                       "\"capabilities\":{\"requests\":true}}}",
                       (long long)hid, work) != 0 ||
-      answer_of(&host, hid++, NULL) != 0) {
+      answer_of(&host, hid++) != 0) {
     errors++;
     goto out;
   }
@@ -165,7 +150,7 @@ int main(int argc, char **argv) {
             "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\","
             "\"arguments\":{\"message\":\"m%d\"}}}",
             (long long)did, i) != 0 ||
-        answer_of(&direct, did++, NULL) != 0) {
+        answer_of(&direct, did++) != 0) {
       errors++;
       break;
     }

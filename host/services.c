@@ -105,17 +105,6 @@ int ah__services_register_event(ah_mount *m, const char *name, uint32_t flags) {
   return 0;
 }
 
-static bool valid_tool_name(const char *s) {
-  size_t n = s ? strlen(s) : 0;
-  if (n == 0 || n > 64)
-    return false;
-  for (size_t i = 0; i < n; i++)
-    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
-          s[i] == '_' || s[i] == '-'))
-      return false;
-  return true;
-}
-
 static int api_register_tool(ah_mount *m, const ah_tool_def *def) {
   const char *name = def ? def->name : NULL;
   int rc = gate(m, "tool", name);
@@ -123,7 +112,7 @@ static int api_register_tool(ah_mount *m, const ah_tool_def *def) {
     return rc;
   if (!def || def->struct_size < offsetof(ah_tool_def, reserved))
     return refuse(m, "tool", name, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
-  if (!valid_tool_name(name))
+  if (!ah__tool_name_valid(name))
     return refuse(m, "tool", name, "name", AH_EINVAL, "must match [A-Za-z0-9_-]{1,64}");
   if (ah__tool_builtin(name))
     return refuse(m, "tool", name, "name", AH_EEXIST, "the name of a built-in tool");

@@ -162,15 +162,19 @@ typedef struct gather {
   void *arg;
 } gather;
 
-static bool valid_listed_name(const char *s, const char *prefix) {
+bool ah__tool_name_valid(const char *s) {
   size_t n = s ? strlen(s) : 0;
-  if (n == 0 || n > 64 || strncmp(s, prefix, strlen(prefix)) != 0 || n == strlen(prefix))
+  if (n == 0 || n > 64)
     return false;
   for (size_t i = 0; i < n; i++)
     if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
           s[i] == '_' || s[i] == '-'))
       return false;
   return true;
+}
+
+static bool valid_listed_name(const char *s, const char *prefix) {
+  return ah__tool_name_valid(s) && strncmp(s, prefix, strlen(prefix)) == 0 && strlen(s) > strlen(prefix);
 }
 
 static void gather_step(gather *g) {

@@ -35,6 +35,9 @@
 /* [{name, description, params: {NAME: {type, description, required}}}] for the four tools. New reference. */
 json_t *ah__tools_describe(void);
 
+/* A tool's name: [A-Za-z0-9_-]{1,64} (a plugin's, or what a tool source lists). */
+bool ah__tool_name_valid(const char *name);
+
 /* True for the name of a built-in tool. */
 bool ah__tool_builtin(const char *name);
 

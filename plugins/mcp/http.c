@@ -438,10 +438,6 @@ static void h_respond(mcp_server *s, void *inbound, json_t *result, int code, co
 
 static void h_close(mcp_server *s) {
   http_t *t = T(s);
-  if (!t) {
-    mcp_server_closed(s);
-    return;
-  }
   if (t->closing)
     return;
   t->closing = true;

@@ -51,8 +51,8 @@ typedef struct mcp_transport {
   int (*notify)(mcp_server *s, const char *method, json_t *params);
   /* Answer a request the server sent (`id` borrowed). */
   void (*respond)(mcp_server *s, void *inbound, json_t *result, int code, const char *message);
-  /* Close: the server goes away (stdio: stdin EOF → SIGTERM → SIGKILL); mcp_server_closed() once nothing
-   * of it is left. */
+  /* Close an opened transport: the server goes away (stdio: stdin EOF → SIGTERM → SIGKILL);
+   * mcp_server_closed() once nothing of it is left. */
   void (*close)(mcp_server *s);
 } mcp_transport;
 

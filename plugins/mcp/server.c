@@ -1,11 +1,11 @@
 /* agenthost mcp plugin — one MCP server: its start, its tools, its calls, its failures.
  *
  * States: IDLE → (first use) STARTING: the transport opens, `initialize` (protocol 2025-11-25 offered;
- * 2025-06-18 and 2025-03-26 accepted), `notifications/initialized`, then `tools/list` page by page → READY. The whole start
- * has startup_ms: past it, or on any failure, the server is closed (CLOSING → IDLE) with its error kept, and
- * a new start is refused until the backoff (1 s, doubling to 30 s) has passed; the next use after that
- * starts it again. A READY server that goes away (the child exits, the connection breaks) fails its calls
- * in flight with a message naming it and is restarted the same way at its next use.
+ * 2025-06-18 and 2025-03-26 accepted), `notifications/initialized`, then `tools/list` page by page → READY.
+ * The whole start has startup_ms: past it, or on any failure, the server is closed (CLOSING → IDLE) with its
+ * error kept, and a new start is refused until the backoff (1 s, doubling to 30 s) has passed; the next use
+ * after that starts it again. A READY server that goes away (the child exits, the connection breaks) fails
+ * its calls in flight with a message naming it and is restarted the same way at its next use.
  *
  * A call: `tools/call` with a progress token (progress notifications go to the call's progress), its own
  * timeout (tool_ms) and the call's cancellation token: when the turn is cancelled, or the timeout passes,
@@ -153,6 +153,14 @@ static bool add_waiter(mcp_server *s, mcp_ready_fn cb, void *arg) {
 
 static void start(mcp_server *s);
 
+/* The transport goes away; mcp_server_closed() follows (at once when none was opened). */
+static void close_transport(mcp_server *s) {
+  if (s->t)
+    s->tr->close(s);
+  else
+    mcp_server_closed(s);
+}
+
 static void timer_clear(mcp_server *s, ah_timer **t) {
   if (*t) {
     API(s)->timer_stop(*t);
@@ -175,7 +183,7 @@ static void fail(mcp_server *s, char *why) {
     wake(s, AH_EUNAVAILABLE, msg ? msg : s->error);
     free(msg);
   }
-  s->tr->close(s);
+  close_transport(s);
 }
 
 static void on_startup_timeout(ah_timer *t, void *arg) {
@@ -348,8 +356,9 @@ static void on_initialize(mcp_server *s, int status, const json_t *result, const
   }
   const char *v = json_string_value(json_object_get(result, "protocolVersion"));
   if (!version_ok(v)) {
-    fail(s, mcp_fmt("the server speaks protocol %.40s; agenthost speaks 2025-11-25, 2025-06-18 and 2025-03-26",
-                    v ? v : "(none)"));
+    fail(s,
+         mcp_fmt("the server speaks protocol %.40s; agenthost speaks 2025-11-25, 2025-06-18 and 2025-03-26",
+                 v ? v : "(none)"));
     return;
   }
   snprintf(s->protocol, sizeof s->protocol, "%s", v);
@@ -707,7 +716,7 @@ void mcp_server_lost(mcp_server *s, const char *why) {
   s->retry_at = now_ms(s) + s->backoff_ms;
   s->backoff_ms = s->backoff_ms * 2 > MCP_BACKOFF_MAX_MS ? MCP_BACKOFF_MAX_MS : s->backoff_ms * 2;
   s->state = MCP_CLOSING;
-  s->tr->close(s);
+  close_transport(s);
 }
 
 void mcp_server_closed(mcp_server *s) {
@@ -744,6 +753,6 @@ void mcp_server_remove(mcp_server *s, const char *why) {
   }
   if (s->state != MCP_CLOSING) {
     s->state = MCP_CLOSING;
-    s->tr->close(s);
+    close_transport(s);
   }
 }

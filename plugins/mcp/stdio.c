@@ -263,10 +263,6 @@ static void on_grace(ah_timer *timer, void *arg) {
 
 static void s_close(mcp_server *s) {
   stdio_t *t = T(s);
-  if (!t) {
-    mcp_server_closed(s);
-    return;
-  }
   if (t->closing)
     return;
   t->closing = true;

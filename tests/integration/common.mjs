@@ -1,5 +1,6 @@
 // Helpers every integration suite shares (the ACP and the browser suites each add their own on top).
 import { join } from "node:path";
+import { createServer } from "node:net";
 
 /** The binary under test: AH_TEST_AGENTHOST (set by meson), else BUILD_ROOT/host/agenthost. */
 export function agenthostPath() {
@@ -11,3 +12,15 @@ export function agenthostPath() {
 }
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** A TCP port free on 127.0.0.1 right now. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const srv = createServer();
+    srv.on("error", reject);
+    srv.listen(0, "127.0.0.1", () => {
+      const { port } = srv.address();
+      srv.close(() => resolve(port));
+    });
+  });
+}

@@ -2,15 +2,14 @@
 // port with a temporary state directory, read its launch URL, call the browser API from Node, and launch
 // Debian's Chromium through playwright-core.
 import { spawn } from "node:child_process";
-import { createServer } from "node:net";
 import { mkdtemp, mkdir, rm, readFile } from "node:fs/promises";
 import { existsSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { randomUUID } from "node:crypto";
-import { agenthostPath, sleep } from "../common.mjs";
+import { agenthostPath, sleep, freePort } from "../common.mjs";
 
-export { agenthostPath, sleep };
+export { agenthostPath, sleep, freePort };
 
 /** Rejects with `what` when PROMISE has not settled after MS milliseconds. */
 export function withTimeout(promise, ms, what) {
@@ -51,18 +50,6 @@ export async function artifactDir() {
 export function chromiumPath() {
   const p = process.env.AH_TEST_CHROMIUM ?? "/usr/bin/chromium";
   return existsSync(p) ? p : null;
-}
-
-/** A TCP port free on 127.0.0.1 right now. */
-export function freePort() {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 export async function tempDir(prefix) {
@@ -248,4 +235,41 @@ export async function readText(path) {
     if (err.code === "ENOENT") return null;
     throw err;
   }
+}
+
+/**
+ * `agenthost serve` with the configuration text `conf`, Debian's Chromium on its launch URL, and one session
+ * created in a fresh cwd from the page, for a test file's `before`. Fills ctx: host, browser, page, cwd,
+ * dirs (removed by closeSessionPage), errors (the page's uncaught errors).
+ */
+export async function openSessionPage(ctx, { conf, prefix, timeout = 20000 }) {
+  const { chromium } = await import("playwright-core");
+  const stateDir = await tempDir(`${prefix}-state-`);
+  const runtimeDir = await tempDir(`${prefix}-run-`);
+  ctx.cwd = await tempDir(`${prefix}-cwd-`);
+  const confDir = await tempDir(`${prefix}-conf-`);
+  ctx.dirs.push(stateDir, runtimeDir, ctx.cwd, confDir);
+  const confPath = join(confDir, "agenthost.ini");
+  const { writeFile } = await import("node:fs/promises");
+  await writeFile(confPath, conf);
+  ctx.host = new Host({ stateDir, runtimeDir, port: await freePort(), args: ["--config", confPath] });
+  await ctx.host.start();
+  ctx.browser = await withTimeout(chromium.launch({ executablePath: chromiumPath(), headless: true,
+    args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"], timeout: 30000 }),
+  40000, "Chromium to start");
+  ctx.page = await ctx.browser.newPage();
+  ctx.page.setDefaultTimeout(timeout);
+  ctx.page.on("pageerror", (e) => ctx.errors.push(e.message));
+  await ctx.page.goto(ctx.host.launchUrl);
+  await ctx.page.waitForSelector('#conn[data-state="ready"]');
+  await ctx.page.fill("#new-cwd", ctx.cwd);
+  await ctx.page.click("#create");
+  await ctx.page.waitForSelector(".session-item[aria-current='true']");
+}
+
+/** The counterpart of openSessionPage for a test file's `after`. */
+export async function closeSessionPage(ctx) {
+  if (ctx.browser) await withTimeout(ctx.browser.close(), 10000, "Chromium to close").catch(() => {});
+  if (ctx.host) await ctx.host.stop().catch(() => {});
+  for (const d of ctx.dirs) await removeDir(d).catch(() => {});
 }

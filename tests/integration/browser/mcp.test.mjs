@@ -4,10 +4,7 @@
 // result arrives. The page waits for API-CONNECTION-LOOP's ready state before it acts.
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
-import { join } from "node:path";
-import { writeFile } from "node:fs/promises";
-import { chromium } from "playwright-core";
-import { Host, chromiumPath, freePort, removeDir, tempDir, withTimeout } from "./lib.mjs";
+import { chromiumPath, openSessionPage, closeSessionPage } from "./lib.mjs";
 import { everythingBin } from "../mcp/servers.mjs";
 
 const TEST = { timeout: 90000 };
@@ -17,33 +14,11 @@ const ctx = { dirs: [], errors: [] };
 
 before(async () => {
   if (skip) return;
-  const stateDir = await tempDir("ah-browser-mcp-state-");
-  const runtimeDir = await tempDir("ah-browser-mcp-run-");
-  ctx.cwd = await tempDir("ah-browser-mcp-cwd-");
-  const confDir = await tempDir("ah-browser-mcp-conf-");
-  ctx.dirs.push(stateDir, runtimeDir, ctx.cwd, confDir);
-  const conf = join(confDir, "agenthost.ini");
-  await writeFile(conf, `[mcp.ev]\ncommand = ${process.execPath}\nargs = ${everythingBin} stdio\n`);
-  ctx.host = new Host({ stateDir, runtimeDir, port: await freePort(), args: ["--config", conf] });
-  await ctx.host.start();
-  ctx.browser = await withTimeout(chromium.launch({ executablePath: CHROMIUM, headless: true,
-    args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"], timeout: 30000 }),
-  40000, "Chromium to start");
-  ctx.page = await ctx.browser.newPage();
-  ctx.page.setDefaultTimeout(30000);
-  ctx.page.on("pageerror", (e) => ctx.errors.push(e.message));
-  await ctx.page.goto(ctx.host.launchUrl);
-  await ctx.page.waitForSelector('#conn[data-state="ready"]');
-  await ctx.page.fill("#new-cwd", ctx.cwd);
-  await ctx.page.click("#create");
-  await ctx.page.waitForSelector(".session-item[aria-current='true']");
+  await openSessionPage(ctx, { prefix: "ah-browser-mcp", timeout: 30000,
+    conf: `[mcp.ev]\ncommand = ${process.execPath}\nargs = ${everythingBin} stdio\n` });
 });
 
-after(async () => {
-  if (ctx.browser) await withTimeout(ctx.browser.close(), 10000, "Chromium to close").catch(() => {});
-  if (ctx.host) await ctx.host.stop().catch(() => {});
-  for (const d of ctx.dirs) await removeDir(d).catch(() => {});
-});
+after(() => closeSessionPage(ctx));
 
 test("API-CONNECTION-LOOP: the Tools panel shows the session's tools by server, with their policies", { ...TEST, skip }, async () => {
   await ctx.page.click("#tools-summary");

@@ -6,9 +6,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
-import { writeFile } from "node:fs/promises";
-import { chromium } from "playwright-core";
-import { Host, chromiumPath, freePort, readText, removeDir, tempDir, withTimeout } from "./lib.mjs";
+import { chromiumPath, closeSessionPage, openSessionPage, readText } from "./lib.mjs";
 import { startFakeModel, textChunk, finishChunk } from "../fake-model.mjs";
 
 const TEST = { timeout: 90000 };
@@ -20,34 +18,14 @@ const ctx = { dirs: [], errors: [] };
 before(async () => {
   if (skip) return;
   ctx.fake = await startFakeModel(); // for the whole file: stopped by the file's `after`
-  const stateDir = await tempDir("ah-browser-openai-state-");
-  const runtimeDir = await tempDir("ah-browser-openai-run-");
-  ctx.cwd = await tempDir("ah-browser-openai-cwd-");
-  const confDir = await tempDir("ah-browser-openai-conf-");
-  ctx.dirs.push(stateDir, runtimeDir, ctx.cwd, confDir);
-  const conf = join(confDir, "agenthost.ini");
-  await writeFile(conf, `[host]\ndefault_provider = fake\n[provider.fake]\ntype = openai\n` +
-    `base_url = ${ctx.fake.baseUrl}\nmodel = m1\nmax_retries = 2\n`);
-  ctx.host = new Host({ stateDir, runtimeDir, port: await freePort(), args: ["--config", conf] });
-  await ctx.host.start();
-  ctx.browser = await withTimeout(chromium.launch({ executablePath: CHROMIUM, headless: true,
-    args: ["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--no-first-run"], timeout: 30000 }),
-  40000, "Chromium to start");
-  ctx.page = await ctx.browser.newPage();
-  ctx.page.setDefaultTimeout(UI_TIMEOUT);
-  ctx.page.on("pageerror", (e) => ctx.errors.push(e.message));
-  await ctx.page.goto(ctx.host.launchUrl);
-  await ctx.page.waitForSelector('#conn[data-state="ready"]');
-  await ctx.page.fill("#new-cwd", ctx.cwd);
-  await ctx.page.click("#create");
-  await ctx.page.waitForSelector(".session-item[aria-current='true']");
+  await openSessionPage(ctx, { prefix: "ah-browser-openai", timeout: UI_TIMEOUT,
+    conf: `[host]\ndefault_provider = fake\n[provider.fake]\ntype = openai\n` +
+      `base_url = ${ctx.fake.baseUrl}\nmodel = m1\nmax_retries = 2\n` });
 });
 
 after(async () => {
-  if (ctx.browser) await withTimeout(ctx.browser.close(), 10000, "Chromium to close").catch(() => {});
-  if (ctx.host) await ctx.host.stop().catch(() => {});
+  await closeSessionPage(ctx);
   if (ctx.fake) await ctx.fake.stop().catch(() => {});
-  for (const d of ctx.dirs) await removeDir(d).catch(() => {});
 });
 
 async function send(text) {

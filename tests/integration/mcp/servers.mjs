@@ -9,27 +9,16 @@ import { spawn } from "node:child_process";
 import { readdirSync, readFileSync, existsSync } from "node:fs";
 import { join, dirname } from "node:path";
 import { fileURLToPath } from "node:url";
-import { createServer } from "node:net";
 import { randomUUID } from "node:crypto";
-import { sleep } from "../common.mjs";
+import { sleep, freePort } from "../common.mjs";
+
+export { freePort };
 
 const here = dirname(fileURLToPath(import.meta.url));
 const bin = (name) => join(here, "..", "node_modules", ".bin", name);
 export const everythingBin = bin("mcp-server-everything");
 export const filesystemBin = bin("mcp-server-filesystem");
 export const relayPath = join(here, "relay.mjs");
-
-/** A free TCP port on 127.0.0.1. */
-export function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.on("error", reject);
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 /** An ACP stdio server entry for server-everything through the relay; `log` gets what the client sent. */
 export function everythingStdio(name, log, mark = randomUUID()) {
