@@ -27,6 +27,8 @@
  */
 #include "child.h"
 
+#include "envname.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -301,16 +303,6 @@ fail:
   return NULL;
 }
 
-static bool env_name_ok(const char *s, size_t n) {
-  if (n == 0 || !((s[0] >= 'A' && s[0] <= 'Z') || (s[0] >= 'a' && s[0] <= 'z') || s[0] == '_'))
-    return false;
-  for (size_t i = 1; i < n; i++)
-    if (!((s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') ||
-          s[i] == '_'))
-      return false;
-  return true;
-}
-
 static bool parse_ms(const char *s, uint64_t *out) {
   if (!s || !*s || strlen(s) > 9)
     return false;
@@ -375,7 +367,7 @@ static char *read_config(acp_run *r, const json_t *cfg, const char *session_cwd)
   size_t k = 0;
   for (size_t i = 0; r->envv && i < nenv && !err; i++) {
     const char *eq = strchr(env[i], '=');
-    if (!eq || !env_name_ok(env[i], (size_t)(eq - env[i]))) {
+    if (!eq || !env_name_valid(env[i], (size_t)(eq - env[i]))) {
       err = acp_fmt("[provider.%s] env: \"%.100s\" is not NAME=value (NAME: [A-Za-z_][A-Za-z0-9_]*)",
                     r->provider, env[i]);
     } else if (strncmp(eq + 1, "()", 2) == 0) {
@@ -386,7 +378,7 @@ static char *read_config(acp_run *r, const json_t *cfg, const char *session_cwd)
     }
   }
   for (size_t i = 0; r->envv && i < npass && !err; i++) {
-    if (!env_name_ok(pass[i], strlen(pass[i]))) {
+    if (!env_name_valid(pass[i], strlen(pass[i]))) {
       err = acp_fmt("[provider.%s] pass_env: \"%.100s\" is not a variable name", r->provider, pass[i]);
       break;
     }

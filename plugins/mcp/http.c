@@ -11,7 +11,6 @@
  * means the server forgot the session: the server is lost (started again at its next use). Closing aborts
  * every transfer and ends the session with a DELETE. Bearer tokens are read from the environment at each
  * start and sent only in the Authorization header: never logged, never in an event. */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "envname.h"
 #include "mcp.h"
 
 /* ---- names -------------------------------------------------------------------------------------------- */
@@ -337,15 +338,6 @@ static json_t *str_map(const json_t *v, char sep, const char *what, char **why) 
   return out;
 }
 
-static bool env_name_ok(const char *s) {
-  if (!s || !*s || !((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || *s == '_'))
-    return false;
-  for (const char *p = s; *p; p++)
-    if (!((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_'))
-      return false;
-  return true;
-}
-
 static bool get_ms(const json_t *raw, const char *key, json_int_t *out, char **why) {
   json_t *v = json_object_get(raw, key);
   if (!v)
@@ -446,7 +438,7 @@ static json_t *normalize(const json_t *raw, bool *skip, char **why) {
     const char *k;
     json_t *x;
     json_object_foreach(env, k, x) {
-      if (!env_name_ok(k)) {
+      if (!env_name_valid(k, strlen(k))) {
         *why = mcp_fmt("env: \"%.60s\" is not a variable name", k);
         json_decref(a);
         json_decref(env);
@@ -482,7 +474,7 @@ static json_t *normalize(const json_t *raw, bool *skip, char **why) {
     json_object_set_new(out, "headers", h);
     json_t *bt = json_object_get(raw, "bearer_token_env");
     if (bt) {
-      if (!env_name_ok(json_string_value(bt))) {
+      if (!json_is_string(bt) || !env_name_valid(json_string_value(bt), json_string_length(bt))) {
         *why = mcp_fmt("bearer_token_env: a variable name");
         json_decref(out);
         return NULL;
