@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "agenthost/errors.h"
+#include "hooks.h"
 
 /* Fallbacks so that this file compiles on its own; the meson build defines all three. */
 #ifndef AH_INSTALL_PLUGIN_DIR
@@ -61,6 +62,7 @@ typedef enum section_kind {
   SECTION_PLUGIN,
   SECTION_PROVIDER,
   SECTION_MCP,     /* [mcp.NAME]: an MCP server, handed to the mcp plugin as its config's `servers` */
+  SECTION_HOOK,    /* [hook.NAME]: a command hook (docs/hooks.md) */
   SECTION_UNKNOWN, /* warned about once, its keys ignored */
 } section_kind;
 
@@ -75,6 +77,7 @@ typedef struct loader {
   /* Where default_provider was set ("" = the default) and where each provider was first named. */
   char *default_provider_where;
   json_t *provider_where;
+  json_t *hook_where; /* where each [hook.NAME] began, for the checks at the end */
 
   /* The file being parsed. */
   const char *file;
@@ -300,6 +303,20 @@ static json_t *mcp_entry(loader *L, const char *name) {
   return srv;
 }
 
+/* The hook `name` of [hook.NAME], created empty on first mention (file order is the order hooks run). */
+static json_t *hook_entry(loader *L, const char *name, const char *where) {
+  json_t *h = json_object_get(L->cfg->hooks, name);
+  if (h)
+    return h;
+  h = json_object();
+  if (!h || json_object_set_new(L->cfg->hooks, name, h) != 0 ||
+      json_object_set_new(L->hook_where, name, json_string(where)) != 0) {
+    fail_nomem(L);
+    return NULL;
+  }
+  return h;
+}
+
 /* The entry of provider `name`, created empty on first mention; `where` is remembered for messages. */
 static json_t *provider_entry(loader *L, const char *name, const char *where) {
   json_t *p = json_object_get(L->cfg->providers, name);
@@ -328,46 +345,84 @@ static int parse_bool(const char *s) {
   return -1;
 }
 
-/* "serve, sdk" → ["serve", "sdk"] (blanks trimmed, duplicates dropped) into *out. Returns 0, -1 with
- * the offending item (escaped) in `bad` when an item is not a mode, or AH_ENOMEM. */
-static int parse_modes(const char *s, json_t **out, char *bad, size_t badcap) {
+/* A list value: a JSON array of strings when it starts with '[' (for items with commas or blanks), else
+ * comma-separated items with blanks trimmed and empty items dropped. A new array, or NULL when the JSON
+ * is not an array of strings (or out of memory: *nomem). keep_empty keeps empty items (as ""). */
+static json_t *parse_list(const char *s, bool allow_json, bool keep_empty, bool *nomem) {
+  *nomem = false;
+  if (allow_json && s[0] == '[') {
+    json_t *v = json_loads(s, JSON_DECODE_ANY, NULL);
+    size_t i;
+    json_t *x;
+    bool ok = json_is_array(v);
+    json_array_foreach(v, i, x) {
+      ok = ok && json_is_string(x);
+    }
+    if (!ok) {
+      json_decref(v);
+      return NULL;
+    }
+    return v;
+  }
   json_t *arr = json_array();
-  if (!arr)
-    return AH_ENOMEM;
-  const char *p = s;
-  for (;;) {
+  for (const char *p = s; arr;) {
     const char *end = strchr(p, ',');
     size_t n = end ? (size_t)(end - p) : strlen(p);
-    const char *a = p;
-    while (n && (*a == ' ' || *a == '\t')) {
-      a++;
+    while (n && (*p == ' ' || *p == '\t')) {
+      p++;
       n--;
     }
-    while (n && (a[n - 1] == ' ' || a[n - 1] == '\t'))
+    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t'))
       n--;
-    const char *mode = NULL;
-    for (size_t i = 0; i < sizeof mode_names / sizeof mode_names[0]; i++)
-      if (strlen(mode_names[i]) == n && strncmp(a, mode_names[i], n) == 0)
-        mode = mode_names[i];
-    if (!mode) {
-      ah__log_escape(bad, badcap, a, n);
+    if ((n || keep_empty) && json_array_append_new(arr, json_stringn(p, n)) != 0) {
       json_decref(arr);
-      return -1;
-    }
-    bool dup = false;
-    size_t i = 0;
-    json_t *v = NULL;
-    json_array_foreach(arr, i, v) {
-      dup |= strcmp(json_string_value(v), mode) == 0;
-    }
-    if (!dup && json_array_append_new(arr, json_string(mode)) != 0) {
-      json_decref(arr);
-      return AH_ENOMEM;
+      arr = NULL;
     }
     if (!end)
       break;
     p = end + 1;
   }
+  *nomem = arr == NULL;
+  return arr;
+}
+
+/* "serve, sdk" → ["serve", "sdk"] (blanks trimmed, duplicates dropped) into *out. Returns 0, -1 with
+ * the offending item (escaped) in `bad` when an item is not a mode, or AH_ENOMEM. */
+static int parse_modes(const char *s, json_t **out, char *bad, size_t badcap) {
+  bool nomem = false;
+  json_t *items = parse_list(s, false, true, &nomem);
+  json_t *arr = json_array();
+  if (!items || !arr) {
+    json_decref(items);
+    json_decref(arr);
+    return AH_ENOMEM;
+  }
+  size_t i = 0;
+  json_t *item = NULL;
+  json_array_foreach(items, i, item) {
+    const char *mode = NULL;
+    for (size_t k = 0; k < sizeof mode_names / sizeof mode_names[0]; k++)
+      if (strcmp(json_string_value(item), mode_names[k]) == 0)
+        mode = mode_names[k];
+    if (!mode) {
+      ah__log_escape(bad, badcap, json_string_value(item), json_string_length(item));
+      json_decref(items);
+      json_decref(arr);
+      return -1;
+    }
+    bool dup = false;
+    size_t j = 0;
+    json_t *v = NULL;
+    json_array_foreach(arr, j, v) {
+      dup |= strcmp(json_string_value(v), mode) == 0;
+    }
+    if (!dup && json_array_append_new(arr, json_string(mode)) != 0) {
+      json_decref(items);
+      json_decref(arr);
+      return AH_ENOMEM;
+    }
+  }
+  json_decref(items);
   *out = arr;
   return 0;
 }
@@ -493,6 +548,76 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
     return;
   }
 
+  if (kind == SECTION_HOOK) {
+    json_t *hk = hook_entry(L, name, where);
+    if (!hk)
+      return;
+    bool nomem = false;
+    if (strcmp(key, "event") == 0) {
+      if (!ah__hook_point_valid(value)) {
+        fail(L, "%s: unknown hook event%s (expected %s)", where, quote_value(q, sizeof q, key, value),
+             AH_HOOK_POINTS_TEXT);
+        return;
+      }
+      obj_set_new(L, hk, key, json_string(value));
+    } else if (strcmp(key, "command") == 0 || strcmp(key, "cwd") == 0) {
+      if (!value[0]) {
+        fail(L, "%s: must not be empty", where);
+        return;
+      }
+      if (key[0] == 'c' && key[1] == 'w' && !check_abs_path(L, where, key, value))
+        return;
+      obj_set_new(L, hk, key, json_string(value));
+    } else if (strcmp(key, "match") == 0 || strcmp(key, "args") == 0 || strcmp(key, "env") == 0) {
+      json_t *list = parse_list(value, true, false, &nomem);
+      if (!list) {
+        if (nomem)
+          fail_nomem(L);
+        else
+          fail(L, "%s: a JSON list must be an array of strings", where);
+        return;
+      }
+      size_t i;
+      json_t *x;
+      json_array_foreach(list, i, x) {
+        const char *eq = strchr(json_string_value(x), '=');
+        if (key[0] == 'e' && (!eq || eq == json_string_value(x))) {
+          fail(L, "%s: item %zu is not NAME=value", where, i + 1); /* the value may be a secret */
+          json_decref(list);
+          return;
+        }
+      }
+      obj_set_new(L, hk, key, list);
+    } else if (strcmp(key, "timeout_ms") == 0) {
+      char *end = NULL;
+      errno = 0;
+      long long v = strtoll(value, &end, 10);
+      if (errno || !value[0] || *end || v < 1 || v > AH_HOOK_MAX_TIMEOUT_MS) {
+        fail(L, "%s: not a number of milliseconds from 1 to %d%s", where, AH_HOOK_MAX_TIMEOUT_MS,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      obj_set_new(L, hk, key, json_integer(v));
+    } else if (strcmp(key, "on_error") == 0) {
+      if (strcmp(value, "deny") != 0 && strcmp(value, "allow") != 0) {
+        fail(L, "%s: expected deny or allow%s", where, quote_value(q, sizeof q, key, value));
+        return;
+      }
+      obj_set_new(L, hk, key, json_string(value));
+    } else if (strcmp(key, "enabled") == 0) {
+      int b = parse_bool(value);
+      if (b < 0) {
+        fail(L, "%s: not a boolean%s (expected true/false, yes/no, on/off or 1/0)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      obj_set_new(L, hk, key, json_boolean(b));
+    } else {
+      warn(L, "%s: unknown key ignored", where); /* only its name: it may hold a secret */
+    }
+    return;
+  }
+
   if (kind == SECTION_PROVIDER) {
     json_t *p = provider_entry(L, name, where);
     if (!p)
@@ -534,6 +659,15 @@ static void begin_section(loader *L, const char *section) {
   bool is_provider = strncmp(section, "provider", 8) == 0 && (section[8] == '.' || section[8] == '\0');
   if (strcmp(section, "host") == 0) {
     L->kind = SECTION_HOST;
+  } else if (strncmp(section, "hook", 4) == 0 && (section[4] == '.' || section[4] == '\0')) {
+    const char *name = section[4] ? section + 5 : "";
+    if (!name_valid(name)) {
+      fail(L, "%s: bad hook name (expected [a-z][a-z0-9-]*, at most %d characters)", where, NAME_MAX_LEN);
+      return;
+    }
+    L->name = copy + (name - section);
+    L->kind = SECTION_HOOK;
+    hook_entry(L, name, where);
   } else if (strncmp(section, "mcp", 3) == 0 && (section[3] == '.' || section[3] == '\0')) {
     const char *name = section[3] ? section + 4 : "";
     if (!name_valid(name)) {
@@ -559,7 +693,8 @@ static void begin_section(loader *L, const char *section) {
     else
       provider_entry(L, name, where);
   } else if (section[0]) {
-    warn(L, "%s: unknown section ignored (expected host, plugin.NAME, provider.NAME or mcp.NAME)", where);
+    warn(L, "%s: unknown section ignored (expected host, plugin.NAME, provider.NAME, mcp.NAME or hook.NAME)",
+         where);
   }
 }
 
@@ -958,9 +1093,11 @@ static void load_defaults(loader *L) {
   L->default_provider_where = strdup("");
   cfg->plugins = json_object();
   cfg->providers = json_object();
+  cfg->hooks = json_object();
   L->provider_where = json_object();
+  L->hook_where = json_object();
   if (!cfg->default_provider || !cfg->synchronous || !L->default_provider_where || !cfg->plugins ||
-      !cfg->providers || !L->provider_where) {
+      !cfg->providers || !L->provider_where || !cfg->hooks || !L->hook_where) {
     fail_nomem(L);
     return;
   }
@@ -1068,6 +1205,23 @@ static void finish(loader *L) {
       return;
   }
 
+  json_t *hk = NULL;
+  json_object_foreach(cfg->hooks, name, hk) {
+    const char *where = json_string_value(json_object_get(L->hook_where, name));
+    const char *ev = json_string_value(json_object_get(hk, "event"));
+    if (!ev || !json_object_get(hk, "command")) {
+      fail(L, "%s: a hook needs %s", where, ev ? "command" : "event");
+      return;
+    }
+    bool guards = strcmp(ev, "before_tool") == 0 || strcmp(ev, "prompt_submit") == 0;
+    if ((!json_object_get(hk, "timeout_ms") &&
+         !obj_set_new(L, hk, "timeout_ms", json_integer(AH_HOOK_DEFAULT_TIMEOUT_MS))) ||
+        (!json_object_get(hk, "on_error") &&
+         !obj_set_new(L, hk, "on_error", json_string(guards ? "deny" : "allow"))) ||
+        (!json_object_get(hk, "enabled") && !obj_set_new(L, hk, "enabled", json_true())))
+      return;
+  }
+
   if (!json_object_get(cfg->providers, cfg->default_provider))
     fail(L, "%s: no provider named \"%s\" is configured", L->default_provider_where, cfg->default_provider);
 }
@@ -1106,6 +1260,7 @@ int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *en
   free(L.section);
   free(L.default_provider_where);
   json_decref(L.provider_where);
+  json_decref(L.hook_where);
   if (L.rc) {
     ah__config_free(cfg);
     if (err)
@@ -1128,6 +1283,7 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->synchronous);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
+  json_decref(cfg->hooks);
   memset(cfg, 0, sizeof *cfg);
 }
 

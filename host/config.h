@@ -33,6 +33,8 @@
  *
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
  * (the store's durability: off | normal | full, default normal);
+ * [hook.NAME] with event, command, args, env, match (lists: comma-separated, or a JSON array of strings),
+ * cwd, timeout_ms, on_error, enabled (docs/hooks.md); event and command are required;
  * [plugin.NAME] with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
  * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo or the name of the plugin
  * that provides the type (acp, openai, …) and its keys. Unknown [host] keys and unknown sections are warned
@@ -78,6 +80,10 @@ typedef struct ah_config {
   json_t *plugins;
   /* {"NAME": {"type": "echo", "<key>": "<string>", ...}} */
   json_t *providers;
+  /* [hook.NAME] in file order: {"NAME": {"event": POINT, "command": "...", "args": [..], "env": ["K=v"],
+   * "match": [pattern], "cwd"?: "/abs", "timeout_ms": int, "on_error": "deny"|"allow", "enabled": bool}}
+   * (docs/hooks.md). May be NULL (a configuration built by hand). */
+  json_t *hooks;
 } ah_config;
 
 /* Load the configuration. `envp` is the environment to read (NULL = environ). On failure returns

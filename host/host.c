@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "hooks.h"
 #include "http.h"
 #include "internal.h"
 #include "sessions.h"
@@ -203,6 +204,7 @@ json_t *ah__host_describe(ah_host *h) {
                         "mode", h->mode, "plugins", plugins);
   if (store)
     json_object_set_new(d, "store", store);
+  json_object_set_new(d, "hooks", ah__hooks_describe(h));
   json_decref(h->describe_cache);
   h->describe_cache = json_incref(d);
   h->describe_gen = h->reg.gen;
@@ -463,6 +465,8 @@ int ah__host_apply_config(ah_host *h, const ah_config *cfg, ah__done_fn cb, void
   }
   json_decref(want);
   h->config = cfg;
+  json_decref(h->describe_cache); /* it shows the configuration's hooks */
+  h->describe_cache = NULL;
   apply_next(a);
   return 0;
 }

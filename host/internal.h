@@ -27,7 +27,13 @@ void ah__list_take_all(ah__link *dst, ah__link *src); /* dst (uninitialized) get
 #define AH__CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
 #define AH__LIST_EACH(it, head) for (ah__link *it = (head)->next; it != (head); it = it->next)
 
-char *ah__strdup(const char *s);     /* NULL-safe */
+char *ah__strdup(const char *s); /* NULL-safe */
+/* A JSON string of the `n` bytes at `s`, every invalid UTF-8 sequence replaced by U+FFFD (its maximal
+ * subpart, as Unicode recommends). New reference; NULL when out of memory. */
+json_t *ah__json_lossy_string(const char *s, size_t n);
+/* The UTF-8 sequence at s (n ≥ 1 bytes left): its length when valid; else minus the length of its maximal
+ * valid prefix (at least 1), with *cut set when that prefix was cut short by the end of the input. */
+int ah__utf8_seq(const unsigned char *s, size_t n, bool *cut);
 void ah__time_rfc3339(char out[32]); /* now, UTC, milliseconds: 2026-11-30T17:15:03.123Z */
 uint64_t ah__time_ms(void);          /* now, Unix milliseconds */
 void ah__uuid7(char out[37]);        /* a new UUIDv7 (text), sorting by creation time */
@@ -75,6 +81,7 @@ typedef enum ah__entry_kind {
   AH__ENTRY_TOOL,        /* a plugin's tool; `meta` {description, schema} */
   AH__ENTRY_TOOL_SOURCE, /* a tool source (ABI 1.6), named by its prefix; `handler` runs a tool, `list` lists
                           */
+  AH__ENTRY_HOOK,        /* a plugin's hook (ABI 1.7); `meta` {event, match, timeout_ms, on_error} */
 } ah__entry_kind;
 
 typedef enum ah__entry_state {
@@ -424,6 +431,7 @@ uv_stream_t *ah__process_stdout(ah_process *p);
 uv_stream_t *ah__process_stderr(ah_process *p);
 void *ah__process_arg(ah_process *p);
 ah_process *ah__process_of_stream(uv_stream_t *s);
+void ah__process_close_stdin(ah_process *p);
 
 /* ---- the audit log (audit.c) ----------------------------------------------------------------------------
  */

@@ -13,6 +13,7 @@
 #include "cli_commands.h"
 #include "cli_sessions.h"
 #include "config.h"
+#include "hooks.h"
 #include "host.h"
 #include "log.h"
 #include "store.h"
@@ -31,6 +32,7 @@ static const char usage[] =
     "  plugins load PATH         mount a plugin module into the running daemon\n"
     "  plugins unload NAME       withdraw a plugin from the running daemon\n"
     "  plugins reload NAME       withdraw a plugin and mount it again\n"
+    "  hooks list [--json]       the hooks of the running daemon (else of the configuration)\n"
     "  remote stubs              print TypeScript declarations of the daemon's remote services\n"
     "  url                       print the browser launch URL of the running daemon (browser plugin)\n"
     "  token rotate              a new browser token; open tabs must reload (browser plugin)\n"
@@ -455,6 +457,70 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
   return code;
 }
 
+/* ---- hooks: what runs at each point, from the daemon (with the plugins' hooks) or the configuration ---- */
+
+static int cmd_hooks(const ah_cli_overrides *cli, int argc, char **argv) {
+  bool as_json = argc == 2 && strcmp(argv[1], "--json") == 0;
+  if (argc < 1 || strcmp(argv[0], "list") != 0 || argc > 2 || (argc == 2 && !as_json)) {
+    fputs(usage, stderr);
+    return 2;
+  }
+  ah_config cfg;
+  if (load_config(&cfg, cli) != 0)
+    return 2;
+  json_t *result = NULL;
+  json_t *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, "host.describe", NULL, 30000, &result, &error);
+  json_t *hooks = NULL;
+  bool from_daemon = rc == 0;
+  if (rc == 0) {
+    hooks = json_incref(json_object_get(result, "hooks"));
+  } else if (rc == AH_ECLOSED) { /* no daemon: the configuration's own */
+    hooks = ah__hooks_describe_config(cfg.hooks);
+  } else {
+    print_error("hooks list", rc, error);
+    json_decref(error);
+    ah__config_free(&cfg);
+    return 1;
+  }
+  json_decref(result);
+  ah__config_free(&cfg);
+  if (as_json) {
+    json_t *out = json_pack("{s:o, s:s}", "hooks", hooks ? hooks : json_array(), "from",
+                            from_daemon ? "daemon" : "configuration");
+    char *text = json_dumps(out, JSON_INDENT(2));
+    puts(text ? text : "null");
+    free(text);
+    json_decref(out);
+    return 0;
+  }
+  if (!from_daemon)
+    printf("(no daemon is running: the hooks of the configuration)\n");
+  size_t i = 0;
+  json_t *hk = NULL;
+  json_array_foreach(hooks, i, hk) {
+    char *name = ah__cli_esc(ah__cli_jstr(hk, "name"), 40);
+    const char *src = ah__cli_jstr(hk, "source");
+    char *by = ah__cli_esc(
+        src && strcmp(src, "plugin") == 0 ? ah__cli_jstr(hk, "plugin") : ah__cli_jstr(hk, "command"), 80);
+    json_t *match = json_object_get(hk, "match");
+    char *patterns = json_array_size(match) ? json_dumps(match, JSON_COMPACT) : strdup("*");
+    char *shown = ah__cli_esc(patterns, 80);
+    printf("%-20s %-14s %-7s %-28s on_error=%s timeout=%lldms%s  %s\n", name, ah__cli_jstr(hk, "event"),
+           src ? src : "?", shown, ah__cli_jstr(hk, "onError"),
+           (long long)json_integer_value(json_object_get(hk, "timeoutMs")),
+           json_is_false(json_object_get(hk, "enabled")) ? " (disabled)" : "", by);
+    free(name);
+    free(by);
+    free(patterns);
+    free(shown);
+  }
+  if (json_array_size(hooks) == 0)
+    printf("no hooks\n");
+  json_decref(hooks);
+  return 0;
+}
+
 static int cmd_sessions(const ah_cli_overrides *cli, int argc, char **argv) {
   const char *sub = argc >= 1 ? argv[0] : "";
   const char *id = NULL;
@@ -596,6 +662,8 @@ int main(int argc, char **argv) {
     return cmd_plugins(&cli, rest, rest_argv);
   if (strcmp(cmd, "remote") == 0)
     return cmd_remote(&cli, rest, rest_argv);
+  if (strcmp(cmd, "hooks") == 0)
+    return cmd_hooks(&cli, rest, rest_argv);
   if (strcmp(cmd, "status") == 0)
     return cmd_status(&cli, rest, rest_argv);
   /* A command of an enabled plugin (the browser's `url` and `token`). */

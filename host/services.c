@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agenthost/provider.h"
+#include "hooks.h"
 #include "http.h"
 #include "internal.h"
 #include "sessions.h"
@@ -187,6 +188,68 @@ static int api_register_tool_source(ah_mount *m, const ah_tool_source_def *def) 
     ah__entry_free(e);
     return refuse(m, "tool source", prefix, "prefix", rc,
                   "already registered by another plugin (live or staged)");
+  }
+  return 0;
+}
+
+static bool hook_name_valid(const char *s) {
+  size_t n = s ? strlen(s) : 0;
+  if (n == 0 || n > 40 || s[0] < 'a' || s[0] > 'z')
+    return false;
+  for (size_t i = 1; i < n; i++)
+    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+      return false;
+  return true;
+}
+
+static int api_register_hook(ah_mount *m, const ah_hook_def *def) {
+  const char *name = def ? def->name : NULL;
+  int rc = gate(m, "hook", name);
+  if (rc)
+    return rc;
+  if (!def || def->struct_size < offsetof(ah_hook_def, reserved))
+    return refuse(m, "hook", name, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
+  if (!hook_name_valid(name))
+    return refuse(m, "hook", name, "name", AH_EINVAL, "must match [a-z][a-z0-9-]*, at most 40 bytes");
+  if (!ah__hook_point_valid(def->event))
+    return refuse(m, "hook", name, "event", AH_EINVAL, "must be " AH_HOOK_POINTS_TEXT);
+  if (def->timeout_ms > AH_HOOK_MAX_TIMEOUT_MS)
+    return refuse(m, "hook", name, "timeout_ms", AH_EINVAL, "at most 600000");
+  if (def->on_error && strcmp(def->on_error, "deny") != 0 && strcmp(def->on_error, "allow") != 0)
+    return refuse(m, "hook", name, "on_error", AH_EINVAL, "must be \"deny\", \"allow\" or NULL");
+  if (!def->handler)
+    return refuse(m, "hook", name, "handler", AH_EINVAL, "missing handler");
+  json_t *match = json_array();
+  for (size_t i = 0; def->match && def->match[i]; i++) {
+    json_t *p = json_string(def->match[i]);
+    if (!p) {
+      json_decref(match);
+      return refuse(m, "hook", name, "match", AH_EINVAL, "patterns must be UTF-8 strings");
+    }
+    json_array_append_new(match, p);
+  }
+  bool guards = strcmp(def->event, "before_tool") == 0 || strcmp(def->event, "prompt_submit") == 0;
+  ah__entry *e = calloc(1, sizeof *e);
+  if (!e || !(e->name = strdup(name)) ||
+      !(e->meta = json_pack("{s:s, s:o, s:I, s:s}", "event", def->event, "match", match, "timeout_ms",
+                            (json_int_t)(def->timeout_ms ? def->timeout_ms : AH_HOOK_DEFAULT_TIMEOUT_MS),
+                            "on_error",
+                            def->on_error ? def->on_error
+                            : guards      ? "deny"
+                                          : "allow"))) {
+    if (e)
+      free(e->name);
+    free(e);
+    m->registration_failed = true;
+    return AH_ENOMEM;
+  }
+  e->kind = AH__ENTRY_HOOK;
+  e->handler = def->handler;
+  e->data = def->data;
+  rc = ah__registry_stage(&m->host->reg, m, e);
+  if (rc) {
+    ah__entry_free(e);
+    return refuse(m, "hook", name, "name", rc, "already registered by another plugin (live or staged)");
   }
   return 0;
 }
@@ -543,7 +606,7 @@ uv_stream_t *ah__process_stdout(ah_process *p) {
 uv_stream_t *ah__process_stderr(ah_process *p) {
   return p && p->err_logged ? NULL : proc_stream(p, 2); /* stderr_to_log: the host's own reader has it */
 }
-void ah__process_close_stdin(ah_process *p);
+
 void *ah__process_arg(ah_process *p) {
   return p ? p->arg : NULL;
 }
@@ -805,6 +868,7 @@ ah_host_api ah__api_table = {
 #endif
     .register_tool = api_register_tool,
     .register_tool_source = api_register_tool_source,
+    .register_hook = api_register_hook,
     .tools_changed = api_tools_changed,
     .call_progress = api_call_progress,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */

@@ -35,6 +35,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "command.h"
 #include "config.h"
 #include "internal.h"
 #include "tools.h"
@@ -486,88 +487,6 @@ static const char *below_cwd(const char *confined, const char *cwd_norm) {
   return confined[n] == '/' ? confined + n + 1 : ".";
 }
 
-/* ---- UTF-8 ------------------------------------------------------------------------------------------ */
-
-/* The sequence at s (n ≥ 1 bytes left): its length when valid; else minus the length of its maximal
- * valid prefix (at least 1), with *cut set when that prefix was cut short by the end of the input. */
-static int utf8_seq(const unsigned char *s, size_t n, bool *cut) {
-  *cut = false;
-  unsigned c = s[0];
-  if (c < 0x80)
-    return 1;
-  int need = 0;
-  unsigned lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    need = 1;
-  } else if (c == 0xE0) {
-    need = 2;
-    lo = 0xA0;
-  } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
-    need = 2;
-  } else if (c == 0xED) {
-    need = 2;
-    hi = 0x9F; /* no UTF-16 surrogates */
-  } else if (c == 0xF0) {
-    need = 3;
-    lo = 0x90;
-  } else if (c >= 0xF1 && c <= 0xF3) {
-    need = 3;
-  } else if (c == 0xF4) {
-    need = 3;
-    hi = 0x8F; /* nothing above U+10FFFF */
-  } else {
-    return -1;
-  }
-  for (int i = 1; i <= need; i++) {
-    if ((size_t)i >= n) {
-      *cut = true;
-      return -i;
-    }
-    if (s[i] < lo || s[i] > hi)
-      return -i;
-    lo = 0x80;
-    hi = 0xBF;
-  }
-  return need + 1;
-}
-
-/* A JSON string of `s` with every invalid sequence replaced by U+FFFD (its maximal subpart, as Unicode
- * recommends). New reference; NULL when out of memory. */
-static json_t *utf8_lossy_string(const char *s, size_t n) {
-  if (n == 0)
-    return json_string(""); /* json_stringn(NULL, 0) would fail */
-  const unsigned char *u = (const unsigned char *)s;
-  size_t bad = 0;
-  bool cut = false;
-  for (size_t i = 0; i < n;) {
-    int k = utf8_seq(u + i, n - i, &cut);
-    if (k < 0)
-      bad++;
-    i += (size_t)(k < 0 ? -k : k);
-  }
-  if (bad == 0)
-    return json_stringn(s, n);
-  char *buf = malloc(n + bad * 3);
-  if (!buf)
-    return NULL;
-  size_t o = 0;
-  for (size_t i = 0; i < n;) {
-    int k = utf8_seq(u + i, n - i, &cut);
-    if (k > 0) {
-      memcpy(buf + o, s + i, (size_t)k);
-      o += (size_t)k;
-      i += (size_t)k;
-    } else {
-      memcpy(buf + o, "\xEF\xBF\xBD", 3);
-      o += 3;
-      i += (size_t)-k;
-    }
-  }
-  json_t *r = json_stringn(buf, o);
-  free(buf);
-  return r;
-}
-
 /* ---- opening beneath the cwd ---------------------------------------------------------------------- */
 
 #define MAX_LINKS 40
@@ -711,13 +630,6 @@ static int open_beneath(int dirfd, const char *rel, int flags, mode_t mode) {
 
 /* ---- one tool run ---------------------------------------------------------------------------------- */
 
-typedef struct out_buf {
-  char *data;
-  size_t len;
-  size_t cap;
-  char scratch[16384];
-} out_buf;
-
 typedef struct tool_run {
   ah_host *host;
   ah_mount *core;
@@ -742,16 +654,6 @@ typedef struct tool_run {
   bool guard_has_file;
   dev_t guard_dev;
   ino_t guard_ino;
-  /* run_command */
-  ah_process *proc;
-  ah_timer *timer;
-  ah_cancel_watch *cancel_watch;
-  ah_cancel_watch *host_watch;
-  bool killing;
-  bool truncated;
-  bool timed_out;
-  bool cancelled;
-  out_buf out[2]; /* stdout, stderr */
   /* delivery of an outcome known before any work started */
   uv_timer_t later;
 } tool_run;
@@ -768,8 +670,6 @@ static void run_free(tool_run *r) {
     free(r->guard_real[i]);
   }
   free(r->guard_file);
-  free(r->out[0].data);
-  free(r->out[1].data);
   free(r);
 }
 
@@ -921,7 +821,7 @@ static void do_read(tool_run *r, int dirfd) {
   const unsigned char *u = (const unsigned char *)buf;
   for (size_t i = 0; i < len;) {
     bool cut = false;
-    int k = u[i] == 0 ? 0 : utf8_seq(u + i, len - i, &cut);
+    int k = u[i] == 0 ? 0 : ah__utf8_seq(u + i, len - i, &cut);
     if (k > 0) {
       i += (size_t)k;
       continue;
@@ -1066,7 +966,7 @@ static void do_list(tool_run *r, int cwdfd) {
     qsort(ents, n, sizeof *ents, entry_cmp);
   json_t *list = nomem ? NULL : json_array();
   for (size_t i = 0; list && i < n; i++) {
-    json_t *name = utf8_lossy_string(ents[i].name, strlen(ents[i].name)); /* names need not be UTF-8 */
+    json_t *name = ah__json_lossy_string(ents[i].name, strlen(ents[i].name)); /* names need not be UTF-8 */
     json_t *item =
         name ? json_pack("{s:o, s:s, s:I}", "name", name, "type", ents[i].type, "size", ents[i].size) : NULL;
     if (!item || json_array_append_new(list, item) != 0) {
@@ -1123,94 +1023,6 @@ static void file_after(void *arg, int status) {
 
 /* ---- run_command ----------------------------------------------------------------------------------- */
 
-static tool_run *run_of_stream(uv_stream_t *s, int *which) {
-  ah_process *p = ah__process_of_stream(s);
-  *which = s == ah__process_stdout(p) ? 0 : 1;
-  return ah__process_arg(p);
-}
-
-static void out_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
-  (void)suggested;
-  int which = 0;
-  tool_run *r = run_of_stream((uv_stream_t *)h, &which);
-  buf->base = r->out[which].scratch;
-  buf->len = sizeof r->out[which].scratch;
-}
-
-static void out_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
-  int which = 0;
-  tool_run *r = run_of_stream(s, &which);
-  out_buf *o = &r->out[which];
-  if (nread < 0) {
-    uv_read_stop(s); /* EOF or a read error: the process service closes the pipe */
-    return;
-  }
-  size_t n = (size_t)nread;
-  size_t room = AH_TOOL_MAX_OUTPUT - o->len;
-  if (n > room) {
-    r->truncated = true; /* keep reading (so the child does not block) and discard */
-    n = room;
-  }
-  if (n == 0)
-    return;
-  if (o->len + n > o->cap) {
-    size_t ncap = o->cap ? o->cap : 4096;
-    while (ncap < o->len + n)
-      ncap *= 2;
-    if (ncap > AH_TOOL_MAX_OUTPUT)
-      ncap = AH_TOOL_MAX_OUTPUT;
-    char *grown = realloc(o->data, ncap);
-    if (!grown) {
-      r->truncated = true;
-      return;
-    }
-    o->data = grown;
-    o->cap = ncap;
-  }
-  memcpy(o->data + o->len, buf->base, n);
-  o->len += n;
-}
-
-static void kill_group(tool_run *r, uint64_t grace_ms) {
-  if (r->proc->exited)
-    return;
-  if (r->killing && grace_ms > 0)
-    return; /* a kill is already escalating */
-  r->killing = true;
-  ah__process_kill(r->proc, grace_ms);
-}
-
-static void on_timeout(ah_timer *t, void *arg) {
-  (void)t;
-  tool_run *r = arg;
-  r->timer = NULL; /* a one-shot timer is freed by the host after this callback */
-  if (r->proc->exited)
-    return;
-  r->timed_out = true;
-  kill_group(r, AH_TOOL_KILL_GRACE_MS);
-}
-
-static void on_cancel(ah_cancel *token, void *arg) {
-  (void)token;
-  tool_run *r = arg;
-  r->cancel_watch = NULL; /* a fired watch is gone */
-  if (r->proc->exited)
-    return;
-  r->cancelled = true;
-  kill_group(r, AH_TOOL_KILL_GRACE_MS);
-}
-
-/* The core's token trips when the host stops: no grace, the host is waiting for this exit. */
-static void on_host_stop(ah_cancel *token, void *arg) {
-  (void)token;
-  tool_run *r = arg;
-  r->host_watch = NULL;
-  if (r->proc->exited)
-    return;
-  r->cancelled = true;
-  kill_group(r, 0);
-}
-
 static json_t *signal_name(int sig) {
   if (sig == 0)
     return json_null();
@@ -1218,102 +1030,34 @@ static json_t *signal_name(int sig) {
   return abbrev ? json_sprintf("SIG%s", abbrev) : json_sprintf("SIG%d", sig);
 }
 
-static void command_exited(ah_process *p, int64_t exit_status, int term_signal, void *arg) {
-  (void)p;
+static void command_done(const ah_command_result *res, void *arg) {
   tool_run *r = arg;
-  ah_mount *core = r->core;
-  if (r->timer)
-    ah__services_timer_stop(r->timer);
-  r->timer = NULL;
-  ah__cancel_unwatch(r->cancel_watch);
-  r->cancel_watch = NULL;
-  ah__cancel_unwatch(r->host_watch);
-  r->host_watch = NULL;
-  if (!r->error) {
+  if (res->error && !res->cancelled) {
+    set_error(r, "cannot run the command: %s", res->error);
+  } else {
     r->result =
         json_pack("{s:o, s:o, s:o, s:o, s:b, s:b, s:b}", "exitCode",
-                  term_signal ? json_null() : json_integer((json_int_t)exit_status), "signal",
-                  signal_name(term_signal), "stdout", utf8_lossy_string(r->out[0].data, r->out[0].len),
-                  "stderr", utf8_lossy_string(r->out[1].data, r->out[1].len), "truncated", r->truncated,
-                  "timedOut", r->timed_out, "cancelled", r->cancelled);
+                  res->error || res->signal ? json_null() : json_integer((json_int_t)res->exit_code),
+                  "signal", signal_name(res->signal), "stdout", ah__json_lossy_string(res->out, res->out_len),
+                  "stderr", ah__json_lossy_string(res->err, res->err_len), "truncated", res->truncated,
+                  "timedOut", res->timed_out, "cancelled", res->cancelled);
   }
   deliver(r);
   run_free(r);
-  /* The run held the core's withdraw like a call; let it go on. */
-  ah__mount_release(core, AH__HOLD_CALL);
 }
 
 static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) {
-  if (ah__cancel_tripped(r->cancel)) {
-    r->cancelled = true;
-    r->result = json_pack("{s:n, s:n, s:s, s:s, s:b, s:b, s:b}", "exitCode", "signal", "stdout", "", "stderr",
-                          "", "truncated", false, "timedOut", false, "cancelled", true);
-    if (!r->result)
-      return AH_ENOMEM;
-    deliver_later(r);
-    return 0;
-  }
-  const char *args[] = {"/bin/sh", "-c", command, NULL};
-  ah_process_opts opts;
-  memset(&opts, 0, sizeof opts);
-  opts.struct_size = sizeof opts;
-  opts.file = args[0];
-  opts.args = args;
-  opts.env = NULL; /* the allowlist and nothing else (SECURITY.md T7, G10) */
-  opts.cwd = r->cwd;
-  opts.pipe_stdin = false;
-  opts.pipe_stdout = true;
-  opts.pipe_stderr = true;
-  opts.on_exit = command_exited;
-  opts.arg = r;
-  ah_process *p = NULL;
-  int rc = ah__services_spawn(r->core, &opts, &p);
-  if (rc == AH_ENOMEM)
-    return rc;
-  if (rc) {
-    set_error(r, "cannot run the command: %s",
-              rc == AH_ESTATE   ? "the host is stopping"
-              : rc == AH_ENOENT ? "/bin/sh or the working directory does not exist"
-                                : ah_strerror(rc));
-    deliver_later(r);
-    return 0;
-  }
-  r->proc = p;
-  ah__mount_hold(r->core, AH__HOLD_CALL); /* a stopping host drains it before it goes on */
-  for (int i = 0; i < 2; i++) {
-    uv_stream_t *s = i == 0 ? ah__process_stdout(p) : ah__process_stderr(p);
-    int urc = uv_read_start(s, out_alloc, out_read);
-    if (urc) {
-      set_error(r, "cannot read the command's output: %s", uv_strerror(urc));
-      kill_group(r, 0);
-      return 0;
-    }
-  }
-  if (ah__services_timer_start(r->core, timeout_ms, 0, on_timeout, r, &r->timer) != 0) {
-    r->timer = NULL;
-    set_error(r, "cannot start the command's timer");
-    kill_group(r, 0);
-    return 0;
-  }
-  if (r->cancel) {
-    rc = ah__cancel_watch(r->cancel, on_cancel, r, &r->cancel_watch);
-    if (rc == AH_ECANCELED) {
-      r->cancel_watch = NULL;
-      r->cancelled = true;
-      kill_group(r, AH_TOOL_KILL_GRACE_MS);
-    } else if (rc) {
-      r->cancel_watch = NULL;
-      set_error(r, "cannot watch the cancellation token");
-      kill_group(r, 0);
-      return 0;
-    }
-  }
-  if (ah__cancel_watch(r->core->token, on_host_stop, r, &r->host_watch) != 0) {
-    r->host_watch = NULL;
-    r->cancelled = true;
-    kill_group(r, 0);
-  }
-  return 0;
+  const char *argv[] = {"/bin/sh", "-c", command, NULL};
+  ah_command_opts o = {
+      .argv = argv,
+      .env = NULL, /* the allowlist and nothing else (SECURITY.md T7, G10) */
+      .cwd = r->cwd,
+      .max_output = AH_TOOL_MAX_OUTPUT,
+      .timeout_ms = timeout_ms,
+      .kill_grace_ms = AH_TOOL_KILL_GRACE_MS,
+      .cancel = r->cancel,
+  };
+  return ah__command_run(r->host, &o, command_done, r);
 }
 
 /* ---- arguments and dispatch ------------------------------------------------------------------------ */

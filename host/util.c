@@ -118,3 +118,83 @@ int ah__mkdirs(const char *dir, const char **failed) {
     return -errno;
   return 0;
 }
+
+/* ---- UTF-8 ------------------------------------------------------------------------------------------ */
+
+int ah__utf8_seq(const unsigned char *s, size_t n, bool *cut) {
+  *cut = false;
+  unsigned c = s[0];
+  if (c < 0x80)
+    return 1;
+  int need = 0;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c == 0xE0) {
+    need = 2;
+    lo = 0xA0;
+  } else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) {
+    need = 2;
+  } else if (c == 0xED) {
+    need = 2;
+    hi = 0x9F; /* no UTF-16 surrogates */
+  } else if (c == 0xF0) {
+    need = 3;
+    lo = 0x90;
+  } else if (c >= 0xF1 && c <= 0xF3) {
+    need = 3;
+  } else if (c == 0xF4) {
+    need = 3;
+    hi = 0x8F; /* nothing above U+10FFFF */
+  } else {
+    return -1;
+  }
+  for (int i = 1; i <= need; i++) {
+    if ((size_t)i >= n) {
+      *cut = true;
+      return -i;
+    }
+    if (s[i] < lo || s[i] > hi)
+      return -i;
+    lo = 0x80;
+    hi = 0xBF;
+  }
+  return need + 1;
+}
+
+/* A JSON string of `s` with every invalid sequence replaced by U+FFFD (its maximal subpart, as Unicode
+ * recommends). New reference; NULL when out of memory. */
+json_t *ah__json_lossy_string(const char *s, size_t n) {
+  if (n == 0)
+    return json_string(""); /* json_stringn(NULL, 0) would fail */
+  const unsigned char *u = (const unsigned char *)s;
+  size_t bad = 0;
+  bool cut = false;
+  for (size_t i = 0; i < n;) {
+    int k = ah__utf8_seq(u + i, n - i, &cut);
+    if (k < 0)
+      bad++;
+    i += (size_t)(k < 0 ? -k : k);
+  }
+  if (bad == 0)
+    return json_stringn(s, n);
+  char *buf = malloc(n + bad * 3);
+  if (!buf)
+    return NULL;
+  size_t o = 0;
+  for (size_t i = 0; i < n;) {
+    int k = ah__utf8_seq(u + i, n - i, &cut);
+    if (k > 0) {
+      memcpy(buf + o, s + i, (size_t)k);
+      o += (size_t)k;
+      i += (size_t)k;
+    } else {
+      memcpy(buf + o, "\xEF\xBF\xBD", 3);
+      o += 3;
+      i += (size_t)-k;
+    }
+  }
+  json_t *r = json_stringn(buf, o);
+  free(buf);
+  return r;
+}

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../hooks.h"
 #include "session.h"
 
 static void stop_here(session *s, int status);
@@ -358,6 +359,14 @@ static void created_written(int status, const json_t *results, void *arg) {
   s->fenced = true;
   ah__sm_emit(s->m, "session.created", json_pack("{s:o}", "session", ah__sm_public_row(s->row, "idle")));
   ah__live_wake(s, 0);
+  if (ah__hooks_any(s->m->host, "session_start", NULL)) {
+    json_t *doc = ah__hook_doc(s, NULL);
+    json_object_set_new(doc, "session",
+                        json_pack("{s:s?, s:s?, s:O?}", "title", str(s->row, "title"), "parent",
+                                  str(s->row, "parent"), "depth", json_object_get(s->row, "depth")));
+    if (ah__session_hooks(s, "session_start", doc, NULL, NULL) < 0)
+      AH_LOG_W(LOG, "session %s: the session_start hooks could not run: out of memory", s->id);
+  }
 }
 
 /* Create a session row and its live agent (lease taken in the same commit). `cb` runs after the commit. */
@@ -444,7 +453,31 @@ static void close_written(session *s, int status, const json_t *event, void *arg
   session_dispose(s);
 }
 
+/* After the session_close hooks: the close goes on, unless the host released the session meanwhile. */
+static void close_hooked(session *s, void *arg) {
+  (void)arg;
+  if (!s->disposed) {
+    ah__live_finish_close(s);
+    return;
+  }
+  while (!ah__list_empty(&s->close_waiters)) {
+    ah__link *l = s->close_waiters.next;
+    ah__list_remove(l);
+    ah__call_error(*(ah_call **)((char *)l + sizeof(ah__link)), AH_ESTATE,
+                   "the host stopped before the session was closed", NULL);
+    free(l);
+  }
+}
+
 void ah__live_finish_close(session *s) {
+  if (!s->close_hooked && !s->m->stopping && !s->lost && !s->broken &&
+      ah__hooks_any(s->m->host, "session_close", NULL)) {
+    s->close_hooked = true; /* the hooks see it once; the close goes on after them */
+    json_t *doc = ah__hook_doc(s, NULL);
+    json_object_set_new(doc, "session", json_pack("{s:s?}", "title", str(s->row, "title")));
+    if (ah__session_hooks(s, "session_close", doc, close_hooked, NULL) == 1)
+      return;
+  }
   /* Queued prompts will never run: record them as cancelled. */
   json_t *ops = json_array();
   while (!ah__list_empty(&s->queue)) {

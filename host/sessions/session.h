@@ -8,6 +8,7 @@
  * requests.c   server requests (approvals, questions) and their answers
  * turns.c      turns, the provider sink, the tools a turn runs
  * subagents.c  child sessions of a turn
+ * hookpoints.c the hooks' points: their documents, the chains a turn waits for, the observing ones
  * methods.c    the methods session.* and request.*
  */
 #ifndef AGENTHOST_HOST_SESSIONS_SESSION_H
@@ -98,6 +99,7 @@ struct ah_session {
   /* A turn ended and its turn/ended is not stored yet: the next turn waits, so that whatever it reads of
    * the conversation (the provider's history) has every earlier turn's messages. */
   bool end_unwritten;
+  bool close_hooked; /* the session_close hooks ran (or are running) */
   ah__link link;
 };
 
@@ -202,6 +204,21 @@ void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error)
 void ah__turn_tool_refused(turn *t, const char *call_id, const char *name, const char *why);
 void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const json_t *args);
 void ah__turn_claim(session *s);
+
+/* hookpoints.c (ah_hook_verdict: host/hooks.h) */
+struct ah_hook_verdict;
+typedef void (*ah_turn_hooks_fn)(turn *t, const struct ah_hook_verdict *v, void *arg);
+/* {sessionId, turnId?, cwd, provider, model?}: what every hook document has. New reference. */
+json_t *ah__hook_doc(session *s, const turn *t);
+/* Run the hooks of `point` (for `tool`, may be NULL) for turn `t` with `doc` (stolen); each run is written
+ * as a `hook/ran` event of the turn; `fn` gets the verdict on a later loop turn (the chain counts as a
+ * running tool meanwhile). Returns 1 (started), 0 (no hook there: `fn` is not called) or AH_ENOMEM. */
+int ah__turn_hooks(turn *t, const char *point, const char *tool, const char *call_id, json_t *doc,
+                   ah_turn_hooks_fn fn, void *arg);
+/* The same for an observing point of session `s` (held in memory meanwhile; not cancelled with a turn);
+ * `then` (may be NULL) runs after the chain. Returns 1, 0 (no hook: `then` not called) or AH_ENOMEM. */
+int ah__session_hooks(session *s, const char *point, json_t *doc, void (*then)(session *s, void *arg),
+                      void *arg);
 
 /* subagents.c */
 session *ah__subagent_start(session *parent, turn *t, const char *prompt, int *rc);

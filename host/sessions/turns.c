@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../hooks.h"
 #include "session.h"
 
 #define HISTORY_MAX 200
@@ -12,6 +13,7 @@
 
 static void on_turn_token(ah_cancel *token, void *arg);
 static void tools_gathered(const json_t *tools, const json_t *notices, void *arg);
+static void finish_pending_end(turn *t);
 
 /* The provider of the configured [provider.NAME]: the embedded echo for type echo (and the built-in
  * "echo"), else the provider type a mounted plugin registered (acp, openai, …), with its mount in *mount.
@@ -199,8 +201,17 @@ void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error)
   json_t *ops = json_pack("[{s:s, s:s, s:s, s:s}]", "op", "inbox.state", "messageId", t->message_id, "state",
                           "done", "turnId", t->id);
   s->end_unwritten = true;
+  json_t *doc = NULL;
+  if (!s->m->stopping && !s->lost && !s->broken && ah__hooks_any(s->m->host, "turn_end", NULL)) {
+    doc = ah__hook_doc(s, t);
+    json_object_set_new(
+        doc, "turn",
+        json_pack("{s:s, s:s, s:s?}", "reason", reason, "messageId", t->message_id, "error", error));
+  }
   ah__write_ops(s, ops, "turn/ended", t->id, t->message_id, data, ended_written, NULL);
   s->turn = NULL;
+  if (doc && ah__session_hooks(s, "turn_end", doc, NULL, NULL) < 0)
+    AH_LOG_W(LOG, "session %s: the turn_end hooks could not run: out of memory", s->id);
   /* A subagent's parent learns the end of the turn it waits for. */
   if (s->parent_turn && s->parent_message && strcmp(s->parent_message, t->message_id) == 0)
     ah__subagent_notify_parent(s, t->message_id, reason, json_string_value(t->last_text));
@@ -296,7 +307,18 @@ typedef struct tool_run {
   turn *t;
   char *call_id;
   char *name;
+  json_t *args;
+  bool is_error; /* while the after_tool hooks run: the result they see */
+  json_t *result;
 } tool_run;
+
+static void tool_run_free(tool_run *r) {
+  free(r->call_id);
+  free(r->name);
+  json_decref(r->args);
+  json_decref(r->result);
+  free(r);
+}
 
 static void finish_pending_end(turn *t) {
   if (t->end_pending && t->tools_running == 0) {
@@ -312,20 +334,63 @@ static void finish_pending_end(turn *t) {
   }
 }
 
-static void tool_done(const json_t *result, bool is_error, void *arg) {
-  tool_run *r = arg;
+/* The result is stored and, while the turn goes on, handed to the provider. */
+static void tool_finish(tool_run *r, const json_t *result, bool is_error) {
   turn *t = r->t;
-  t->tools_running--;
   ah__write_event(t->s, "tool/result", t->id, NULL,
                   json_pack("{s:s, s:s, s:O, s:b}", "callId", r->call_id, "name", r->name, "result", result,
                             "isError", is_error));
   bool deliver = !t->ended && !t->cancelled && !t->end_pending;
   if (deliver)
     t->prov->turn_tool_result(t->pt, r->call_id, result, is_error);
-  free(r->call_id);
-  free(r->name);
-  free(r);
+  tool_run_free(r);
   finish_pending_end(t);
+}
+
+/* What the after_tool hooks said goes to the model with the result: `hookNotes` [string] beside an
+ * object's keys, else {result, hookNotes}. */
+static void after_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
+  (void)t;
+  tool_run *r = arg;
+  json_t *notes = json_copy((json_t *)v->context);
+  if (v->deny && !v->cancelled) {
+    char *why = ah__hook_denial(v);
+    if (why)
+      json_array_append_new(notes, json_string(why));
+    free(why);
+  }
+  json_t *result = NULL;
+  if (json_array_size(notes) == 0) {
+    result = json_incref(r->result);
+  } else if (json_is_object(r->result)) {
+    result = json_copy(r->result);
+    json_object_set(result, "hookNotes", notes);
+  } else {
+    result = json_pack("{s:O, s:O}", "result", r->result, "hookNotes", notes);
+  }
+  json_decref(notes);
+  tool_finish(r, result ? result : r->result, r->is_error);
+  json_decref(result);
+}
+
+static void tool_done(const json_t *result, bool is_error, void *arg) {
+  tool_run *r = arg;
+  turn *t = r->t;
+  t->tools_running--;
+  bool going_on = !t->ended && !t->cancelled && !t->end_pending;
+  if (going_on && ah__hooks_any(t->m->host, "after_tool", r->name)) {
+    json_t *doc = ah__hook_doc(t->s, t);
+    json_object_set_new(doc, "tool",
+                        json_pack("{s:s, s:s, s:O, s:O, s:b}", "name", r->name, "callId", r->call_id,
+                                  "arguments", r->args, "result", result, "isError", is_error));
+    r->result = json_incref((json_t *)result);
+    r->is_error = is_error;
+    if (ah__turn_hooks(t, "after_tool", r->name, r->call_id, doc, after_hooked, r) == 1)
+      return;
+    json_decref(r->result);
+    r->result = NULL;
+  }
+  tool_finish(r, result, is_error);
 }
 
 /* A tool's progress is transient, like a delta: emitted for the clients watching, not stored. */
@@ -359,12 +424,11 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
   r->t = t;
   r->call_id = strdup(call_id);
   r->name = strdup(name);
+  r->args = json_incref((json_t *)args);
   int rc = ah__tool_run_in(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args, t->cancel,
                            tool_progress, tool_done, r);
   if (rc) {
-    free(r->call_id);
-    free(r->name);
-    free(r);
+    tool_run_free(r);
     ah__turn_tool_refused(t, call_id, name,
                           rc == AH_EINVAL ? "invalid arguments for this tool" : ah_strerror(rc));
     return;
@@ -387,6 +451,55 @@ static bool offered(turn *t, const char *name) {
   return false;
 }
 
+/* After the before_tool hooks: run it, or ask first, as the session's policy says. */
+static void run_or_ask(turn *t, const char *call_id, const char *name, const json_t *args) {
+  const char *policy = policy_of(t->s, name);
+  if (strcmp(policy, "allow") == 0) {
+    ah__turn_run_tool(t, call_id, name, args);
+    return;
+  }
+  if (t->pending) {
+    ah__turn_tool_refused(t, call_id, name, "another request is already waiting for an answer");
+    return;
+  }
+  request *r =
+      ah__request_new(t, "approval",
+                      json_pack("{s:s, s:s, s:O, s:s}", "tool", name, "callId", call_id, "args",
+                                args ? args : json_null(), "cwd", str(t->s->row, "cwd")),
+                      json_pack("[s,s,s,s]", "allow_once", "allow_always", "reject_once", "reject_always"));
+  if (!r) {
+    ah__turn_tool_refused(t, call_id, name, "out of memory");
+    return;
+  }
+  r->call_id = strdup(call_id);
+  r->tool = strdup(name);
+  r->args = args ? json_deep_copy(args) : json_null();
+}
+
+typedef struct pending_call {
+  char *call_id;
+  char *name;
+  json_t *args;
+} pending_call;
+
+static void before_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
+  pending_call *pc = arg;
+  if (t->ended || t->cancelled || t->end_pending || v->cancelled) {
+    ah__turn_tool_refused(t, pc->call_id, pc->name, "cancelled");
+  } else if (v->deny) {
+    char *why = ah__hook_denial(v);
+    ah__turn_tool_refused(t, pc->call_id, pc->name, why ? why : "denied by a hook");
+    free(why);
+  } else {
+    run_or_ask(t, pc->call_id, pc->name, v->arguments ? v->arguments : pc->args);
+  }
+  free(pc->call_id);
+  free(pc->name);
+  json_decref(pc->args);
+  free(pc);
+  finish_pending_end(t);
+}
+
 static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
   turn *t = ctx;
   if (t->ended)
@@ -398,29 +511,38 @@ static void sink_tool_call(void *ctx, const char *call_id, const char *name, con
     ah__turn_tool_refused(t, call_id, name, "unknown tool");
     return;
   }
-  const char *policy = policy_of(t->s, name);
-  if (strcmp(policy, "deny") == 0) {
+  if (strcmp(policy_of(t->s, name), "deny") == 0) {
     ah__turn_tool_refused(t, call_id, name, "denied by the session's policy");
-  } else if (strcmp(policy, "allow") == 0) {
-    ah__turn_run_tool(t, call_id, name, args);
-  } else {
-    if (t->pending) {
-      ah__turn_tool_refused(t, call_id, name, "another request is already waiting for an answer");
-      return;
-    }
-    request *r =
-        ah__request_new(t, "approval",
-                        json_pack("{s:s, s:s, s:O, s:s}", "tool", name, "callId", call_id, "args",
-                                  args ? args : json_null(), "cwd", str(t->s->row, "cwd")),
-                        json_pack("[s,s,s,s]", "allow_once", "allow_always", "reject_once", "reject_always"));
-    if (!r) {
-      ah__turn_tool_refused(t, call_id, name, "out of memory");
-      return;
-    }
-    r->call_id = strdup(call_id);
-    r->tool = strdup(name);
-    r->args = args ? json_deep_copy(args) : json_null();
+    return;
   }
+  if (ah__hooks_any(t->m->host, "before_tool", name)) {
+    pending_call *pc = calloc(1, sizeof *pc);
+    json_t *doc = ah__hook_doc(t->s, t);
+    json_object_set_new(doc, "tool",
+                        json_pack("{s:s, s:s, s:O}", "name", name, "callId", call_id, "arguments",
+                                  args ? args : json_object()));
+    if (pc) {
+      pc->call_id = strdup(call_id);
+      pc->name = strdup(name);
+      pc->args = args ? json_incref((json_t *)args) : json_object();
+    }
+    if (!pc)
+      json_decref(doc);
+    int rc = pc ? ah__turn_hooks(t, "before_tool", name, call_id, doc, before_hooked, pc) : AH_ENOMEM;
+    if (rc == 1)
+      return;
+    if (pc) {
+      free(pc->call_id);
+      free(pc->name);
+      json_decref(pc->args);
+      free(pc);
+    }
+    if (rc < 0) { /* the hooks could not run: the call does not either */
+      ah__turn_tool_refused(t, call_id, name, "the before_tool hooks could not run (out of memory)");
+      return;
+    }
+  }
+  run_or_ask(t, call_id, name, args);
 }
 
 static void sink_ask(void *ctx, const char *question, const json_t *options) {
@@ -459,6 +581,60 @@ static void sink_subagent(void *ctx, const char *prompt) {
                               rc == AH_E2BIG ? "subagent depth limit reached" : "cannot start a subagent"));
     t->prov->turn_subagent_result(t->pt, NULL, "error");
   }
+}
+
+/* The prompt's text blocks, concatenated (what a hook matches on). New reference. */
+static json_t *prompt_text(const json_t *content) {
+  json_t *out = json_string("");
+  size_t i;
+  json_t *b;
+  json_array_foreach(content, i, b) {
+    const char *type = str(b, "type");
+    json_t *text = json_object_get(b, "text");
+    if (type && strcmp(type, "text") == 0 && json_is_string(text)) {
+      size_t n = json_string_length(out), k = json_string_length(text);
+      char *joined = malloc(n + k + 1);
+      if (!joined)
+        break;
+      memcpy(joined, json_string_value(out), n);
+      memcpy(joined + n, json_string_value(text), k);
+      json_string_setn_nocheck(out, joined, n + k);
+      free(joined);
+    }
+  }
+  return out;
+}
+
+static void gather_tools(turn *t);
+
+/* After the prompt_submit hooks: refused, or on with what they added as more text blocks of the prompt. */
+static void prompt_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
+  (void)arg;
+  if (t->end_pending) {
+    finish_pending_end(t);
+    return;
+  }
+  if (t->cancelled || v->cancelled) {
+    ah__turn_end(t, "cancelled", NULL, NULL);
+    return;
+  }
+  if (v->deny) {
+    char *why = ah__hook_denial(v);
+    ah__turn_end(t, "refusal", NULL, why ? why : "refused by a hook");
+    free(why);
+    return;
+  }
+  if (json_array_size(v->context) > 0 && json_is_array(t->content)) {
+    json_t *more = json_copy(t->content);
+    size_t i;
+    json_t *c;
+    json_array_foreach(v->context, i, c) {
+      json_array_append_new(more, json_pack("{s:s, s:O}", "type", "text", "text", c));
+    }
+    json_decref(t->content);
+    t->content = more;
+  }
+  gather_tools(t);
 }
 
 void ah__turn_claim(session *s) {
@@ -503,9 +679,25 @@ void ah__turn_claim(session *s) {
     ah__turn_end(t, "error", NULL, "the session's provider is not available");
     return;
   }
+  if (ah__hooks_any(m->host, "prompt_submit", NULL)) {
+    json_t *doc = ah__hook_doc(s, t);
+    json_object_set_new(doc, "prompt",
+                        json_pack("{s:s, s:O, s:o}", "messageId", t->message_id, "content", t->content,
+                                  "text", prompt_text(t->content)));
+    int rc = ah__turn_hooks(t, "prompt_submit", NULL, NULL, doc, prompt_hooked, NULL);
+    if (rc < 0)
+      ah__turn_end(t, "error", NULL, "the prompt_submit hooks could not run (out of memory)");
+    if (rc != 0)
+      return;
+  }
+  gather_tools(t);
+}
+
+static void gather_tools(turn *t) {
+  session *s = t->s;
   t->tools_running++; /* the gathering: an end meanwhile waits for it */
   t->gathering = true;
-  int rc = ah__tools_gather(m->host, s->id, str(s->row, "cwd"), t->cancel, tools_gathered, t);
+  int rc = ah__tools_gather(t->m->host, s->id, str(s->row, "cwd"), t->cancel, tools_gathered, t);
   if (rc) {
     t->tools_running--;
     t->gathering = false;

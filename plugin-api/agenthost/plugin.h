@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 6
+#define AH_ABI_MINOR 7
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -396,6 +396,32 @@ typedef struct ah_tool_source_def {
   void *reserved[4];
 } ah_tool_source_def;
 
+/* ---------------------------------------------------------------------------------------------------- */
+/* Hooks (ABI 1.7)                                                                                        */
+
+/* A hook: a handler the host calls at one point of what an agent does, to observe, veto or amend it
+ * (docs/hooks.md). Registered inside mount() like a method; its name ([a-z][a-z0-9-]*, ≤ 40 bytes) is
+ * unique among the plugins' hooks and is how the session's log and `agenthost hooks list` name it.
+ * Points (`event`): before_tool, after_tool, prompt_submit, turn_end, session_start, session_close.
+ * The handler runs as a call (counted on the mount; its token trips when the turn is cancelled or the
+ * timeout passes) with params = the hook's document {event, hook, sessionId, turnId?, cwd, provider,
+ * model?, tool?, prompt?, turn?, session?} and answers with api->call_reply(call, answer):
+ * null or {} = allow; {decision: "deny", reason} = deny; {arguments: {...}} (before_tool) replaces the
+ * arguments the tool runs with; {context: "text"} (prompt_submit, after_tool) adds text for the model.
+ * A call error, a timeout, or the plugin's withdraw during the call is an error that `on_error` turns into
+ * a denial or an allow. Hooks of the configuration run first, then the plugins' in mount order. */
+typedef struct ah_hook_def {
+  uint32_t struct_size;
+  const char *name;         /* copied */
+  const char *event;        /* one of the points above */
+  const char *const *match; /* NULL-terminated shell patterns of tool names (tool points); NULL = all */
+  uint32_t timeout_ms;      /* 0 = 30 000; at most 600 000 */
+  const char *on_error;     /* "deny" | "allow"; NULL = deny for before_tool and prompt_submit, else allow */
+  ah_method_fn handler;     /* required */
+  void *data;               /* AH_CALL_DATA(call) */
+  void *reserved[4];
+} ah_hook_def;
+
 struct ah_host_api {
   uint32_t struct_size;
   uint32_t abi; /* AH_ABI_VERSION of the host */
@@ -576,6 +602,11 @@ struct ah_host_api {
   int (*register_tool_source)(ah_mount *m, const ah_tool_source_def *def);
   int (*tools_changed)(ah_mount *m, const char *session_id);
   int (*call_progress)(ah_call *call, const json_t *progress);
+
+  /* Hooks (ABI 1.7; see ah_hook_def). Inside mount() only; AH_EEXIST for a name another plugin's hook
+   * has, AH_EINVAL (logged with the field) for a bad definition. Withdraw removes the hooks; a call in
+   * flight is answered `cancelled` and counts as the hook's error. */
+  int (*register_hook)(ah_mount *m, const ah_hook_def *def);
 };
 
 /* The one exported entry of a plugin. */

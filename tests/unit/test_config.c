@@ -1079,3 +1079,49 @@ Test(config, mcp_sections_become_the_mcp_plugins_servers) {
   cr_expect(err && strstr(err, "bad MCP server name"), "%s", err ? err : "");
   free(err);
 }
+
+/* [hook.NAME] sections are checked and typed at load (lists split, defaults filled, file order kept). */
+Test(config, hook_sections_are_typed_with_their_defaults_in_file_order) {
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg,
+                         "[hook.zz-guard]\nevent = before_tool\nmatch = run_command, mcp__github__*\n"
+                         "command = /usr/local/bin/guard\nargs = [\"--mode\", \"a, b\"]\nenv = A=1, TOKEN=x\n"
+                         "[hook.audit]\nevent = turn_end\ncommand = logger\ntimeout_ms = 500\n"
+                         "cwd = /var/log\non_error = deny\nenabled = no\nsecret_thing = x\n",
+                         NULL, &err),
+               0, "%s", err);
+  expect_json(cfg.hooks,
+              "{\"zz-guard\": {\"event\": \"before_tool\", \"match\": [\"run_command\","
+              " \"mcp__github__*\"], \"command\": \"/usr/local/bin/guard\", \"args\": [\"--mode\","
+              " \"a, b\"], \"env\": [\"A=1\", \"TOKEN=x\"], \"timeout_ms\": 30000, \"on_error\": \"deny\","
+              " \"enabled\": true},"
+              " \"audit\": {\"event\": \"turn_end\", \"command\": \"logger\", \"timeout_ms\": 500,"
+              " \"cwd\": \"/var/log\", \"on_error\": \"deny\", \"enabled\": false}}");
+  const char *first = NULL;
+  json_t *v = NULL;
+  json_object_foreach(cfg.hooks, first, v) {
+    break;
+  }
+  cr_expect_str_eq(first, "zz-guard", "file order, not name order");
+  ah__config_free(&cfg);
+  /* An observing point defaults to on_error = allow. */
+  cr_assert_eq(load_text(&cfg, "[hook.a]\nevent = session_start\ncommand = x\n", NULL, &err), 0, "%s", err);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(cfg.hooks, "a"), "on_error")), "allow");
+  ah__config_free(&cfg);
+}
+
+Test(config, bad_hook_sections) {
+  file_error_case("[hook.x]\nevent = before_everything\ncommand = x\n",
+                  "2: [hook.x] event: ", "unknown hook event \"before_everything\"");
+  file_error_case("[hook.x]\nevent = before_tool\ntimeout_ms = 0\n",
+                  "3: [hook.x] timeout_ms: ", "from 1 to 600000");
+  file_error_case("[hook.x]\ntimeout_ms = 12abc\n", "2: [hook.x] timeout_ms: ", "not a number");
+  file_error_case("[hook.x]\non_error = maybe\n", "2: [hook.x] on_error: ", "expected deny or allow");
+  file_error_case("[hook.x]\nenv = SECRET\n", "2: [hook.x] env: ", "item 1 is not NAME=value");
+  file_error_case("[hook.x]\nargs = [1, 2]\n", "2: [hook.x] args: ", "array of strings");
+  file_error_case("[hook.x]\ncwd = rel\n", "2: [hook.x] cwd: ", "must be an absolute path");
+  file_error_case("[hook.x]\nevent = turn_end\n", "1: [hook.x]", "a hook needs command");
+  file_error_case("[hook.x]\ncommand = y\n", "1: [hook.x]", "a hook needs event");
+  file_error_case("[hook.Bad]\ncommand = y\n", "1: [hook.Bad]", "bad hook name");
+}

@@ -18,6 +18,7 @@
 #include "store.h"
 #include "support.h"
 #include "tools.h"
+#include "world.h"
 
 /* json_equal with a freshly packed expected value, which it frees. */
 static bool equal_packed(const json_t *got, json_t *want) {
@@ -25,177 +26,6 @@ static bool equal_packed(const json_t *got, json_t *want) {
   json_decref(want);
   return eq;
 }
-/* ---- a host with a state directory ------------------------------------------------------------------ */
-
-typedef struct world {
-  uv_loop_t loop;
-  char *dir;
-  char *state;
-  char *work; /* a session cwd */
-  ah_config cfg;
-  ah_host *h;
-  json_t *events; /* every bus event seen: [[name, data], ...] */
-  ah_sub *sub;
-} world;
-
-static void on_bus(const char *name, const json_t *data, void *arg) {
-  world *w = arg;
-  json_array_append_new(w->events, json_pack("[sO]", name, data));
-}
-
-static ah_host *host_on(world *w) {
-  ah_host *h = NULL;
-  ah_host_opts opts = {.loop = &w->loop, .config = &w->cfg, .mode = "serve", .drain_ms = 1000};
-  cr_assert_eq(ah__host_new(&opts, &h), 0);
-  return h;
-}
-
-static void world_up(world *w) {
-  memset(w, 0, sizeof *w);
-  cr_assert_eq(uv_loop_init(&w->loop), 0);
-  w->dir = ts_mkdtemp();
-  cr_assert(asprintf(&w->state, "%s/state", w->dir) > 0);
-  cr_assert(asprintf(&w->work, "%s/work", w->dir) > 0);
-  cr_assert_eq(mkdir(w->work, 0700), 0);
-  w->cfg.state_dir = w->state;
-  w->cfg.default_provider = "echo";
-  w->h = host_on(w);
-  w->events = json_array();
-  cr_assert_eq(ah__host_api(w->h)->subscribe(ah__host_core_mount(w->h), "*", on_bus, w, &w->sub), 0);
-}
-
-static void world_down(world *w) {
-  if (w->h)
-    cr_assert_eq(th_host_stop_free(&w->loop, w->h), 0);
-  else
-    cr_assert_eq(ts_loop_close(&w->loop), 0);
-  json_decref(w->events);
-  ts_rmtree(w->dir);
-  free(w->dir);
-  free(w->state);
-  free(w->work);
-}
-
-/* Call and require success; returns the result (owned). */
-static json_t *ok_call(world *w, const char *method, json_t *params) {
-  ts_outcome o;
-  int rc = th_call(&w->loop, w->h, AH_AUTH_ADMIN, method, params, &o);
-  cr_assert_eq(rc, 0, "%s: dispatch %s", method, ah_err_name(rc));
-  cr_assert(o.done, "%s: no answer", method);
-  cr_assert_eq(o.status, 0, "%s: %s %s", method, ah_err_name(o.status), o.message ? o.message : "");
-  json_t *r = o.result;
-  free(o.message);
-  return r;
-}
-
-static int err_call(world *w, const char *method, json_t *params) {
-  ts_outcome o;
-  int rc = th_call(&w->loop, w->h, AH_AUTH_ADMIN, method, params, &o);
-  if (rc)
-    return rc;
-  cr_assert(o.done, "%s: no answer", method);
-  int st = o.status;
-  th_outcome_clear(&o);
-  return st;
-}
-
-static char *create(world *w) {
-  json_t *r = ok_call(w, "session.create", json_pack("{s:s, s:s}", "cwd", w->work, "title", "t"));
-  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
-  json_decref(r);
-  return id;
-}
-
-static char *prompt(world *w, const char *id, const char *text) {
-  json_t *r = ok_call(w, "session.prompt", json_pack("{s:s, s:s}", "sessionId", id, "text", text));
-  char *mid = strdup(json_string_value(json_object_get(r, "messageId")));
-  json_decref(r);
-  return mid;
-}
-
-/* The stored events of a session. */
-static json_t *history(world *w, const char *id) {
-  json_t *r = ok_call(w, "session.history", json_pack("{s:s, s:i}", "sessionId", id, "limit", 1000));
-  json_t *ev = json_incref(json_object_get(r, "events"));
-  json_decref(r);
-  return ev;
-}
-
-/* The first stored event of `kind` (after index `from`), or NULL. Borrowed from `events`. */
-static json_t *find_kind(json_t *events, const char *kind, size_t from) {
-  for (size_t i = from; i < json_array_size(events); i++) {
-    json_t *e = json_array_get(events, i);
-    if (strcmp(json_string_value(json_object_get(e, "kind")), kind) == 0)
-      return e;
-  }
-  return NULL;
-}
-
-typedef struct wait_kind {
-  world *w;
-  const char *id;
-  const char *kind;
-  int count;
-} wait_kind;
-
-static bool has_kind(void *arg) {
-  wait_kind *k = arg;
-  json_t *ev = ah__store_events(ah__sessions_store(ah__host_sessions(k->w->h)), k->id, 0, 100000);
-  int n = 0;
-  size_t i = 0;
-  json_t *e = NULL;
-  json_array_foreach(ev, i, e) {
-    n += strcmp(json_string_value(json_object_get(e, "kind")), k->kind) == 0;
-  }
-  json_decref(ev);
-  return n >= k->count;
-}
-
-static void wait_for(world *w, const char *id, const char *kind, int count) {
-  wait_kind k = {w, id, kind, count};
-  cr_assert(ts_run_until_pred(&w->loop, has_kind, &k, 10000), "no %d x %s in session %s", count, kind, id);
-}
-
-static json_t *pending_requests(world *w, const char *id) {
-  json_t *r = ok_call(w, "request.list", json_pack("{s:s}", "sessionId", id));
-  json_t *l = json_incref(json_object_get(r, "requests"));
-  json_decref(r);
-  return l;
-}
-
-typedef struct wait_req {
-  world *w;
-  const char *id;
-} wait_req;
-
-static bool has_request(void *arg) {
-  wait_req *q = arg;
-  json_t *l = pending_requests(q->w, q->id);
-  bool has = json_array_size(l) > 0;
-  json_decref(l);
-  return has;
-}
-
-static json_t *wait_request(world *w, const char *id) {
-  wait_req q = {w, id};
-  cr_assert(ts_run_until_pred(&w->loop, has_request, &q, 10000), "no pending request");
-  json_t *l = pending_requests(w, id);
-  json_t *r = json_incref(json_array_get(l, 0));
-  json_decref(l);
-  return r;
-}
-
-static json_t *respond_as(world *w, uint64_t conn, json_t *params) {
-  ts_outcome o;
-  memset(&o, 0, sizeof o);
-  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LAN, .surface = "test", .connection_id = conn};
-  cr_assert_eq(ah__host_dispatch(w->h, &c, "request.respond", params, NULL, th_reply, &o), 0);
-  cr_assert(ts_run_until(&w->loop, &o.done, 5000));
-  cr_assert_eq(o.status, 0, "%s", o.message ? o.message : "");
-  free(o.message);
-  return o.result;
-}
-
 static bool seq_gapless(json_t *events) {
   for (size_t i = 0; i < json_array_size(events); i++)
     if (json_integer_value(json_object_get(json_array_get(events, i), "seq")) != (json_int_t)i + 1)
@@ -930,18 +760,6 @@ Test(sessions, a_module_built_for_abi_1_1_runs_turns_and_descriptors) {
 }
 
 /* ---- tools registered by plugins (ah_host_api.register_tool, ABI 1.5) ------------------------------- */
-
-/* The data of the last stored event of `kind`, borrowed from `events`. */
-static json_t *last_data(json_t *events, const char *kind) {
-  json_t *found = NULL;
-  size_t i = 0;
-  json_t *e = NULL;
-  json_array_foreach(events, i, e) {
-    if (strcmp(json_string_value(json_object_get(e, "kind")), kind) == 0)
-      found = json_object_get(e, "data");
-  }
-  return found;
-}
 
 Test(sessions, a_plugin_tool_is_offered_to_providers_and_runs_under_the_session_policy) {
   world w;
