@@ -203,6 +203,27 @@ static char *tool_text(const char *tool, const json_t *result, bool is_error) {
   return json_dumps(result ? result : json_null(), JSON_COMPACT | JSON_ENCODE_ANY);
 }
 
+/* "Hook guard: denied: REASON" and the like, for a hook/ran event. */
+static char *hook_text(const json_t *data) {
+  const char *hook = str_of(data, "hook") ? str_of(data, "hook") : "?";
+  const char *outcome = str_of(data, "outcome") ? str_of(data, "outcome") : "?";
+  const char *reason = str_of(data, "reason");
+  const char *error = str_of(data, "error");
+  const char *on_error = str_of(data, "onError");
+  char *out = NULL;
+  int n;
+  if (strcmp(outcome, "deny") == 0)
+    n = asprintf(&out, "Hook %s: denied%s%s", hook, reason ? ": " : "", reason ? reason : "");
+  else if (strcmp(outcome, "error") == 0)
+    n = asprintf(&out, "Hook %s failed: %s (on_error: %s)", hook, error ? error : "?",
+                 on_error ? on_error : "?");
+  else if (strcmp(outcome, "amend") == 0)
+    n = asprintf(&out, "Hook %s: amended", hook);
+  else
+    n = asprintf(&out, "Hook %s: %s", hook, strcmp(outcome, "allow") == 0 ? "allowed" : outcome);
+  return n < 0 ? NULL : out;
+}
+
 static void append(json_t *out, json_t *update) {
   if (update)
     json_array_append_new(out, update);
@@ -280,6 +301,32 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_ms
     }
     free(text);
     append(out, u);
+  } else if (strcmp(kind, "hook/ran") == 0 && turn) {
+    /* A hook's run: an update of the tool call it ran for, else (prompt_submit) a card of its own. */
+    char *text = hook_text(data);
+    const char *outcome = str_of(data, "outcome");
+    bool denied = outcome && (strcmp(outcome, "deny") == 0 ||
+                              (strcmp(outcome, "error") == 0 && str_of(data, "onError") &&
+                               strcmp(str_of(data, "onError"), "deny") == 0));
+    json_t *content = json_pack("[{s:s, s:{s:s, s:s}}]", "type", "content", "content", "type", "text", "text",
+                                text ? text : "");
+    if (str_of(data, "callId")) {
+      acp_codec_tool_call_id(id, sizeof id, turn, str_of(data, "callId"));
+      append(out, json_pack("{s:s, s:s, s:o}", "sessionUpdate", "tool_call_update", "toolCallId", id,
+                            "content", content));
+    } else {
+      char sub[120];
+      snprintf(sub, sizeof sub, "hook/%.40s/%.60s", str_of(data, "event") ? str_of(data, "event") : "-",
+               str_of(data, "hook") ? str_of(data, "hook") : "-");
+      acp_codec_tool_call_id(id, sizeof id, turn, sub);
+      char title[160];
+      snprintf(title, sizeof title, "Hook %s (%s)", str_of(data, "hook") ? str_of(data, "hook") : "?",
+               str_of(data, "event") ? str_of(data, "event") : "?");
+      append(out, json_pack("{s:s, s:s, s:s, s:s, s:s, s:o, s:O}", "sessionUpdate", "tool_call", "toolCallId",
+                            id, "title", title, "kind", "other", "status", denied ? "failed" : "completed",
+                            "content", content, "rawOutput", data));
+    }
+    free(text);
   } else if (strcmp(kind, "question/asked") == 0) {
     /* A question with options is asked as a session/request_permission (agent.c); a free-text one cannot be
      * answered over ACP (agent.c answers it cancelled): the user still sees what was asked. */

@@ -180,6 +180,28 @@ function markdownBody(text) {
   return body;
 }
 
+// A hook's run (hook/ran): which hook, at which point, for which tool, what it decided and how long it took.
+function hookNode(base, d) {
+  const denied = d.outcome === "deny" || (d.outcome === "error" && d.onError === "deny");
+  const what =
+    d.outcome === "deny"
+      ? `denied${d.reason ? `: ${d.reason}` : ""}`
+      : d.outcome === "error"
+        ? `failed: ${d.error ?? "?"} (on_error ${d.onError ?? "?"}${denied ? ": denied" : ": allowed"})`
+        : d.outcome === "amend"
+          ? "amended"
+          : d.outcome === "allow"
+            ? "allowed"
+            : (d.outcome ?? "?");
+  const on = d.tool ? ` · ${d.tool}` : "";
+  const ms = Number.isFinite(d.durationMs) ? ` · ${d.durationMs} ms` : "";
+  return el("li", {
+    ...base,
+    class: `ev ev-hook outcome-${d.outcome ?? "unknown"}${denied ? " is-error" : ""}`,
+    text: `Hook ${d.hook ?? "?"} (${d.event ?? "?"}${on}): ${what}${ms}`,
+  });
+}
+
 function eventNode(ev) {
   const d = ev.data ?? {};
   const base = { dataset: { seq: String(ev.seq), kind: ev.kind }, "data-cursor": ev.cursor ?? null };
@@ -238,6 +260,8 @@ function eventNode(ev) {
           el("pre", { text: pretty(d.result) }),
         ),
       );
+    case "hook/ran":
+      return hookNode(base, d);
     case "question/asked":
       return el("li", { ...base, class: "ev ev-question", text: `Question: ${d.question ?? ""}` });
     case "question/answered":
