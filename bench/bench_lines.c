@@ -125,3 +125,52 @@ json_t *bench_chan_answer(bench_chan *c, int64_t id, void (*on_note)(const json_
     json_decref(msg);
   }
 }
+
+/* One prompt through agenthost: the times to the tool's result and to the turn's end. Answers an approval
+ * with allow_always (the first call only). */
+int bench_chan_tool_prompt(bench_chan *c, int64_t id, const char *text, uint64_t *to_result,
+                           uint64_t *to_end) {
+  uint64_t t0 = bench_now_ns();
+  if (bench_chan_send(
+          c, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"session/prompt\",\"params\":{\"text\":\"%s\"}}",
+          (long long)id, text) != 0)
+    return -1;
+  uint64_t deadline = t0 + BENCH_CHAN_WAIT_NS;
+  bool have_result = false;
+  for (;;) {
+    json_t *m = bench_chan_next(c, deadline);
+    if (!m)
+      return -1;
+    const char *method = json_string_value(json_object_get(m, "method"));
+    if (method && strcmp(method, "request/approval") == 0) {
+      char *idtext = json_dumps(json_object_get(m, "id"), JSON_ENCODE_ANY);
+      bench_chan_send(c, "{\"jsonrpc\":\"2.0\",\"id\":%s,\"result\":{\"optionId\":\"allow_always\"}}",
+                      idtext ? idtext : "null");
+      free(idtext);
+    } else if (method && strcmp(method, "session.event") == 0) {
+      json_t *ev = json_object_get(json_object_get(m, "params"), "event");
+      const char *kind = json_string_value(json_object_get(ev, "kind"));
+      if (kind && strcmp(kind, "tool/result") == 0) {
+        json_t *data = json_object_get(ev, "data");
+        if (json_is_true(json_object_get(data, "isError"))) {
+          char *t = json_dumps(data, JSON_COMPACT);
+          bench_fail(&c->proc, "the tool failed: %.300s", t ? t : "?");
+          free(t);
+          json_decref(m);
+          return -1;
+        }
+        *to_result = bench_now_ns() - t0;
+        have_result = true;
+      } else if (kind && strcmp(kind, "turn/ended") == 0) {
+        *to_end = bench_now_ns() - t0;
+        json_decref(m);
+        if (!have_result) {
+          bench_fail(&c->proc, "the turn ended without a tool result");
+          return -1;
+        }
+        return 0;
+      }
+    }
+    json_decref(m);
+  }
+}

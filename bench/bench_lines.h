@@ -29,4 +29,10 @@ json_t *bench_chan_next(bench_chan *c, uint64_t deadline);
 json_t *bench_chan_answer(bench_chan *c, int64_t id, void (*on_note)(const json_t *msg, void *arg),
                           void *arg);
 
+/* One SDK `session/prompt` with `text` (already escaped for a JSON string) that runs one tool: the times to
+ * the tool's stored result and to the turn's end (ns). Answers an approval with allow_always; a failed tool
+ * is an error (reported). 0 or -1. */
+int bench_chan_tool_prompt(bench_chan *c, int64_t id, const char *text, uint64_t *to_result,
+                           uint64_t *to_end);
+
 #endif

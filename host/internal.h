@@ -353,8 +353,8 @@ struct ah_process {
   bool kill_timer_used;
   uint64_t kill_deadline; /* loop time when SIGKILL follows SIGTERM */
   bool kill_sent;
-  uv_timer_t drain_timer; /* after the exit: closes the output pipes once their readers stopped */
-  int drain_ticks;
+  uv_timer_t drain_timer; /* after the exit: the output pipes' last second */
+  uv_check_t drain_check; /* after the exit: closes the output pipes once their readers stopped */
   /* stderr_to_log (ABI 1.6): the host reads stderr into lines for its log. */
   bool err_logged;
   char *err_tag;

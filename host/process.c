@@ -149,22 +149,37 @@ static void close_pipe(ah_process *p, int i) {
 }
 
 /* After the exit, output can still sit in the pipes: a pipe that is being read stays open until its
- * reader stops (at EOF), for at most a second, so the tail of the output is not lost. */
-static void drain_tick(uv_timer_t *t) {
-  ah_process *p = t->data;
+ * reader stops (at EOF), for at most a second, so the tail of the output is not lost. Looked at after every
+ * loop iteration's I/O (a check handle: the pipe closes in the iteration that read its EOF, not at the next
+ * tick of a timer), with a timer for the second. */
+static void drain_step(ah_process *p, bool deadline) {
   bool waiting = false;
   for (int i = 1; i < 3; i++) {
     if (!p->has_pipe[i] || uv_is_closing((uv_handle_t *)&p->pipes[i]))
       continue;
-    if (uv_is_active((uv_handle_t *)&p->pipes[i]) && ++p->drain_ticks < 100)
+    if (uv_is_active((uv_handle_t *)&p->pipes[i]) && !deadline)
       waiting = true;
     else
       close_pipe(p, i);
   }
   if (!waiting) {
-    uv_timer_stop(t);
-    uv_close((uv_handle_t *)t, handle_closed);
+    if (!uv_is_closing((uv_handle_t *)&p->drain_timer)) {
+      uv_timer_stop(&p->drain_timer);
+      uv_close((uv_handle_t *)&p->drain_timer, handle_closed);
+    }
+    if (!uv_is_closing((uv_handle_t *)&p->drain_check)) {
+      uv_check_stop(&p->drain_check);
+      uv_close((uv_handle_t *)&p->drain_check, handle_closed);
+    }
   }
+}
+
+static void drain_checked(uv_check_t *c) {
+  drain_step(c->data, false);
+}
+
+static void drain_deadline(uv_timer_t *t) {
+  drain_step(t->data, true);
 }
 
 static void proc_exited(uv_process_t *h, int64_t status, int sig) {
@@ -180,8 +195,12 @@ static void proc_exited(uv_process_t *h, int64_t status, int sig) {
   uv_close((uv_handle_t *)&p->handle, handle_closed);
   uv_timer_init(h->loop, &p->drain_timer);
   p->drain_timer.data = p;
-  p->open_handles++;
-  uv_timer_start(&p->drain_timer, drain_tick, 0, 10);
+  uv_check_init(h->loop, &p->drain_check);
+  p->drain_check.data = p;
+  p->open_handles += 2;
+  uv_timer_start(&p->drain_timer, drain_deadline, 1000, 0);
+  uv_check_start(&p->drain_check, drain_checked);
+  drain_step(p, false);
 }
 
 int ah__spawn(ah_host *h, ah_mount *m, const ah_process_opts *opts, ah_process **out) {

@@ -965,3 +965,70 @@ Test(cli, sessions_list_escapes_bidi_controls, .timeout = 60, .fini = cleanup) {
   free(out);
   free(err);
 }
+
+/* ---- hooks list: the daemon's hooks (configuration and plugins), else the configuration's ----------------
+ */
+
+static void write_hooks_config(const sess_env *e, const char *hooks) {
+  char *text = NULL;
+  cr_assert(
+      asprintf(&text, "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n%s", hooks) > 0);
+  FILE *f = fopen(e->config, "w");
+  cr_assert_not_null(f);
+  fputs(text, f);
+  fclose(f);
+  free(text);
+}
+
+Test(cli, hooks_list_shows_the_configurations_then_the_daemons_hooks_without_secrets, .timeout = 60,
+     .fini = cleanup) {
+  sess_env e = sess_env_new();
+  write_hooks_config(
+      &e, "[hook.guard]\nevent = before_tool\nmatch = run_command\ncommand = /usr/local/bin/guard\n"
+          "args = --token=s3cret\nenv = API_KEY=s3cret\ntimeout_ms = 2000\n");
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(sess_cli(&e, &out, &err, "hooks", "list", NULL), 0, "%s", err);
+  cr_expect(strstr(out, "no daemon is running"), "%s", out);
+  cr_expect(strstr(out, "guard") && strstr(out, "before_tool") && strstr(out, "[\"run_command\"]") &&
+                strstr(out, "timeout=2000ms") && strstr(out, "on_error=deny") &&
+                strstr(out, "/usr/local/bin/guard"),
+            "%s", out);
+  cr_expect_null(strstr(out, "s3cret"), "%s", out);
+  free(out);
+  free(err);
+  /* From the daemon; a configuration reload (SIGHUP) shows the new hooks. */
+  sess_start(&e);
+  cr_assert_eq(sess_cli(&e, &out, &err, "hooks", "list", "--json", NULL), 0, "%s", err);
+  json_t *j = json_loads(out, 0, NULL);
+  cr_assert_not_null(j, "%s", out);
+  cr_expect_str_eq(json_string_value(json_object_get(j, "from")), "daemon");
+  cr_expect_eq(json_array_size(json_object_get(j, "hooks")), 1);
+  cr_expect_null(strstr(out, "s3cret"), "%s", out);
+  json_decref(j);
+  free(out);
+  free(err);
+  write_hooks_config(&e, "[hook.guard]\nevent = before_tool\ncommand = /usr/local/bin/guard\n"
+                         "[hook.audit]\nevent = turn_end\ncommand = /usr/local/bin/audit\n");
+  cr_assert_eq(kill(e.pid, SIGHUP), 0);
+  uint64_t deadline = ts_now_ms() + 10000;
+  for (;;) {
+    cr_assert_eq(sess_cli(&e, &out, &err, "hooks", "list", NULL), 0, "%s", err);
+    bool both = strstr(out, "audit") != NULL;
+    if (both)
+      break;
+    free(out);
+    free(err);
+    cr_assert_lt(ts_now_ms(), deadline, "the reload did not show the new hook");
+    usleep(50 * 1000);
+  }
+  cr_expect_null(strstr(out, "no daemon"), "%s", out);
+  cr_expect(strstr(out, "turn_end") && strstr(out, "on_error=allow"), "%s", out);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "hooks", NULL), 2, "a usage error");
+  free(out);
+  free(err);
+  sess_stop(&e);
+  sess_env_free(&e);
+}
