@@ -11,7 +11,7 @@
 
 json_t *ah__hook_doc(session *s, const turn *t) {
   const char *prov = str(s->row, "provider");
-  return json_pack("{s:s, s:s?, s:s?, s:s, s:s?}", "sessionId", s->id, "turnId", t ? t->id : NULL, "cwd",
+  return json_pack("{s:s, s:s*, s:s*, s:s, s:s*}", "sessionId", s->id, "turnId", t ? t->id : NULL, "cwd",
                    str(s->row, "cwd"), "provider", prov ? prov : "echo", "model", str(s->row, "model"));
 }
 

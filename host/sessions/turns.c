@@ -628,8 +628,10 @@ static void prompt_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
     json_t *more = json_copy(t->content);
     size_t i;
     json_t *c;
-    json_array_foreach(v->context, i, c) {
-      json_array_append_new(more, json_pack("{s:s, s:O}", "type", "text", "text", c));
+    json_array_foreach(v->context, i, c) { /* on a line of its own: a provider may join the blocks */
+      json_t *text = json_sprintf("\n%s", json_string_value(c));
+      if (text)
+        json_array_append_new(more, json_pack("{s:s, s:o}", "type", "text", "text", text));
     }
     json_decref(t->content);
     t->content = more;

@@ -237,7 +237,7 @@ Test(hooks, a_prompt_hook_adds_context_the_model_receives_or_refuses_the_prompt)
   char *ctx = script(dir, "ctx.sh",
                      "doc=$(cat)\n"
                      "case \"$doc\" in *forbidden*) echo 'this prompt is not allowed' >&2; exit 2;; esac\n"
-                     "printf '%s\\n' '{\"context\": \"\\nteam rule: answer in English\"}'");
+                     "printf '%s\\n' '{\"context\": \"team rule: answer in English\"}'");
   world w;
   world_up_hooks(&w, json_pack("{s:o}", "rules", hook("prompt_submit", ctx, NULL, 5000, "deny")));
   char *id = create(&w);
