@@ -293,6 +293,13 @@ static char *event_summary(const json_t *ev) {
     const char *more = ah__cli_jstr(d, strcmp(kind, "subagent/started") == 0 ? "prompt" : "reason");
     rc = asprintf(&s, "%s: %s", ah__cli_jstr(d, "sessionId") ? ah__cli_jstr(d, "sessionId") : "?",
                   more ? more : "");
+  } else if (strcmp(kind, "hook/ran") == 0) {
+    const char *why = ah__cli_jstr(d, "reason") ? ah__cli_jstr(d, "reason") : ah__cli_jstr(d, "error");
+    rc = asprintf(&s, "%s (%s%s%s): %s%s%s", ah__cli_jstr(d, "hook") ? ah__cli_jstr(d, "hook") : "?",
+                  ah__cli_jstr(d, "event") ? ah__cli_jstr(d, "event") : "?",
+                  ah__cli_jstr(d, "tool") ? " " : "", ah__cli_jstr(d, "tool") ? ah__cli_jstr(d, "tool") : "",
+                  ah__cli_jstr(d, "outcome") ? ah__cli_jstr(d, "outcome") : "?", why ? ": " : "",
+                  why ? why : "");
   } else if (strcmp(kind, "agent/error") == 0 && ah__cli_jstr(d, "message")) {
     rc = asprintf(&s, "%s", ah__cli_jstr(d, "message"));
   }

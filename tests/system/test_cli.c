@@ -1008,6 +1008,17 @@ Test(cli, hooks_list_shows_the_configurations_then_the_daemons_hooks_without_sec
   json_decref(j);
   free(out);
   free(err);
+  /* A run is in the session's log: the missing program is the hook's error, which denies the call. */
+  json_t *r = sess_call(&e, "session.create", json_pack("{s:s}", "cwd", test_dir()));
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  sess_prompt(&e, id, "/tool run_command {\"command\": \"true\"}", 1);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "show", id, NULL), 0, "%s", err);
+  cr_expect(strstr(out, "hook/ran") && strstr(out, "guard (before_tool run_command): error: cannot run"),
+            "%s", out);
+  free(out);
+  free(err);
+  free(id);
   write_hooks_config(&e, "[hook.guard]\nevent = before_tool\ncommand = /usr/local/bin/guard\n"
                          "[hook.audit]\nevent = turn_end\ncommand = /usr/local/bin/audit\n");
   cr_assert_eq(kill(e.pid, SIGHUP), 0);

@@ -3,6 +3,7 @@
  * committed text is what the model read), the real tools run. */
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,15 +18,37 @@
 
 TestSuite(hooks, .timeout = 60);
 
-/* An executable shell script `name` in `dir`. */
-static char *script(const char *dir, const char *name, const char *body) {
+/* An executable shell script `name` in `dir` whose body is printf-formatted. */
+static char *script(const char *dir, const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static char *script(const char *dir, const char *name, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *body = NULL;
+  cr_assert(vasprintf(&body, fmt, ap) > 0);
+  va_end(ap);
   char *text = NULL;
   cr_assert(asprintf(&text, "#!/bin/sh\n%s\n", body) > 0);
   char *path = ts_write_file(dir, name, text);
   free(text);
+  free(body);
   cr_assert_not_null(path);
   cr_assert_eq(chmod(path, 0755), 0);
   return path;
+}
+
+/* `dir`/`name` (owned). */
+static char *path_in(const char *dir, const char *name) {
+  char *p = NULL;
+  cr_assert(asprintf(&p, "%s/%s", dir, name) > 0);
+  return p;
+}
+
+/* The end of a test: the host stopped, the scripts' directory removed. */
+static void finish(world *w, char *dir) {
+  world_down(w);
+  ts_rmtree(dir);
+  free(dir);
 }
 
 /* A hook as the configuration holds it. */
@@ -100,22 +123,16 @@ Test(hooks, a_before_tool_hook_denies_rm_rf_and_the_command_never_runs) {
   wait_for(&w, id, "turn/ended", 2);
   cr_expect_eq(access(marker, F_OK), 0, "an allowed command runs");
   free(id);
-  world_down(&w);
   free(guard);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 Test(hooks, a_before_tool_hook_rewrites_the_arguments_and_the_next_hook_sees_them) {
   char *dir = ts_mkdtemp();
   char *rewrite =
       script(dir, "rewrite.sh", "cat >/dev/null\necho '{\"arguments\": {\"command\": \"echo rewritten\"}}'");
-  char *seen = NULL;
-  cr_assert(asprintf(&seen, "%s/seen.json", dir) > 0);
-  char *body = NULL;
-  cr_assert(asprintf(&body, "cat > '%s'", seen) > 0);
-  char *record = script(dir, "record.sh", body);
-  free(body);
+  char *seen = path_in(dir, "seen.json");
+  char *record = script(dir, "record.sh", "cat > '%s'", seen);
   world w;
   world_up_hooks(&w, json_pack("{s:o, s:o}", "rewrite", hook("before_tool", rewrite, "run_*", 5000, "deny"),
                                "record", hook("before_tool", record, NULL, 5000, "deny")));
@@ -148,24 +165,18 @@ Test(hooks, a_before_tool_hook_rewrites_the_arguments_and_the_next_hook_sees_the
   json_decref(runs);
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(rewrite);
   free(record);
   free(seen);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 Test(hooks, the_first_deny_wins_and_later_hooks_do_not_run) {
   char *dir = ts_mkdtemp();
   char *deny =
       script(dir, "deny.sh", "cat >/dev/null\necho '{\"decision\": \"deny\", \"reason\": \"not today\"}'");
-  char *never = NULL;
-  cr_assert(asprintf(&never, "%s/never", dir) > 0);
-  char *body = NULL;
-  cr_assert(asprintf(&body, "touch '%s'", never) > 0);
-  char *later = script(dir, "later.sh", body);
-  free(body);
+  char *never = path_in(dir, "never");
+  char *later = script(dir, "later.sh", "touch '%s'", never);
   world w;
   world_up_hooks(&w, json_pack("{s:o, s:o}", "first", hook("before_tool", deny, NULL, 5000, "deny"), "second",
                                hook("before_tool", later, NULL, 5000, "deny")));
@@ -180,12 +191,10 @@ Test(hooks, the_first_deny_wins_and_later_hooks_do_not_run) {
   json_decref(runs);
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(deny);
   free(later);
   free(never);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- after_tool ----------------------------------------------------------------------------------- */
@@ -224,10 +233,8 @@ Test(hooks, an_after_tool_hook_formats_the_written_file_and_adds_a_note_for_the_
   cr_expect_str_eq(json_string_value(json_object_get(last_data(ev, "hook/ran"), "outcome")), "amend");
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(fmt);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- prompt_submit -------------------------------------------------------------------------------- */
@@ -237,7 +244,7 @@ Test(hooks, a_prompt_hook_adds_context_the_model_receives_or_refuses_the_prompt)
   char *ctx = script(dir, "ctx.sh",
                      "doc=$(cat)\n"
                      "case \"$doc\" in *forbidden*) echo 'this prompt is not allowed' >&2; exit 2;; esac\n"
-                     "printf '%s\\n' '{\"context\": \"team rule: answer in English\"}'");
+                     "printf '%%s\\n' '{\"context\": \"team rule: answer in English\"}'");
   world w;
   world_up_hooks(&w, json_pack("{s:o}", "rules", hook("prompt_submit", ctx, NULL, 5000, "deny")));
   char *id = create(&w);
@@ -256,17 +263,15 @@ Test(hooks, a_prompt_hook_adds_context_the_model_receives_or_refuses_the_prompt)
                    "denied by hook rules: this prompt is not allowed");
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(ctx);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- failures: on_error --------------------------------------------------------------------------- */
 
 static void expect_failure(const char *body, int timeout_ms, const char *error) {
   char *dir = ts_mkdtemp();
-  char *bad = script(dir, "bad.sh", body);
+  char *bad = script(dir, "bad.sh", "%s", body);
   world w;
   world_up_hooks(&w,
                  json_pack("{s:o, s:o}", "strict", hook("before_tool", bad, "list_dir", timeout_ms, "deny"),
@@ -295,10 +300,8 @@ static void expect_failure(const char *body, int timeout_ms, const char *error) 
   if (timeout_ms < 1000)
     cr_expect_lt(ts_now_ms() - t0, 8000, "the hanging hooks were killed at their timeout");
   free(id);
-  world_down(&w);
   free(bad);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 Test(hooks, a_hook_that_hangs_times_out_and_on_error_decides) {
@@ -317,6 +320,20 @@ Test(hooks, a_hook_that_exits_with_another_status_follows_on_error) {
   expect_failure("cat >/dev/null\nexit 7", 5000, "exited with status 7");
 }
 
+Test(hooks, a_hook_whose_output_is_oversized_follows_on_error) {
+  expect_failure("cat >/dev/null\nhead -c 2000000 /dev/zero | tr '\\0' a", 10000,
+                 "its output is longer than 1 MiB");
+}
+
+Test(hooks, hostile_answers_are_errors_that_name_what_is_wrong) {
+  expect_failure("cat >/dev/null\necho '[1, 2]'", 5000, "the answer is not a JSON object");
+  expect_failure("cat >/dev/null\necho '{\"decision\": \"maybe\"}'", 5000,
+                 "decision must be \"allow\" or \"deny\"");
+  expect_failure("cat >/dev/null\necho '{\"arguments\": [1]}'", 5000, "arguments must be a JSON object");
+  expect_failure("cat >/dev/null\necho '{\"context\": 7}'", 5000, "context must be a string");
+  expect_failure("cat >/dev/null\nprintf '{\"reason\": \"\\377\"}'", 5000, "its output is not JSON");
+}
+
 Test(hooks, a_hook_whose_program_is_missing_follows_on_error) {
   char *dir = ts_mkdtemp();
   world w;
@@ -329,9 +346,7 @@ Test(hooks, a_hook_whose_program_is_missing_follows_on_error) {
   cr_expect(strncmp(tool_error(ev), "hook gone failed: cannot run: ", 30) == 0, "%s", tool_error(ev));
   json_decref(ev);
   free(id);
-  world_down(&w);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- cancel --------------------------------------------------------------------------------------- */
@@ -349,12 +364,8 @@ static bool pid_gone(void *arg) {
 
 Test(hooks, cancelling_the_turn_during_a_hook_kills_it) {
   char *dir = ts_mkdtemp();
-  char *pidfile = NULL;
-  cr_assert(asprintf(&pidfile, "%s/pid", dir) > 0);
-  char *body = NULL;
-  cr_assert(asprintf(&body, "echo $$ > '%s'\nexec sleep 30", pidfile) > 0);
-  char *slow = script(dir, "slow.sh", body);
-  free(body);
+  char *pidfile = path_in(dir, "pid");
+  char *slow = script(dir, "slow.sh", "echo $$ > '%s'\nexec sleep 30", pidfile);
   world w;
   world_up_hooks(&w, json_pack("{s:o}", "slow", hook("before_tool", slow, NULL, 60000, "allow")));
   char *id = create(&w);
@@ -372,11 +383,9 @@ Test(hooks, cancelling_the_turn_during_a_hook_kills_it) {
   cr_expect_str_eq(tool_error(ev), "cancelled", "the tool did not run");
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(slow);
   free(pidfile);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- observing points ----------------------------------------------------------------------------- */
@@ -402,12 +411,8 @@ static bool enough_lines(void *arg) {
 
 Test(hooks, observing_hooks_audit_session_start_turn_end_and_close_to_a_file) {
   char *dir = ts_mkdtemp();
-  char *audit = NULL;
-  cr_assert(asprintf(&audit, "%s/audit.jsonl", dir) > 0);
-  char *body = NULL;
-  cr_assert(asprintf(&body, "cat >> '%s'", audit) > 0);
-  char *log = script(dir, "audit.sh", body);
-  free(body);
+  char *audit = path_in(dir, "audit.jsonl");
+  char *log = script(dir, "audit.sh", "cat >> '%s'", audit);
   world w;
   world_up_hooks(&w,
                  json_pack("{s:o, s:o, s:o}", "audit-start", hook("session_start", log, NULL, 5000, "allow"),
@@ -444,11 +449,9 @@ Test(hooks, observing_hooks_audit_session_start_turn_end_and_close_to_a_file) {
   json_decref(runs);
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(log);
   free(audit);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
 
 /* ---- plugin hooks --------------------------------------------------------------------------------- */
@@ -623,8 +626,6 @@ Test(hooks, a_tool_source_built_for_abi_1_6_runs_and_its_tools_pass_the_hooks) {
   cr_expect_str_eq(json_string_value(json_object_get(res, "text")), "hooked");
   json_decref(ev);
   free(id);
-  world_down(&w);
   free(amend);
-  ts_rmtree(dir);
-  free(dir);
+  finish(&w, dir);
 }
