@@ -50,6 +50,7 @@ typedef enum tool_kind {
   TOOL_WRITE_FILE,
   TOOL_LIST_DIR,
   TOOL_RUN_COMMAND,
+  TOOL_UPDATE_PLAN,
 } tool_kind;
 
 typedef struct tool_param {
@@ -66,6 +67,7 @@ typedef struct tool_def {
   const char *description;
   tool_param params[2];
   size_t nparams;
+  const char *schema; /* a JSON Schema (text) instead of params, for arguments params cannot say */
 } tool_def;
 
 static const tool_def tool_defs[] = {
@@ -74,20 +76,23 @@ static const tool_def tool_defs[] = {
      "allow",
      "Read a UTF-8 text file inside the working directory (at most 1 MiB; longer files are truncated).",
      {{"path", "string", "File path, relative to the working directory or absolute inside it.", true}},
-     1},
+     1,
+     NULL},
     {"write_file",
      TOOL_WRITE_FILE,
      "ask",
      "Create or overwrite a file inside the working directory; its parent directory must exist.",
      {{"path", "string", "File path, relative to the working directory or absolute inside it.", true},
       {"content", "string", "The complete new content of the file.", true}},
-     2},
+     2,
+     NULL},
     {"list_dir",
      TOOL_LIST_DIR,
      "allow",
      "List a directory inside the working directory: name, type (file, dir, symlink, other) and size.",
      {{"path", "string", "Directory path, relative to the working directory or absolute inside it.", true}},
-     1},
+     1,
+     NULL},
     {"run_command",
      TOOL_RUN_COMMAND,
      "ask",
@@ -95,7 +100,21 @@ static const tool_def tool_defs[] = {
      "stderr (each capped at 256 KiB).",
      {{"command", "string", "The shell command line.", true},
       {"timeout_ms", "integer", "Time limit in milliseconds (default 60000, at most 600000).", false}},
-     2},
+     2,
+     NULL},
+    {"update_plan",
+     TOOL_UPDATE_PLAN,
+     "allow",
+     "Show the user your plan for the task as a checklist: the complete list of steps, each with its "
+     "status. Call it again with the whole list whenever a step starts or is done.",
+     {{0}},
+     0,
+     "{\"type\": \"object\", \"required\": [\"entries\"], \"additionalProperties\": false, \"properties\": "
+     "{\"entries\": {\"type\": \"array\", \"maxItems\": 100, \"items\": {\"type\": \"object\", "
+     "\"required\": [\"content\", \"status\"], \"additionalProperties\": false, \"properties\": {"
+     "\"content\": {\"type\": \"string\", \"description\": \"What the step does.\"}, "
+     "\"status\": {\"type\": \"string\", \"enum\": [\"pending\", \"in_progress\", \"completed\"]}, "
+     "\"priority\": {\"type\": \"string\", \"enum\": [\"high\", \"medium\", \"low\"]}}}}}}"},
 };
 
 #define NTOOLS (sizeof tool_defs / sizeof tool_defs[0])
@@ -351,6 +370,8 @@ json_t *ah__tools_describe(void) {
     }
     json_t *tool = json_pack("{s:s, s:s, s:o}", "name", d->name, "description", d->description, "params",
                              params ? params : json_object());
+    if (tool && d->schema)
+      json_object_set_new(tool, "schema", json_loads(d->schema, 0, NULL));
     if (!tool || json_array_append_new(list, tool) != 0) {
       json_decref(list);
       return NULL;
@@ -839,6 +860,27 @@ static void do_read(tool_run *r, int dirfd) {
   free(buf);
 }
 
+/* The UTF-8 text a file held (at most AH_TOOL_MAX_READ bytes), or NULL: too long, not text, unreadable. */
+static json_t *previous_text(int fd, const struct stat *st) {
+  if (st->st_size > AH_TOOL_MAX_READ)
+    return NULL;
+  size_t n = (size_t)st->st_size;
+  char *buf = malloc(n + 1);
+  size_t got = 0;
+  while (buf && got < n) {
+    ssize_t k = pread(fd, buf + got, n - got, (off_t)got);
+    if (k < 0 && errno == EINTR)
+      continue;
+    if (k <= 0)
+      break;
+    got += (size_t)k;
+  }
+  json_t *text =
+      buf && got == n && memchr(buf, 0, n) == NULL ? json_stringn(buf, n) : NULL; /* NULL: not UTF-8 */
+  free(buf);
+  return text;
+}
+
 static void do_write(tool_run *r, int dirfd) {
   /* The directory the file goes in is checked before anything is created in it. */
   char *parent = strdup(r->rel);
@@ -859,8 +901,16 @@ static void do_write(tool_run *r, int dirfd) {
   close(pfd);
   if (refused)
     return;
-  /* No O_TRUNC: the file itself is checked (the token by inode) before it is emptied. */
-  int fd = open_beneath(dirfd, r->rel, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+  /* No O_TRUNC: the file itself is checked (the token by inode) before it is emptied, and what it held is
+   * read first (the text before the write, for a client that shows the change as a diff). */
+  bool created = false;
+  int fd = open_beneath(dirfd, r->rel, O_RDWR | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+  if (fd < 0 && errno == ENOENT) {
+    created = true;
+    fd = open_beneath(dirfd, r->rel, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0644);
+  } else if (fd < 0 && errno == EACCES) { /* writable, not readable: no text before */
+    fd = open_beneath(dirfd, r->rel, O_WRONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0);
+  }
   if (fd < 0) {
     set_error(r, "cannot open %s for writing: %s", r->shown, errno_text(errno));
     return;
@@ -875,7 +925,9 @@ static void do_write(tool_run *r, int dirfd) {
     close(fd);
     return;
   }
+  json_t *previous = created ? json_null() : previous_text(fd, &st);
   if (ftruncate(fd, 0) != 0) {
+    json_decref(previous);
     set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
     close(fd);
     return;
@@ -888,15 +940,20 @@ static void do_write(tool_run *r, int dirfd) {
     if (k < 0) {
       set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
       close(fd);
+      json_decref(previous);
       return;
     }
     done += (size_t)k;
   }
   if (close(fd) != 0) {
     set_error(r, "cannot write %s: %s", r->shown, errno_text(errno));
+    json_decref(previous);
     return;
   }
   r->result = json_pack("{s:s, s:I}", "path", r->abs_path, "bytes", (json_int_t)done);
+  if (previous && r->result)
+    json_object_set(r->result, AH_TOOL_PREVIOUS, previous);
+  json_decref(previous);
 }
 
 typedef struct dir_entry {
@@ -1062,8 +1119,48 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
 
 /* ---- arguments and dispatch ------------------------------------------------------------------------ */
 
+#define PLAN_MAX_ENTRIES 100
+#define PLAN_MAX_CONTENT 1000
+
+static bool one_of(const char *v, const char *const *set) {
+  for (; v && *set; set++)
+    if (strcmp(v, *set) == 0)
+      return true;
+  return false;
+}
+
+/* update_plan {entries: [{content, status, priority?}]} (its schema in tool_defs). */
+static bool plan_valid(const json_t *args) {
+  static const char *const statuses[] = {"pending", "in_progress", "completed", NULL};
+  static const char *const priorities[] = {"high", "medium", "low", NULL};
+  json_t *entries = json_object_get(args, "entries");
+  if (json_object_size(args) != 1 || !json_is_array(entries) || json_array_size(entries) > PLAN_MAX_ENTRIES) {
+    AH_LOG_W("tools", "refused update_plan: field entries: an array of at most %d steps, and nothing else",
+             PLAN_MAX_ENTRIES);
+    return false;
+  }
+  size_t i;
+  json_t *e;
+  json_array_foreach(entries, i, e) {
+    json_t *content = json_object_get(e, "content");
+    json_t *priority = json_object_get(e, "priority");
+    size_t keys = 2 + (priority != NULL);
+    if (!json_is_object(e) || json_object_size(e) != keys || !json_is_string(content) ||
+        json_string_length(content) == 0 || json_string_length(content) > PLAN_MAX_CONTENT ||
+        !one_of(json_string_value(json_object_get(e, "status")), statuses) ||
+        (priority && !one_of(json_string_value(priority), priorities))) {
+      AH_LOG_W("tools", "refused update_plan: field entries[%zu]: {content (1..%d bytes), status, priority?}",
+               i, PLAN_MAX_CONTENT);
+      return false;
+    }
+  }
+  return true;
+}
+
 /* Every key of args must be a parameter of the tool, every required one present with its type. */
 static bool args_valid(const tool_def *d, const json_t *args) {
+  if (d->kind == TOOL_UPDATE_PLAN)
+    return plan_valid(args);
   const char *key = NULL;
   json_t *v = NULL;
   json_object_foreach((json_t *)args, key, v) {
@@ -1148,6 +1245,11 @@ int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const c
   }
   if (!core) {
     set_error(r, "the host is stopping");
+    deliver_later(r);
+    return 0;
+  }
+  if (d->kind == TOOL_UPDATE_PLAN) { /* the plan is the call itself: the sessions show it */
+    r->result = json_pack("{s:I}", "steps", (json_int_t)json_array_size(json_object_get(args, "entries")));
     deliver_later(r);
     return 0;
   }

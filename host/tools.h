@@ -1,6 +1,7 @@
 /* agenthost — the built-in tools an agent may use (internal).
  *
- * read_file {path}, write_file {path, content}, list_dir {path}, run_command {command, timeout_ms?}
+ * read_file {path}, write_file {path, content}, list_dir {path}, run_command {command, timeout_ms?},
+ * update_plan {entries}
  * (DECISIONS.md "Tools"). Paths are relative to the session cwd (or absolute inside it) and confined to it:
  * no escape through "..", absolute paths elsewhere, or symlinks (resolved beneath the cwd with openat2
  * RESOLVE_BENEATH). File work runs on the thread pool; run_command runs `/bin/sh -c command` in the
@@ -16,6 +17,8 @@
  *   write_file  {path, bytes}                         (creates or truncates; parent directories must exist)
  *   list_dir    {entries: [{name, type: "file"|"dir"|"symlink"|"other", size}]}  sorted by name
  *   run_command {exitCode, signal, stdout, stderr, truncated, timedOut, cancelled}
+ *   update_plan {steps}  ({entries: [{content, status: pending|in_progress|completed, priority?}]}: the
+ *                         plan is the call itself, which the sessions record as plan/updated)
  * Errors: is_error = true and {error: message} (a path outside the cwd, a missing file, bad arguments…).
  */
 #ifndef AGENTHOST_HOST_TOOLS_H
@@ -31,6 +34,10 @@
 #define AH_TOOL_DEFAULT_TIMEOUT_MS 60000
 #define AH_TOOL_MAX_TIMEOUT_MS 600000
 #define AH_TOOL_KILL_GRACE_MS 2000
+/* write_file's result carries the file's text before the write under this key (JSON null for a new file;
+ * absent when it was not UTF-8 text of at most AH_TOOL_MAX_READ bytes): the sessions take it out, store it
+ * beside the result as `oldText` (for a client's diff) and never hand it to the model. */
+#define AH_TOOL_PREVIOUS "_previous"
 
 /* [{name, description, params: {NAME: {type, description, required}}}] for the four tools. New reference. */
 json_t *ah__tools_describe(void);

@@ -405,7 +405,68 @@ int ah__live_create(ah_sessions *m, const char *cwd, const char *provider, const
 /* ---- prompts ----------------------------------------------------------------------------------------------
  */
 
+/* A title from the first prompt of a session that has none: its first line of text, blanks collapsed, at
+ * most TITLE_AUTO bytes (cut at a character, with "…"). NULL when the prompt has no text. */
+#define TITLE_AUTO 80
+static char *title_from(const json_t *content) {
+  const char *text = NULL;
+  size_t i;
+  json_t *b;
+  json_array_foreach(content, i, b) {
+    if (!text && str(b, "type") && strcmp(str(b, "type"), "text") == 0)
+      text = str(b, "text");
+  }
+  if (!text)
+    return NULL;
+  char *out = malloc(TITLE_AUTO + 4);
+  if (!out)
+    return NULL;
+  size_t n = 0;
+  bool blank = false;
+  const char *p = text;
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+    p++;
+  while (*p && *p != '\n' && *p != '\r') {
+    if (*p == ' ' || *p == '\t') {
+      blank = true;
+      p++;
+      continue;
+    }
+    unsigned char c = (unsigned char)*p; /* the text is valid UTF-8: whole characters are copied */
+    size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+    size_t sep = blank && n > 0 ? 1 : 0;
+    if (n + sep + len > TITLE_AUTO) {
+      memcpy(out + n, "\xE2\x80\xA6", 3); /* … */
+      n += 3;
+      break;
+    }
+    if (sep)
+      out[n++] = ' ';
+    blank = false;
+    memcpy(out + n, p, len);
+    n += len;
+    p += len;
+  }
+  out[n] = '\0';
+  if (n == 0) {
+    free(out);
+    return NULL;
+  }
+  return out;
+}
+
 void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]) {
+  const char *title = str(s->row, "title");
+  if (s->seq == 0 && (!title || !*title)) { /* the first prompt names a session that has no name */
+    char *t = title_from(content);
+    if (t) {
+      char now[32];
+      ah__time_rfc3339(now);
+      ah__write_fields(s, json_pack("{s:s, s:s}", "title", t, "updated", now));
+      ah__session_changed(s, json_pack("{s:s, s:s}", "sessionId", s->id, "updated", now));
+    }
+    free(t);
+  }
   queued *q = calloc(1, sizeof *q);
   char mid[37];
   ah__uuid7(mid);

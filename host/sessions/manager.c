@@ -345,6 +345,17 @@ int ah__session_update(ah_session *s, const json_t *fields) {
     json_decref(set);
     return AH_ENOMEM;
   }
+  json_t *changed = json_pack("{s:s, s:O}", "sessionId", s->id, "updated", json_object_get(set, "updated"));
   ah__write_fields(s, set);
+  ah__session_changed(s, changed);
   return 0;
+}
+
+void ah__session_changed(session *s, json_t *changed) {
+  /* What a client shows of the session (its title, its tags), as the live row has it now. */
+  static const char *const shown[] = {"title", "tags"};
+  for (size_t i = 0; changed && i < sizeof shown / sizeof shown[0]; i++)
+    if (json_object_get(s->row, shown[i]))
+      json_object_set(changed, shown[i], json_object_get(s->row, shown[i]));
+  ah__sm_emit(s->m, "session.updated", changed);
 }

@@ -166,6 +166,9 @@ ah_store *ah__sm_store(ah_sessions *m);
 json_t *ah__sm_public_row(const json_t *row, const char *status);
 void ah__sm_emit(ah_sessions *m, const char *name, json_t *data);
 void ah__sm_check_stopped(ah_sessions *m);
+/* session.updated {sessionId, title, tags, updated} for a change of the row's shown fields; `changed`
+ * ({sessionId, updated}) is stolen and completed from the live row. */
+void ah__session_changed(session *s, json_t *changed);
 
 /* live.c */
 session *ah__live_find(ah_sessions *m, const char *id);

@@ -310,6 +310,7 @@ typedef struct tool_run {
   json_t *args;
   bool is_error; /* while the after_tool hooks run: the result they see */
   json_t *result;
+  json_t *old_text; /* write_file: the file's text before the write (null: a new file), stored as oldText */
 } tool_run;
 
 static void tool_run_free(tool_run *r) {
@@ -317,6 +318,7 @@ static void tool_run_free(tool_run *r) {
   free(r->name);
   json_decref(r->args);
   json_decref(r->result);
+  json_decref(r->old_text);
   free(r);
 }
 
@@ -337,9 +339,15 @@ static void finish_pending_end(turn *t) {
 /* The result is stored and, while the turn goes on, handed to the provider. */
 static void tool_finish(tool_run *r, const json_t *result, bool is_error) {
   turn *t = r->t;
-  ah__write_event(t->s, "tool/result", t->id, NULL,
-                  json_pack("{s:s, s:s, s:O, s:b}", "callId", r->call_id, "name", r->name, "result", result,
-                            "isError", is_error));
+  if (!is_error && strcmp(r->name, "update_plan") == 0) /* the plan, for every surface to show */
+    ah__write_event(
+        t->s, "plan/updated", t->id, NULL,
+        json_pack("{s:s, s:O}", "callId", r->call_id, "entries", json_object_get(r->args, "entries")));
+  json_t *data = json_pack("{s:s, s:s, s:O, s:b}", "callId", r->call_id, "name", r->name, "result", result,
+                           "isError", is_error);
+  if (data && r->old_text)
+    json_object_set(data, "oldText", r->old_text);
+  ah__write_event(t->s, "tool/result", t->id, NULL, data);
   bool deliver = !t->ended && !t->cancelled && !t->end_pending;
   if (deliver)
     t->prov->turn_tool_result(t->pt, r->call_id, result, is_error);
@@ -377,6 +385,13 @@ static void tool_done(const json_t *result, bool is_error, void *arg) {
   tool_run *r = arg;
   turn *t = r->t;
   t->tools_running--;
+  json_t *clean = NULL; /* write_file's result without the text before the write */
+  if (!is_error && strcmp(r->name, "write_file") == 0 && json_object_get(result, AH_TOOL_PREVIOUS)) {
+    r->old_text = json_incref(json_object_get(result, AH_TOOL_PREVIOUS));
+    clean = json_copy((json_t *)result);
+    json_object_del(clean, AH_TOOL_PREVIOUS);
+    result = clean;
+  }
   bool going_on = !t->ended && !t->cancelled && !t->end_pending;
   if (going_on && ah__hooks_any(t->m->host, "after_tool", r->name)) {
     json_t *doc = ah__hook_doc(t->s, t);
@@ -385,12 +400,15 @@ static void tool_done(const json_t *result, bool is_error, void *arg) {
                                   "arguments", r->args, "result", result, "isError", is_error));
     r->result = json_incref((json_t *)result);
     r->is_error = is_error;
-    if (ah__turn_hooks(t, "after_tool", r->name, r->call_id, doc, after_hooked, r) == 1)
+    if (ah__turn_hooks(t, "after_tool", r->name, r->call_id, doc, after_hooked, r) == 1) {
+      json_decref(clean);
       return;
+    }
     json_decref(r->result);
     r->result = NULL;
   }
   tool_finish(r, result, is_error);
+  json_decref(clean);
 }
 
 /* A tool's progress is transient, like a delta: emitted for the clients watching, not stored. */

@@ -61,10 +61,10 @@ struct asession {
   int64_t min_seq; /* live events up to this seq were replayed already */
   prompt *head;    /* head: given to the core; the others wait */
   prompt **tail;
-  json_t *ended;    /* messageId → turn/ended data, seen while the head's receipt was outstanding */
-  acp_msgctr ctr;   /* message numbering of agent_message_chunk */
-  json_t *children; /* ids of the subagent sessions started by its turns (and theirs): id → true */
-  char *delta;      /* stream_deltas: text streamed in delta_turn, not yet matched by a commit */
+  json_t *ended;       /* messageId → turn/ended data, seen while the head's receipt was outstanding */
+  acp_codec_state ctr; /* message numbering, cwd, tool calls in flight (the codec's) */
+  json_t *children;    /* ids of the subagent sessions started by its turns (and theirs): id → true */
+  char *delta;         /* stream_deltas: text streamed in delta_turn, not yet matched by a commit */
   char delta_turn[80];
   int stream_k;
   bool closing;
@@ -93,7 +93,7 @@ typedef struct ccall {
   char *sid;
   bool replay;      /* CALL_GET: load (replay) or resume */
   int64_t last_seq; /* CALL_HISTORY: the replay so far */
-  acp_msgctr ctr;
+  acp_codec_state ctr;
   char *cwd;   /* CALL_LIST filter; the session's cwd for CALL_NEW and CALL_GET */
   json_t *mcp; /* CALL_NEW, CALL_GET: the client's mcpServers, attached once the session is there */
 } ccall;
@@ -205,6 +205,7 @@ static ccall *ccall_new(acp_agent *a, call_kind kind, ah_rpc_inbound *req, const
 }
 
 static void ccall_free(ccall *c) {
+  acp_codec_state_clear(&c->ctr);
   free(c->sid);
   free(c->cwd);
   json_decref(c->mcp);
@@ -359,6 +360,7 @@ static void session_free(asession *s) {
   }
   json_decref(s->ended);
   json_decref(s->children);
+  acp_codec_state_clear(&s->ctr);
   free(s->delta);
   free(s->id);
   free(s);
@@ -449,10 +451,12 @@ static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
   if (!c->replay) {
     /* session/resume: no replay; later events of the session are streamed. */
     json_t *last = json_object_get(row, "lastSeq");
-    if (!track(a, c->sid, json_is_integer(last) ? json_integer_value(last) : 0)) {
+    asession *s = track(a, c->sid, json_is_integer(last) ? json_integer_value(last) : 0);
+    if (!s) {
       respond_status(a, c->req, AH_ENOMEM, NULL, false);
       return;
     }
+    acp_codec_state_cwd(&s->ctr, str_of(row, "cwd"));
     a->api->rpc->respond(c->req, json_object());
     return;
   }
@@ -463,6 +467,7 @@ static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
     return;
   }
   c->req = NULL;
+  acp_codec_state_cwd(&h->ctr, str_of(row, "cwd"));
   replay_page(a, h, 0);
 }
 
@@ -480,7 +485,7 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
   asession *s = find_session(a, h->sid);
   /* A replay numbers its messages on its own counter (carried across the pages): the live counter of a
    * session already tracked has counted them already. */
-  acp_msgctr *ctr = &h->ctr;
+  acp_codec_state *ctr = &h->ctr;
   json_t *events = json_object_get(o->result, "events");
   json_t *updates = json_array();
   size_t i = 0;
@@ -504,7 +509,7 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
       return;
     }
     again->last_seq = h->last_seq;
-    again->ctr = h->ctr;
+    acp_codec_state_move(&again->ctr, &h->ctr);
     h->req = NULL;
     replay_page(a, again, json_integer_value(next));
     return;
@@ -512,7 +517,7 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
   if (!s) {
     s = track(a, h->sid, h->last_seq);
     if (s)
-      s->ctr = h->ctr; /* the live numbering continues the replayed one */
+      acp_codec_state_move(&s->ctr, &h->ctr); /* the live numbering continues the replayed one */
   }
   if (!s) {
     respond_status(a, h->req, AH_ENOMEM, NULL, false);
@@ -634,6 +639,7 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     else if (!sid || !track(a, sid, 0))
       respond_status(a, c->req, AH_EINTERNAL, "the session could not be created", false);
     else {
+      acp_codec_state_cwd(&find_session(a, sid)->ctr, c->cwd);
       attach_servers(a, sid, c);
       a->api->rpc->respond(c->req, json_pack("{s:s}", "sessionId", sid));
     }
@@ -1293,6 +1299,14 @@ static void on_event(const char *name, const json_t *data, void *arg) {
     const char *child = str_of(data, "sessionId");
     if (root && child)
       json_object_set_new(root->children, child, json_true());
+  } else if (strcmp(name, "session.updated") == 0) {
+    /* A title from the first prompt, or a rename from another surface: the editor's history list. */
+    asession *s = find_session(a, str_of(data, "sessionId"));
+    const char *title = str_of(data, "title");
+    if (s && !s->closing && title)
+      notify_update(a, s->id,
+                    json_pack("{s:s, s:s, s:s*}", "sessionUpdate", "session_info_update", "title", title,
+                              "updatedAt", str_of(data, "updated")));
   } else if (strcmp(name, "session.closed") == 0) {
     asession *s = find_session(a, str_of(data, "sessionId"));
     if (s && !s->closing)

@@ -41,20 +41,33 @@ char *acp_codec_tool_title(const char *tool, const json_t *args);
  * Writes into `buf`. */
 void acp_codec_tool_call_id(char *buf, size_t n, const char *turn_id, const char *call_id);
 
-/* Per-turn message numbering: the messageId of agent_message_chunk updates is "<turnId>/<n>", n counting
- * the turn's committed messages, so streamed deltas and the commit that ends them share one id. */
-typedef struct acp_msgctr {
+/* What the codec keeps of one session's stream:
+ * - per-turn message numbering: the messageId of agent_message_chunk updates is "<turnId>/<n>", n counting
+ *   the turn's committed messages, so streamed deltas and the commit that ends them share one id;
+ * - the session's cwd, which makes a tool's relative paths absolute (locations, diffs);
+ * - the tool calls not finished yet (toolCallId → {name, args}), whose arguments the result's update
+ *   needs (a write's new text for its diff).
+ * Zero-initialised; acp_codec_state_clear frees it, acp_codec_state_move hands it on. */
+typedef struct acp_codec_state {
   char turn[80];
   int n;
-} acp_msgctr;
+  char *cwd;     /* owned; NULL = unknown */
+  json_t *calls; /* owned; NULL until the first tool call */
+} acp_codec_state;
+
+void acp_codec_state_clear(acp_codec_state *st);
+/* `dst` cleared, then given what `src` holds; `src` is left zeroed. */
+void acp_codec_state_move(acp_codec_state *dst, acp_codec_state *src);
+/* Set the cwd (copied). */
+void acp_codec_state_cwd(acp_codec_state *st, const char *cwd);
 
 /* The current message id of `turn` in `ctr` (resetting it when the turn changed). */
-void acp_codec_message_id(acp_msgctr *ctr, const char *turn_id, char *buf, size_t n);
+void acp_codec_message_id(acp_codec_state *ctr, const char *turn_id, char *buf, size_t n);
 
 /* A stored event as zero or more ACP SessionUpdate objects appended to `out` (a JSON array). In `replay`
  * mode `inbox/received` becomes user_message_chunk updates (live, the client sent the prompt itself).
  * `ctr` numbers the committed messages. `message/committed` is converted only when `with_commits`. */
-void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_msgctr *ctr, json_t *out);
+void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_codec_state *ctr, json_t *out);
 
 /* An output content block as an ACP ContentBlock: text and resource_link as they are, anything else
  * (an image, audio, a blob) as explicit placeholder text, e.g. "[image: image/png, not shown]". */

@@ -1,5 +1,5 @@
 /* agenthost — ACP v1 codec: pure conversions between ACP messages and the core's content blocks and stored
- * events (PROTOCOLS.md ACP-CODEC, ACP-OUTPUT-PERMISSION). No state beyond the caller's acp_msgctr. */
+ * events (PROTOCOLS.md ACP-CODEC, ACP-OUTPUT-PERMISSION). No state beyond the caller's acp_codec_state. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,6 +92,8 @@ const char *acp_codec_tool_kind(const char *tool) {
     return "edit";
   if (strcmp(tool, "run_command") == 0)
     return "execute";
+  if (strcmp(tool, "update_plan") == 0)
+    return "think";
   return "other";
 }
 
@@ -132,6 +134,8 @@ char *acp_codec_tool_title(const char *tool, const json_t *args) {
   } else if (strcmp(name, "list_dir") == 0) {
     verb = "List";
     detail = str_of(args, "path");
+  } else if (strcmp(name, "update_plan") == 0) {
+    return strdup("Update the plan");
   }
   char *cut = detail ? cut_utf8(detail, TITLE_MAX) : NULL;
   char *title = NULL;
@@ -144,7 +148,41 @@ void acp_codec_tool_call_id(char *buf, size_t n, const char *turn_id, const char
   snprintf(buf, n, "%s/%s", turn_id ? turn_id : "-", call_id ? call_id : "-");
 }
 
-void acp_codec_message_id(acp_msgctr *ctr, const char *turn_id, char *buf, size_t n) {
+void acp_codec_state_clear(acp_codec_state *st) {
+  free(st->cwd);
+  json_decref(st->calls);
+  memset(st, 0, sizeof *st);
+}
+
+void acp_codec_state_move(acp_codec_state *dst, acp_codec_state *src) {
+  acp_codec_state_clear(dst);
+  *dst = *src;
+  memset(src, 0, sizeof *src);
+}
+
+void acp_codec_state_cwd(acp_codec_state *st, const char *cwd) {
+  free(st->cwd);
+  st->cwd = cwd ? strdup(cwd) : NULL;
+}
+
+/* A tool's path made absolute against the session's cwd (lexically; the tools confine it themselves). */
+static char *abs_path(const acp_codec_state *st, const char *path) {
+  char *out = NULL;
+  if (!path || !*path)
+    return NULL;
+  if (path[0] == '/')
+    return strdup(path);
+  if (!st->cwd)
+    return NULL;
+  size_t n = strlen(st->cwd);
+  bool slash = n > 0 && st->cwd[n - 1] == '/';
+  const char *rest = strcmp(path, ".") == 0 ? "" : strncmp(path, "./", 2) == 0 ? path + 2 : path;
+  if (asprintf(&out, "%s%s%s", st->cwd, slash || !*rest ? "" : "/", rest) < 0)
+    return NULL;
+  return out;
+}
+
+void acp_codec_message_id(acp_codec_state *ctr, const char *turn_id, char *buf, size_t n) {
   const char *t = turn_id ? turn_id : "-";
   if (strncmp(ctr->turn, t, sizeof ctr->turn - 1) != 0) {
     snprintf(ctr->turn, sizeof ctr->turn, "%s", t);
@@ -229,7 +267,7 @@ static void append(json_t *out, json_t *update) {
     json_array_append_new(out, update);
 }
 
-void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_msgctr *ctr, json_t *out) {
+void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_codec_state *ctr, json_t *out) {
   const char *kind = str_of(event, "kind");
   const char *turn = str_of(event, "turnId");
   json_t *data = json_object_get(event, "data");
@@ -273,10 +311,24 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_ms
     json_t *args = json_object_get(data, "args");
     acp_codec_tool_call_id(id, sizeof id, turn, str_of(data, "callId"));
     char *title = acp_codec_tool_title(tool, args);
-    append(out, json_pack("{s:s, s:s, s:s, s:s, s:s, s:O}", "sessionUpdate", "tool_call", "toolCallId", id,
+    json_t *u = json_pack("{s:s, s:s, s:s, s:s, s:s, s:O}", "sessionUpdate", "tool_call", "toolCallId", id,
                           "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
-                          "pending", "rawInput", args ? args : json_null()));
+                          "pending", "rawInput", args ? args : json_null());
     free(title);
+    /* The file a built-in tool works on, for an editor that follows the agent. */
+    bool on_path = tool && (strcmp(tool, "read_file") == 0 || strcmp(tool, "write_file") == 0 ||
+                            strcmp(tool, "list_dir") == 0);
+    char *path = on_path ? abs_path(ctr, str_of(args, "path")) : NULL;
+    if (u && path)
+      json_object_set_new(u, "locations", json_pack("[{s:s}]", "path", path));
+    free(path);
+    append(out, u);
+    if (tool && strcmp(tool, "write_file") == 0) { /* its result's update shows the change as a diff */
+      if (!ctr->calls)
+        ctr->calls = json_object();
+      json_object_set_new(ctr->calls, id,
+                          json_pack("{s:s, s:O}", "name", tool, "args", args ? args : json_null()));
+    }
   } else if (strcmp(kind, "tool/approval") == 0) {
     const char *outcome = str_of(data, "outcome");
     if (outcome && strcmp(outcome, "granted") == 0) {
@@ -300,7 +352,46 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_ms
         json_object_set_new(u, "content", c);
     }
     free(text);
+    json_t *call = json_object_get(ctr->calls, id);
+    json_t *old = json_object_get(data, "oldText");
+    const char *new_text = str_of(json_object_get(call, "args"), "content");
+    const char *path = str_of(result, "path");
+    if (u && call && !is_error && old && new_text && path) {
+      /* A write as a diff: the text before (null for a new file) and after. */
+      json_t *diff = json_pack("{s:s, s:s, s:O, s:s}", "type", "diff", "path", path, "oldText", old,
+                               "newText", new_text);
+      if (diff)
+        json_object_set_new(u, "content", json_pack("[o]", diff));
+      json_object_set_new(u, "locations", json_pack("[{s:s}]", "path", path));
+    }
+    if (call)
+      json_object_del(ctr->calls, id);
     append(out, u);
+  } else if (strcmp(kind, "plan/updated") == 0) {
+    /* The model's plan (update_plan) as the editor's checklist: the whole list each time. */
+    json_t *entries = json_array();
+    size_t i = 0;
+    json_t *e = NULL;
+    json_array_foreach(json_object_get(data, "entries"), i, e) {
+      const char *content = str_of(e, "content");
+      const char *status = str_of(e, "status");
+      const char *priority = str_of(e, "priority");
+      if (content && status)
+        json_array_append_new(entries, json_pack("{s:s, s:s, s:s}", "content", content, "status", status,
+                                                 "priority", priority ? priority : "medium"));
+    }
+    append(out, json_pack("{s:s, s:o}", "sessionUpdate", "plan", "entries", entries));
+  } else if (strcmp(kind, "turn/ended") == 0) {
+    /* The token meter: what the conversation holds now against the provider's context window (known only
+     * when the provider says it, e.g. [provider.NAME] context_window of the openai provider). */
+    json_t *usage = json_object_get(data, "usage");
+    json_t *size = json_object_get(usage, "contextWindow");
+    json_t *used = json_object_get(usage, "contextTokens");
+    json_int_t n = json_is_integer(used) ? json_integer_value(used)
+                                         : json_integer_value(json_object_get(usage, "inputTokens")) +
+                                               json_integer_value(json_object_get(usage, "outputTokens"));
+    if (json_is_integer(size) && json_integer_value(size) > 0 && n >= 0)
+      append(out, json_pack("{s:s, s:I, s:O}", "sessionUpdate", "usage_update", "used", n, "size", size));
   } else if (strcmp(kind, "hook/ran") == 0 && turn) {
     /* A hook's run: an update of the tool call it ran for, else (prompt_submit) a card of its own. */
     char *text = hook_text(data);
@@ -368,6 +459,6 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_ms
           json_pack("[{s:s, s:{s:s, s:s}}]", "type", "content", "content", "type", "text", "text", text));
     append(out, u);
   }
-  /* inbox/claimed, turn/started, turn/ended, question/answered, agent/error: no update of
+  /* inbox/claimed, turn/started, question/answered, agent/error: no update of
    * their own (the prompt's answer carries the turn's end). */
 }

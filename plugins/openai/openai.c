@@ -91,6 +91,7 @@ struct ah_provider_turn {
   json_t *results;
   /* usage summed over the round trips */
   int64_t in_tokens, out_tokens, cached_tokens, reasoning_tokens, requests;
+  int64_t context_tokens; /* the last round's prompt + completion: what the conversation holds now */
   char model_seen[128];
   bool cancelled;
   bool ended;
@@ -308,6 +309,10 @@ static json_t *usage_json(ah_provider_turn *t) {
                 "reasoningTokens", (json_int_t)t->reasoning_tokens, "requests", (json_int_t)t->requests);
   if (t->model_seen[0])
     json_object_set_new(u, "model", json_string(t->model_seen));
+  if (t->context_tokens > 0)
+    json_object_set_new(u, "contextTokens", json_integer((json_int_t)t->context_tokens));
+  if (t->conf.context_window > 0)
+    json_object_set_new(u, "contextWindow", json_integer((json_int_t)t->conf.context_window));
   return u;
 }
 
@@ -358,6 +363,8 @@ static void add_usage(ah_provider_turn *t) {
     return;
   t->in_tokens += json_integer_value(json_object_get(u, "prompt_tokens"));
   t->out_tokens += json_integer_value(json_object_get(u, "completion_tokens"));
+  t->context_tokens = json_integer_value(json_object_get(u, "prompt_tokens")) +
+                      json_integer_value(json_object_get(u, "completion_tokens"));
   t->cached_tokens +=
       json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
   t->cached_tokens += json_integer_value(json_object_get(u, "prompt_cache_hit_tokens")); /* DeepSeek */

@@ -487,8 +487,13 @@ Test(acp_prompt, chunks_before_result, .timeout = 60) {
                          "text", "hello ", "type", "resource_link", "uri", "file:///a.txt", "name", "a.txt"));
   seen s = {.updates = json_array()};
   expect_turn_end(&h, &s, NULL, NULL, "end_turn");
-  cr_assert_eq(json_array_size(s.updates), 1);
-  json_t *u = json_array_get(s.updates, 0);
+  /* The first prompt named the session (its first line of text): the editor's history list is told. */
+  cr_assert_eq(json_array_size(s.updates), 2);
+  json_t *info = json_array_get(s.updates, 0);
+  cr_assert_str_eq(json_string_value(json_object_get(info, "sessionUpdate")), "session_info_update");
+  cr_expect_str_eq(json_string_value(json_object_get(info, "title")), "hello");
+  cr_expect(json_is_string(json_object_get(info, "updatedAt")));
+  json_t *u = json_array_get(s.updates, 1);
   cr_assert_str_eq(json_string_value(json_object_get(u, "sessionUpdate")), "agent_message_chunk");
   cr_assert_str_eq(json_string_value(json_object_get(json_object_get(u, "content"), "text")),
                    "echo: hello [a.txt](file:///a.txt)");

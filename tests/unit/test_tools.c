@@ -193,7 +193,7 @@ Test(tools, confine_cases) {
 Test(tools, describe_known_and_policies) {
   json_t *d = ah__tools_describe();
   cr_assert(json_is_array(d));
-  cr_assert_eq(json_array_size(d), 4u);
+  cr_assert_eq(json_array_size(d), 5u);
   const char *names[] = {"read_file", "write_file", "list_dir", "run_command"};
   for (size_t i = 0; i < 4; i++) {
     json_t *t = json_array_get(d, i);
@@ -211,6 +211,11 @@ Test(tools, describe_known_and_policies) {
   json_t *wp = json_object_get(json_array_get(d, 1), "params");
   cr_expect_eq(json_object_size(wp), 2u);
   cr_expect_not_null(json_object_get(wp, "content"));
+  /* update_plan's arguments are a JSON Schema of their own. */
+  json_t *plan = json_array_get(d, 4);
+  cr_expect_str_eq(sget(plan, "name"), "update_plan");
+  cr_expect_str_eq(sget(json_object_get(plan, "schema"), "type"), "object");
+  cr_expect_str_eq(ah__tool_policy(NULL, "update_plan"), "allow");
   json_decref(d);
   cr_expect_not(ah__tool_exists(NULL, "rm_rf"));
   cr_expect_not(ah__tool_exists(NULL, NULL));
@@ -241,6 +246,7 @@ Test(tools, read_write_list_round_trip) {
   char *fp = path_in(f.cwd, "sub/f.txt");
   cr_expect_str_eq(sget(r, "path"), fp);
   cr_expect_eq(json_integer_value(json_object_get(r, "bytes")), 7);
+  cr_expect(json_is_null(json_object_get(r, AH_TOOL_PREVIOUS)), "a new file had no text before");
   json_decref(r);
   struct stat st;
   cr_assert_eq(stat(fp, &st), 0);
@@ -260,6 +266,7 @@ Test(tools, read_write_list_round_trip) {
   r = tool(&f, "write_file", args, &err);
   cr_assert_not(err, "%s", errmsg(r));
   cr_expect_eq(json_integer_value(json_object_get(r, "bytes")), 3);
+  cr_expect_str_eq(sget(r, AH_TOOL_PREVIOUS), "h\xc3\xa9llo\n", "the text before the write");
   json_decref(r);
   free(args);
   cr_assert_eq(stat(fp, &st), 0);
@@ -267,6 +274,7 @@ Test(tools, read_write_list_round_trip) {
 
   r = tool(&f, "write_file", "{\"path\": \"./sub//f.txt\", \"content\": \"line 1\\nline 2\\n\"}", &err);
   cr_assert_not(err);
+  cr_expect_null(json_object_get(r, AH_TOOL_PREVIOUS), "text with a NUL byte is not shown as before");
   json_decref(r);
   r = tool(&f, "read_file", "{\"path\": \"sub/../sub/f.txt\"}", &err);
   cr_assert_not(err, "%s", errmsg(r));
@@ -1043,4 +1051,37 @@ Test(tools, the_token_file_is_refused_wherever_it_lives) {
   ts_rmtree(elsewhere);
   free(elsewhere);
   free(tf);
+}
+
+Test(tools, update_plan_checks_its_steps) {
+  fixture f;
+  fx_up(&f);
+  bool err = false;
+  json_t *r = tool(&f, "update_plan",
+                   "{\"entries\": [{\"content\": \"Read the code\", \"status\": \"completed\"},"
+                   " {\"content\": \"Fix it\", \"status\": \"in_progress\", \"priority\": \"high\"}]}",
+                   &err);
+  cr_assert_not(err, "%s", errmsg(r));
+  cr_expect_eq(json_integer_value(json_object_get(r, "steps")), 2);
+  json_decref(r);
+  const char *bad[] = {
+      "{}",
+      "{\"entries\": {}}",
+      "{\"entries\": [], \"more\": 1}",
+      "{\"entries\": [{\"content\": \"x\"}]}",
+      "{\"entries\": [{\"content\": \"\", \"status\": \"pending\"}]}",
+      "{\"entries\": [{\"content\": \"x\", \"status\": \"done\"}]}",
+      "{\"entries\": [{\"content\": \"x\", \"status\": \"pending\", \"priority\": \"urgent\"}]}",
+      "{\"entries\": [{\"content\": \"x\", \"status\": \"pending\", \"extra\": 1}]}",
+      "{\"entries\": [\"x\"]}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    json_t *args = json_loads(bad[i], 0, NULL);
+    cr_assert_not_null(args);
+    tres t;
+    memset(&t, 0, sizeof t);
+    cr_expect_eq(ah__tool_run(f.h, f.cwd, "update_plan", args, NULL, done_cb, &t), AH_EINVAL, "%s", bad[i]);
+    json_decref(args);
+  }
+  fx_down(&f);
 }
