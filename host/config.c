@@ -655,43 +655,42 @@ static void begin_section(loader *L, const char *section) {
   esc(s, sizeof s, section);
   snprintf(where, sizeof where, "%s:%d: [%s]", f, L->lineno, s);
 
-  bool is_plugin = strncmp(section, "plugin", 6) == 0 && (section[6] == '.' || section[6] == '\0');
-  bool is_provider = strncmp(section, "provider", 8) == 0 && (section[8] == '.' || section[8] == '\0');
+  /* The sections that name something: [plugin.NAME], [provider.NAME], [mcp.NAME], [hook.NAME]. */
+  static const struct {
+    const char *prefix;
+    section_kind kind;
+    const char *what;
+  } named[] = {{"plugin", SECTION_PLUGIN, "plugin"},
+               {"provider", SECTION_PROVIDER, "provider"},
+               {"mcp", SECTION_MCP, "MCP server"},
+               {"hook", SECTION_HOOK, "hook"}};
+  size_t k = 0;
+  size_t plen = 0;
+  for (; k < sizeof named / sizeof named[0]; k++) {
+    plen = strlen(named[k].prefix);
+    if (strncmp(section, named[k].prefix, plen) == 0 && (section[plen] == '.' || section[plen] == '\0'))
+      break;
+  }
   if (strcmp(section, "host") == 0) {
     L->kind = SECTION_HOST;
-  } else if (strncmp(section, "hook", 4) == 0 && (section[4] == '.' || section[4] == '\0')) {
-    const char *name = section[4] ? section + 5 : "";
+  } else if (k < sizeof named / sizeof named[0]) {
+    const char *name = section[plen] ? section + plen + 1 : "";
     if (!name_valid(name)) {
-      fail(L, "%s: bad hook name (expected [a-z][a-z0-9-]*, at most %d characters)", where, NAME_MAX_LEN);
-      return;
-    }
-    L->name = copy + (name - section);
-    L->kind = SECTION_HOOK;
-    hook_entry(L, name, where);
-  } else if (strncmp(section, "mcp", 3) == 0 && (section[3] == '.' || section[3] == '\0')) {
-    const char *name = section[3] ? section + 4 : "";
-    if (!name_valid(name)) {
-      fail(L, "%s: bad MCP server name (expected [a-z][a-z0-9-]*, at most %d characters)", where,
+      fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", where, named[k].what,
            NAME_MAX_LEN);
-      return;
-    }
-    L->name = copy + (name - section);
-    L->kind = SECTION_MCP;
-    mcp_entry(L, name);
-  } else if (is_plugin || is_provider) {
-    const char *name = section[is_plugin ? 6 : 8] ? section + (is_plugin ? 7 : 9) : "";
-    if (!name_valid(name)) {
-      fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", where,
-           is_plugin ? "plugin" : "provider", NAME_MAX_LEN);
       return;
     }
     /* Into our copy: inih's buffer for the section name is not ours to keep. */
     L->name = copy + (name - section);
-    L->kind = is_plugin ? SECTION_PLUGIN : SECTION_PROVIDER;
-    if (is_plugin)
+    L->kind = named[k].kind;
+    if (L->kind == SECTION_PLUGIN)
       plugin_entry(L, name);
-    else
+    else if (L->kind == SECTION_PROVIDER)
       provider_entry(L, name, where);
+    else if (L->kind == SECTION_MCP)
+      mcp_entry(L, name);
+    else
+      hook_entry(L, name, where);
   } else if (section[0]) {
     warn(L, "%s: unknown section ignored (expected host, plugin.NAME, provider.NAME, mcp.NAME or hook.NAME)",
          where);
