@@ -166,7 +166,7 @@ static const char *quote_value(char *buf, size_t cap, const char *key, const cha
   return buf;
 }
 
-static bool name_valid(const char *s) {
+bool ah__config_name_valid(const char *s) {
   size_t n = strlen(s);
   if (n == 0 || n > NAME_MAX_LEN || s[0] < 'a' || s[0] > 'z')
     return false;
@@ -472,7 +472,7 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
       }
       replace_str(L, &cfg->synchronous, value);
     } else if (strcmp(key, "default_provider") == 0) {
-      if (!name_valid(value)) {
+      if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
              quote_value(q, sizeof q, key, value), NAME_MAX_LEN);
         return;
@@ -622,7 +622,7 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
     json_t *p = provider_entry(L, name, where);
     if (!p)
       return;
-    if (strcmp(key, "type") == 0 && !name_valid(value)) {
+    if (strcmp(key, "type") == 0 && !ah__config_name_valid(value)) {
       /* echo, or the name of the plugin that provides the type (acp, openai, or a third party's). */
       fail(L,
            "%s: bad provider type%s (expected echo or a plugin name: [a-z][a-z0-9-]*, at most %d characters)",
@@ -675,7 +675,7 @@ static void begin_section(loader *L, const char *section) {
     L->kind = SECTION_HOST;
   } else if (k < sizeof named / sizeof named[0]) {
     const char *name = section[plen] ? section + plen + 1 : "";
-    if (!name_valid(name)) {
+    if (!ah__config_name_valid(name)) {
       fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", where, named[k].what,
            NAME_MAX_LEN);
       return;
@@ -998,7 +998,7 @@ static void env_entry(loader *L, section_kind kind, const char *var, const char 
   char *key = env_to_key(rest + split + 1);
   if (!name || !key)
     fail_nomem(L);
-  else if (!name_valid(name))
+  else if (!ah__config_name_valid(name))
     fail(L, "%s: bad %s name (expected [a-z][a-z0-9-]*, at most %d characters)", var, what, NAME_MAX_LEN);
   else
     apply(L, kind, name, key, value, var);

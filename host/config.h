@@ -93,6 +93,10 @@ int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *en
 
 void ah__config_free(ah_config *cfg);
 
+/* A name of a plugin, provider, MCP server or hook: [a-z][a-z0-9-]*, at most 40 bytes (a plugin's hook,
+ * registered through the ABI, follows the same rule as one of the configuration). */
+bool ah__config_name_valid(const char *s);
+
 /* The browser's token file: [plugin.browser] token_file (as given), else STATE_DIR/token. */
 void ah__config_token_path(const ah_config *cfg, char *path, size_t cap);
 

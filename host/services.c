@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "agenthost/provider.h"
+#include "config.h"
 #include "hooks.h"
 #include "http.h"
 #include "internal.h"
@@ -192,16 +193,6 @@ static int api_register_tool_source(ah_mount *m, const ah_tool_source_def *def) 
   return 0;
 }
 
-static bool hook_name_valid(const char *s) {
-  size_t n = s ? strlen(s) : 0;
-  if (n == 0 || n > 40 || s[0] < 'a' || s[0] > 'z')
-    return false;
-  for (size_t i = 1; i < n; i++)
-    if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-      return false;
-  return true;
-}
-
 static int api_register_hook(ah_mount *m, const ah_hook_def *def) {
   const char *name = def ? def->name : NULL;
   int rc = gate(m, "hook", name);
@@ -209,7 +200,7 @@ static int api_register_hook(ah_mount *m, const ah_hook_def *def) {
     return rc;
   if (!def || def->struct_size < offsetof(ah_hook_def, reserved))
     return refuse(m, "hook", name, "struct_size", AH_EINVAL, "definition smaller than the ABI's");
-  if (!hook_name_valid(name))
+  if (!name || !ah__config_name_valid(name))
     return refuse(m, "hook", name, "name", AH_EINVAL, "must match [a-z][a-z0-9-]*, at most 40 bytes");
   if (!ah__hook_point_valid(def->event))
     return refuse(m, "hook", name, "event", AH_EINVAL, "must be " AH_HOOK_POINTS_TEXT);
