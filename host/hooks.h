@@ -28,6 +28,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "host.h"
+
 #define AH_HOOK_POINTS_TEXT "before_tool, after_tool, prompt_submit, turn_end, session_start or session_close"
 #define AH_HOOK_DEFAULT_TIMEOUT_MS 30000
 #define AH_HOOK_MAX_TIMEOUT_MS 600000
@@ -40,9 +42,6 @@ static inline bool ah__hook_point_valid(const char *p) {
       return true;
   return false;
 }
-
-#ifndef AH_HOOKS_CONFIG_ONLY
-#include "host.h"
 
 /* What a chain decided: deny (by `hook`, with `reason`), or allow with what was amended. Borrowed for the
  * callback. */
@@ -79,6 +78,5 @@ int ah__hooks_run(ah_host *h, const char *point, const char *tool, const json_t 
 json_t *ah__hooks_describe(ah_host *h);
 /* The same for the hooks of a configuration alone (ah_config.hooks). */
 json_t *ah__hooks_describe_config(const json_t *hooks);
-#endif
 
 #endif

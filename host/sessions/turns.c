@@ -603,23 +603,23 @@ static void sink_subagent(void *ctx, const char *prompt) {
 
 /* The prompt's text blocks, concatenated (what a hook matches on). New reference. */
 static json_t *prompt_text(const json_t *content) {
-  json_t *out = json_string("");
-  size_t i;
+  size_t n = 0, i;
   json_t *b;
   json_array_foreach(content, i, b) {
-    const char *type = str(b, "type");
+    if (str(b, "type") && strcmp(str(b, "type"), "text") == 0 && json_is_string(json_object_get(b, "text")))
+      n += json_string_length(json_object_get(b, "text"));
+  }
+  char *buf = malloc(n + 1);
+  size_t o = 0;
+  json_array_foreach(content, i, b) {
     json_t *text = json_object_get(b, "text");
-    if (type && strcmp(type, "text") == 0 && json_is_string(text)) {
-      size_t n = json_string_length(out), k = json_string_length(text);
-      char *joined = malloc(n + k + 1);
-      if (!joined)
-        break;
-      memcpy(joined, json_string_value(out), n);
-      memcpy(joined + n, json_string_value(text), k);
-      json_string_setn_nocheck(out, joined, n + k);
-      free(joined);
+    if (buf && str(b, "type") && strcmp(str(b, "type"), "text") == 0 && json_is_string(text)) {
+      memcpy(buf + o, json_string_value(text), json_string_length(text));
+      o += json_string_length(text);
     }
   }
+  json_t *out = buf ? json_stringn(buf, o) : json_string("");
+  free(buf);
   return out;
 }
 
