@@ -39,7 +39,7 @@ const toolCall = (id, name, args) => ({
     function: { name, arguments: JSON.stringify(args) } }] } }] }, finishChunk("tool_calls"), "[DONE]"],
 });
 
-test("hooks through ACP: a before_tool hook denies rm -rf, the editor sees the denial, the model reads the reason", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: hooks through ACP: a before_tool hook denies rm -rf, the editor sees the denial, the model reads the reason", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake, {
     guard: {
@@ -71,7 +71,7 @@ test("hooks through ACP: a before_tool hook denies rm -rf, the editor sees the d
   a.assertStdoutPure();
 });
 
-test("hooks through ACP: a prompt_submit hook adds context that the model receives", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: hooks through ACP: a prompt_submit hook adds context that the model receives", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake, {
     rules: {
@@ -94,7 +94,7 @@ test("hooks through ACP: a prompt_submit hook adds context that the model receiv
   a.assertStdoutPure();
 });
 
-test("hooks through ACP: a prompt_submit hook that refuses ends the prompt with refusal", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: hooks through ACP: a prompt_submit hook that refuses ends the prompt with refusal", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake, {
     gate: { event: "prompt_submit", body: "cat >/dev/null\necho 'prompts are closed today' >&2\nexit 2" },

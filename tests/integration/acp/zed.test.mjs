@@ -28,7 +28,7 @@ const toolCall = (id, name, args) => ({
 });
 const updates = (a, sid) => a.wireUpdates(sid).map((u) => u.update);
 
-test("Zed: the first prompt titles the session (session_info_update, session/list); usage_update is the model's usage against the context window", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: Zed: the first prompt titles the session (session_info_update, session/list); usage_update is the model's usage against the context window", TEST, async (t) => {
   const fake = await startFakeModel(t);
   await fake.script([{ sse: [textChunk("Sure."), finishChunk("stop"), usageChunk(120, 30), "[DONE]"] }]);
   const { a, cwd } = await start(t, fake);
@@ -50,7 +50,7 @@ test("Zed: the first prompt titles the session (session_info_update, session/lis
   a.assertStdoutPure();
 });
 
-test("Zed: a write is a diff of the text before and after, with its location", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: Zed: a write is a diff of the text before and after, with its location", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake);
   const target = join(cwd, "notes.txt");
@@ -75,7 +75,7 @@ test("Zed: a write is a diff of the text before and after, with its location", T
   await a.assertSdkAccepted();
 });
 
-test("Zed: a new file's diff has no text before; a read has its location", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: Zed: a new file's diff has no text before; a read has its location", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake);
   await writeFile(join(cwd, "a.txt"), "A\n");
@@ -95,7 +95,7 @@ test("Zed: a new file's diff has no text before; a read has its location", TEST,
   await a.assertSdkAccepted();
 });
 
-test("Zed: the model's update_plan is a plan checklist", TEST, async (t) => {
+test("ACP-OUTPUT-PERMISSION: Zed: the model's update_plan is a plan checklist", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake);
   const entries = [{ content: "Read the parser", status: "completed" },

@@ -27,7 +27,7 @@ before(async () => {
 
 after(() => closeSessionPage(ctx));
 
-test("hooks in the web UI: a denied run_command shows the hook's denial inline, and the command never ran", { ...TEST, skip }, async () => {
+test("API-CONNECTION-LOOP: hooks in the web UI: a denied run_command shows the hook's denial inline, and the command never ran", { ...TEST, skip }, async () => {
   await ctx.page.fill("#prompt", '/tool run_command {"command": "true || rm -rf /*; touch ran"}');
   await ctx.page.press("#prompt", "Enter");
   const hook = '#conversation li[data-kind="hook/ran"]';
