@@ -348,6 +348,18 @@ static int parse_bool(const char *s) {
 /* A list value: a JSON array of strings when it starts with '[' (for items with commas or blanks), else
  * comma-separated items with blanks trimmed and empty items dropped. A new array, or NULL when the JSON
  * is not an array of strings (or out of memory: *nomem). keep_empty keeps empty items (as ""). */
+static json_t *parse_list(const char *s, bool allow_json, bool keep_empty, bool *nomem);
+
+json_t *ah__config_list(const char *s) {
+  bool nomem = false;
+  return s ? parse_list(s, true, false, &nomem) : json_array();
+}
+
+bool ah__config_mode_valid(const char *mode) {
+  return mode &&
+         (strcmp(mode, "ask") == 0 || strcmp(mode, "accept_edits") == 0 || strcmp(mode, "read_only") == 0);
+}
+
 static json_t *parse_list(const char *s, bool allow_json, bool keep_empty, bool *nomem) {
   *nomem = false;
   if (allow_json && s[0] == '[') {
@@ -471,6 +483,14 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         return;
       }
       replace_str(L, &cfg->synchronous, value);
+    } else if (strcmp(key, "default_mode") == 0) {
+      /* A new session's mode (docs/sessions.md "Modes"). */
+      if (!ah__config_mode_valid(value)) {
+        fail(L, "%s: unknown mode%s (expected ask, accept_edits or read_only)", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      replace_str(L, &cfg->default_mode, value);
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
@@ -1089,14 +1109,15 @@ static void load_defaults(loader *L) {
   cfg->log_level = AH_LOG_INFO;
   cfg->default_provider = strdup("echo");
   cfg->synchronous = strdup("normal");
+  cfg->default_mode = strdup("ask");
   L->default_provider_where = strdup("");
   cfg->plugins = json_object();
   cfg->providers = json_object();
   cfg->hooks = json_object();
   L->provider_where = json_object();
   L->hook_where = json_object();
-  if (!cfg->default_provider || !cfg->synchronous || !L->default_provider_where || !cfg->plugins ||
-      !cfg->providers || !L->provider_where || !cfg->hooks || !L->hook_where) {
+  if (!cfg->default_provider || !cfg->synchronous || !cfg->default_mode || !L->default_provider_where ||
+      !cfg->plugins || !cfg->providers || !L->provider_where || !cfg->hooks || !L->hook_where) {
     fail_nomem(L);
     return;
   }
@@ -1280,6 +1301,7 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->plugin_dir);
   free(cfg->default_provider);
   free(cfg->synchronous);
+  free(cfg->default_mode);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
   json_decref(cfg->hooks);

@@ -32,10 +32,10 @@
  * are refused with the line.
  *
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
- * (the store's durability: off | normal | full, default normal);
- * [hook.NAME] with event, command, args, env, match (lists: comma-separated, or a JSON array of strings),
- * cwd, timeout_ms, on_error, enabled (docs/hooks.md); event and command are required;
- * [plugin.NAME] with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
+ * (the store's durability: off | normal | full, default normal), default_mode (ask | accept_edits |
+ * read_only); [hook.NAME] with event, command, args, env, match (lists: comma-separated, or a JSON array of
+ * strings), cwd, timeout_ms, on_error, enabled (docs/hooks.md); event and command are required; [plugin.NAME]
+ * with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
  * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo or the name of the plugin
  * that provides the type (acp, openai, …) and its keys. Unknown [host] keys and unknown sections are warned
  * about (logged), not fatal. A bad value (a bool that is not true/false/yes/no/on/off/1/0, an unknown log
@@ -73,7 +73,8 @@ typedef struct ah_config {
   char *plugin_dir;  /* absolute */
   ah_log_level log_level;
   char *default_provider;
-  char *synchronous; /* "off" | "normal" | "full" */
+  char *synchronous;  /* "off" | "normal" | "full" */
+  char *default_mode; /* a new session's mode: "ask" (the default) | "accept_edits" | "read_only" */
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */
@@ -92,6 +93,14 @@ typedef struct ah_config {
 int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *envp, char **err);
 
 void ah__config_free(ah_config *cfg);
+
+/* A list value of a key (e.g. [provider.NAME] models): a JSON array of strings when it starts with '[',
+ * else comma-separated items, blanks trimmed, empty ones dropped. A new array (empty for NULL), or NULL
+ * for a bad JSON list. */
+json_t *ah__config_list(const char *s);
+
+/* A session's mode: ask | accept_edits | read_only (docs/sessions.md "Modes"). */
+bool ah__config_mode_valid(const char *mode);
 
 /* A name of a plugin, provider, MCP server or hook: [a-z][a-z0-9-]*, at most 40 bytes (a plugin's hook,
  * registered through the ABI, follows the same rule as one of the configuration). */

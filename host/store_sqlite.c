@@ -97,6 +97,8 @@ static const char *const migrations[] = {
     ");"
     "INSERT INTO inbox_content (message_id, content) SELECT message_id, content FROM inbox ORDER BY rowid;"
     "ALTER TABLE inbox DROP COLUMN content;",
+    /* v3: a session's settings beside its policy: {mode?, effort?} (its tool mode and reasoning effort). */
+    "ALTER TABLE sessions ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';",
 };
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
@@ -105,7 +107,7 @@ static const char *const migrations[] = {
 
 #define SESSION_COLS                                                                                        \
   "id, cwd, title, provider, model, parent, local, depth, status, closed, created, updated, policy, tags, " \
-  "last_seq, lease_owner, lease_until"
+  "last_seq, lease_owner, lease_until, settings"
 #define EVENT_COLS "cursor, session_id, seq, kind, time, turn_id, message_id, data"
 #define INBOX_COLS "i.message_id, i.session_id, c.content, i.state, i.turn_id, i.created"
 #define INBOX_FROM "inbox i JOIN inbox_content c ON c.message_id = i.message_id"
@@ -160,14 +162,15 @@ static const char *const stmt_sql[STMT_COUNT] = {
     [W_ROLLBACK_TO] = "ROLLBACK TO opset",
     /* A put replaces the session's description; its lease is changed only by the lease operations, and
      * last_seq never goes back (events may already be stored). */
-    [W_SESSION_PUT] = "INSERT INTO sessions (" SESSION_COLS ") "
-                      "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17) "
-                      "ON CONFLICT (id) DO UPDATE SET cwd = excluded.cwd, title = excluded.title, "
-                      "provider = excluded.provider, model = excluded.model, parent = excluded.parent, "
-                      "local = excluded.local, depth = excluded.depth, status = excluded.status, "
-                      "closed = excluded.closed, created = excluded.created, updated = excluded.updated, "
-                      "policy = excluded.policy, tags = excluded.tags, "
-                      "last_seq = max(last_seq, excluded.last_seq)",
+    [W_SESSION_PUT] =
+        "INSERT INTO sessions (" SESSION_COLS ") "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) "
+        "ON CONFLICT (id) DO UPDATE SET cwd = excluded.cwd, title = excluded.title, "
+        "provider = excluded.provider, model = excluded.model, parent = excluded.parent, "
+        "local = excluded.local, depth = excluded.depth, status = excluded.status, "
+        "closed = excluded.closed, created = excluded.created, updated = excluded.updated, "
+        "policy = excluded.policy, tags = excluded.tags, settings = excluded.settings, "
+        "last_seq = max(last_seq, excluded.last_seq)",
     [W_SESSION_DEL_EVENTS] = "DELETE FROM events WHERE session_id = ?1",
     [W_SESSION_DEL_INBOX_CONTENT] =
         "DELETE FROM inbox_content WHERE message_id IN (SELECT message_id FROM inbox WHERE session_id = ?1)",
@@ -583,6 +586,7 @@ static json_t *row_session(sqlite3_stmt *st) {
   json_object_set_new(o, "lastSeq", json_integer(sqlite3_column_int64(st, 14)));
   json_object_set_new(o, "leaseOwner", col_value(st, 15));
   json_object_set_new(o, "leaseUntil", json_integer(sqlite3_column_int64(st, 16)));
+  json_object_set_new(o, "settings", col_json(st, 17, json_object()));
   return o;
 }
 
@@ -700,6 +704,8 @@ static int op_session_put(sq_store *q, const json_t *op, json_t *res) {
     rc = bind_value(st, 16, json_object_get(s, "leaseOwner"));
   if (rc == SQLITE_OK)
     rc = sqlite3_bind_int64(st, 17, json_integer_value(lease_until));
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 18, json_object_get(s, "settings"), "{}");
   rc = step_write(q, st, rc);
   if (rc == 0)
     json_array_append_new(res, json_null());
@@ -720,11 +726,11 @@ static const struct {
   const char *column;
   col_kind kind;
 } update_cols[] = {
-    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},      {"provider", "provider", COL_TEXT},
-    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},    {"local", "local", COL_BOOL},
-    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},    {"closed", "closed", COL_BOOL},
-    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE}, {"policy", "policy", COL_JSON},
-    {"tags", "tags", COL_JSON},
+    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},       {"provider", "provider", COL_TEXT},
+    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},     {"local", "local", COL_BOOL},
+    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},     {"closed", "closed", COL_BOOL},
+    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE},  {"policy", "policy", COL_JSON},
+    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON},
 };
 #define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
 

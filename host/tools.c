@@ -119,6 +119,33 @@ static const tool_def tool_defs[] = {
 
 #define NTOOLS (sizeof tool_defs / sizeof tool_defs[0])
 
+/* What a built-in does, for clients and for the session's mode (tools.h ah__tool_kind). */
+static const char *builtin_kind(tool_kind k) {
+  switch (k) {
+  case TOOL_READ_FILE:
+  case TOOL_LIST_DIR:
+    return "read";
+  case TOOL_WRITE_FILE:
+    return "edit";
+  case TOOL_RUN_COMMAND:
+    return "execute";
+  case TOOL_UPDATE_PLAN:
+    return "think";
+  default:
+    return "other";
+  }
+}
+
+static const char *const kinds[] = {"read",    "edit",  "delete", "move", "search",
+                                    "execute", "think", "fetch",  "other"};
+
+bool ah__tool_kind_valid(const char *kind) {
+  for (size_t i = 0; kind && i < sizeof kinds / sizeof kinds[0]; i++)
+    if (strcmp(kind, kinds[i]) == 0)
+      return true;
+  return false;
+}
+
 static const tool_def *tool_find(const char *name) {
   for (size_t i = 0; name && i < NTOOLS; i++)
     if (strcmp(tool_defs[i].name, name) == 0)
@@ -138,6 +165,11 @@ static ah__entry *plugin_tool(ah_host *h, const char *name) {
 json_t *ah__tools_list(ah_host *h) {
   json_t *list = ah__tools_describe();
   json_t *more = h ? ah__registry_tools(&h->reg) : NULL;
+  size_t i;
+  json_t *t;
+  json_array_foreach(more, i, t) { /* a plugin's tool says nothing of what it does */
+    json_object_set_new(t, "kind", json_string("other"));
+  }
   json_array_extend(list, more);
   json_decref(more);
   return list;
@@ -236,6 +268,7 @@ static void source_listed(const ah_outcome *o, void *arg) {
       const char *desc = json_string_value(json_object_get(t, "description"));
       json_t *schema = json_object_get(t, "schema");
       json_t *group = json_object_get(t, "group");
+      const char *kind = json_string_value(json_object_get(t, "kind"));
       if (!valid_listed_name(name, one->prefix) || (schema && !json_is_object(schema)) ||
           (group && !json_is_string(group))) {
         AH_LOG_W("tools",
@@ -244,8 +277,8 @@ static void source_listed(const ah_outcome *o, void *arg) {
                  one->prefix, name ? name : "(none)");
         continue;
       }
-      json_t *copy =
-          json_pack("{s:s, s:s, s:O*}", "name", name, "description", desc ? desc : "", "group", group);
+      json_t *copy = json_pack("{s:s, s:s, s:O*, s:s}", "name", name, "description", desc ? desc : "",
+                               "group", group, "kind", ah__tool_kind_valid(kind) ? kind : "other");
       json_object_set_new(copy, "schema",
                           schema ? json_deep_copy(schema) : json_pack("{s:s}", "type", "object"));
       json_array_append_new(g->tools, copy);
@@ -368,8 +401,8 @@ json_t *ah__tools_describe(void) {
                           json_pack("{s:s, s:s, s:b}", "type", p->type, "description", p->description,
                                     "required", p->required));
     }
-    json_t *tool = json_pack("{s:s, s:s, s:o}", "name", d->name, "description", d->description, "params",
-                             params ? params : json_object());
+    json_t *tool = json_pack("{s:s, s:s, s:o, s:s}", "name", d->name, "description", d->description, "params",
+                             params ? params : json_object(), "kind", builtin_kind(d->kind));
     if (tool && d->schema)
       json_object_set_new(tool, "schema", json_loads(d->schema, 0, NULL));
     if (!tool || json_array_append_new(list, tool) != 0) {

@@ -39,8 +39,15 @@
  * beside the result as `oldText` (for a client's diff) and never hand it to the model. */
 #define AH_TOOL_PREVIOUS "_previous"
 
-/* [{name, description, params: {NAME: {type, description, required}}}] for the four tools. New reference. */
+/* [{name, description, params: {NAME: {type, description, required}}, kind}] for the built-in tools. New
+ * reference. */
 json_t *ah__tools_describe(void);
+
+/* What a tool does, as every listing says it (`kind`): read | edit | delete | move | search | execute |
+ * think | fetch | other — the built-ins' own (read_file, list_dir: read; write_file: edit; run_command:
+ * execute; update_plan: think), what a tool source lists (an MCP server's annotations), else other. The
+ * session's mode decides by it (docs/sessions.md "Modes"); ACP clients show it. */
+bool ah__tool_kind_valid(const char *kind);
 
 /* A tool's name: [A-Za-z0-9_-]{1,64} (a plugin's, or what a tool source lists). */
 bool ah__tool_name_valid(const char *name);
@@ -49,7 +56,8 @@ bool ah__tool_name_valid(const char *name);
 bool ah__tool_builtin(const char *name);
 
 /* The tools a session sees: the built-ins, then the plugins' tools (ABI 1.5 register_tool) sorted by name,
- * each {name, description, params} (built-ins) or {name, description, schema} (a plugin's JSON Schema).
+ * each {name, description, params, kind} (built-ins) or {name, description, schema, kind} (a plugin's JSON
+ * Schema; kind other).
  * New reference. */
 json_t *ah__tools_list(ah_host *h);
 /* A built-in tool, an active plugin's tool, or a name under an active tool source's prefix (which may not
@@ -62,8 +70,8 @@ const char *ah__tool_policy(ah_host *h, const char *name);
 struct ah__entry *ah__tool_source_of(ah_host *h, const char *name, bool staged_too);
 
 /* The tools a session sees now (`tools` borrowed for the call): ah__tools_list's, then what every active
- * tool source lists for the session ({name, description, schema, group?}); `notices` [string] says which
- * source was left out and why (an error of its list call). */
+ * tool source lists for the session ({name, description, schema, group?, kind}); `notices` [string] says
+ * which source was left out and why (an error of its list call). */
 typedef void (*ah_tools_fn)(const json_t *tools, const json_t *notices, void *arg);
 /* Asks every source (calls cancelled with `cancel`, may be NULL). Returns 0 and `cb` runs exactly once —
  * at once when no source is active or every source answered at once — or AH_EINVAL / AH_ENOMEM. */

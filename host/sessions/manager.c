@@ -285,6 +285,7 @@ json_t *ah__session_info(ah_session *s) {
                             json_pack("{s:s, s:s, s:s?}", "id", q->id, "kind", q->kind, "tool", q->tool));
   }
   json_object_set_new(r, "pending", pending);
+  json_object_set_new(r, "options", ah__session_options(s));
   return r;
 }
 
@@ -323,9 +324,30 @@ int ah__session_update(ah_session *s, const json_t *fields) {
             (strcmp(val, "allow") != 0 && strcmp(val, "ask") != 0 && strcmp(val, "deny") != 0))
           return AH_EINVAL;
       }
+    } else if (strcmp(k, "options") == 0) {
+      /* {ID: value}: the session's options (options.c), each checked before any is set. */
+      const char *id = NULL;
+      json_t *ov = NULL;
+      char why[200];
+      if (!json_is_object(v) || json_object_size(fields) != 1)
+        return AH_EINVAL;
+      json_object_foreach(v, id, ov) {
+        if (ah__session_set_option(s, id, ov, true, why, sizeof why))
+          return AH_EINVAL;
+      }
     } else {
       return AH_EINVAL;
     }
+  }
+  json_t *opts = json_object_get(fields, "options");
+  if (opts) {
+    const char *id = NULL;
+    json_t *ov = NULL;
+    char why[200];
+    json_object_foreach(opts, id, ov) {
+      ah__session_set_option(s, id, ov, false, why, sizeof why);
+    }
+    return 0;
   }
   json_t *set = json_deep_copy(fields);
   json_t *pol = json_object_get(set, "policy");

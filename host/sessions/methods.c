@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "session.h"
 
@@ -51,8 +52,8 @@ static void reply_created(int status, session *s, void *arg) {
                                            : "cannot create the session",
                    NULL);
   else
-    ah__call_reply(call,
-                   json_pack("{s:s, s:o}", "sessionId", s->id, "session", ah__sm_public_row(s->row, "idle")));
+    ah__call_reply(call, json_pack("{s:s, s:o, s:o}", "sessionId", s->id, "session",
+                                   ah__sm_public_row(s->row, "idle"), "options", ah__session_options(s)));
 }
 
 static void m_create(ah_call *call, const json_t *p, void *data) {
@@ -121,7 +122,7 @@ static json_t *live_status_row(ah_sessions *m, json_t *row) {
   json_t *r = ah__sm_public_row(row, status);
   json_object_set_new(r, "live", json_boolean(s && s->ready));
   /* A live session's own fields may be ahead of the store (ah__session_update is written behind). */
-  static const char *const own[] = {"title", "tags", "policy"};
+  static const char *const own[] = {"title", "tags", "policy", "model", "settings"};
   for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
     if (json_object_get(s->row, own[i]))
       json_object_set(r, own[i], json_object_get(s->row, own[i]));
@@ -172,7 +173,9 @@ static void m_get(ah_call *call, const json_t *p, void *data) {
   json_t *row = stored_row(call, m, id);
   if (!row)
     return;
-  ah__call_reply(call, json_pack("{s:o}", "session", live_status_row(m, row)));
+  json_t *shown = live_status_row(m, row);
+  ah__call_reply(call,
+                 json_pack("{s:o, s:o}", "session", shown, "options", ah__session_options_of(m, shown)));
   json_decref(row);
 }
 
@@ -499,6 +502,64 @@ static void m_set_policy(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, policy_found, c);
 }
 
+/* session.options {sessionId} → {options}: the session's selectors (docs/sessions.md "Options"), from its
+ * row — a stored session is not loaded for it. */
+static void m_options(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  ah_sessions *m = SM(data);
+  json_t *row = stored_row(call, m, str(p, "sessionId"));
+  if (!row)
+    return;
+  json_t *shown = live_status_row(m, row);
+  ah__call_reply(call, json_pack("{s:o}", "options", ah__session_options_of(m, shown)));
+  json_decref(shown);
+  json_decref(row);
+}
+
+/* session.set-option {sessionId, configId, value} → {options}: every option after the change. */
+typedef struct option_ctx {
+  ah_call *call;
+  char *id;
+  json_t *value;
+} option_ctx;
+
+static void option_found(int status, session *s, void *arg) {
+  option_ctx *c = arg;
+  char why[200] = "";
+  if (!status)
+    status = ah__session_set_option(s, c->id, c->value, false, why, sizeof why);
+  else
+    snprintf(why, sizeof why, "%s", status == AH_ENOENT ? "no such session" : ah_strerror(status));
+  if (status)
+    ah__call_error(c->call, status, why, NULL);
+  else
+    ah__call_reply(c->call, json_pack("{s:o}", "options", ah__session_options(s)));
+  free(c->id);
+  json_decref(c->value);
+  free(c);
+}
+
+static void m_set_option(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  const char *id = str(p, "sessionId");
+  const char *option = str(p, "configId");
+  if (!id || !option || !json_is_string(json_object_get(p, "value"))) {
+    ah__call_error(call, AH_EINVAL, "params: sessionId, configId and value (strings) are required", NULL);
+    return;
+  }
+  option_ctx *c = calloc(1, sizeof *c);
+  if (!c || !(c->id = strdup(option))) {
+    free(c);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  c->call = call;
+  c->value = json_incref(json_object_get(p, "value"));
+  ah__live_lookup(SM(data), id, option_found, c);
+}
+
 /* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
  * the session's next turn would offer, each with the policy that applies to it (the tool sources are asked
  * as at a turn's start: host-wide MCP servers start at this first use). */
@@ -625,7 +686,8 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
   ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
 }
 
-/* provider.list {} → {providers: [{name, type, model?, models, default, available}]}: the configured
+/* provider.list {} → {providers: [{name, type, model?, models, default, available, key?, keyEnv?,
+ * keyReady?}]}: the configured
  * providers (and the built-in echo), without a secret: only these keys are read from their sections. */
 static void m_provider_list(ah_call *call, const json_t *p, void *data) {
   (void)p;
@@ -637,27 +699,26 @@ static void m_provider_list(ah_call *call, const json_t *p, void *data) {
   const char *name = NULL;
   json_t *pc = NULL;
   json_object_foreach(cfg ? cfg->providers : NULL, name, pc) {
-    json_t *models = json_array();
-    const char *ms = str(pc, "models");
-    char *copy = ms ? strdup(ms) : NULL;
-    for (char *save = NULL, *it = copy ? strtok_r(copy, ",", &save) : NULL; it;
-         it = strtok_r(NULL, ",", &save)) {
-      while (*it == ' ')
-        it++;
-      size_t n = strlen(it);
-      while (n && it[n - 1] == ' ')
-        it[--n] = '\0';
-      if (n)
-        json_array_append_new(models, json_string(it));
-    }
-    free(copy);
+    json_t *models = ah__config_list(str(pc, "models"));
+    if (!models)
+      models = json_array();
     const char *model = str(pc, "model");
     if (model && json_array_size(models) == 0)
       json_array_append_new(models, json_string(model));
-    json_array_append_new(list,
-                          json_pack("{s:s, s:s*, s:s*, s:o, s:b, s:b}", "name", name, "type", str(pc, "type"),
-                                    "model", model, "models", models, "default", strcmp(name, def) == 0,
-                                    "available", ah__turn_provider(m, name, NULL, NULL) != NULL));
+    json_t *entry = json_pack("{s:s, s:s*, s:s*, s:o, s:b, s:b}", "name", name, "type", str(pc, "type"),
+                              "model", model, "models", models, "default", strcmp(name, def) == 0,
+                              "available", ah__turn_provider(m, name, NULL, NULL) != NULL);
+    /* Where its API key comes from and whether it is there now (never the key). */
+    const char *env = str(pc, "api_key_env");
+    const char *file = str(pc, "api_key_file");
+    if (entry && (env || file)) {
+      const char *v = env ? getenv(env) : NULL;
+      json_object_set_new(entry, "key", json_string(env ? "env" : "file"));
+      if (env)
+        json_object_set_new(entry, "keyEnv", json_string(env));
+      json_object_set_new(entry, "keyReady", json_boolean(env ? v && *v : access(file, R_OK) == 0));
+    }
+    json_array_append_new(list, entry);
     echo_listed |= strcmp(name, "echo") == 0;
   }
   if (!echo_listed)
@@ -734,6 +795,8 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
       {"session.tools", m_tools, AH_METHOD_PUBLIC | AH_METHOD_CANCELLABLE},
       {"session.delete", m_delete, AH_METHOD_PRIVILEGED},
       {"session.set-policy", m_set_policy, AH_METHOD_PRIVILEGED},
+      {"session.options", m_options, AH_METHOD_PUBLIC},
+      {"session.set-option", m_set_option, AH_METHOD_PRIVILEGED},
       {"request.list", m_request_list, AH_METHOD_PUBLIC},
       {"request.respond", m_request_respond, AH_METHOD_PUBLIC},
       {"provider.list", m_provider_list, AH_METHOD_PUBLIC},

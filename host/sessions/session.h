@@ -9,6 +9,7 @@
  * turns.c      turns, the provider sink, the tools a turn runs
  * subagents.c  child sessions of a turn
  * hookpoints.c the hooks' points: their documents, the chains a turn waits for, the observing ones
+ * options.c    the session's options (model, mode, reasoning effort): listed, validated, set
  * methods.c    the methods session.* and request.*
  */
 #ifndef AGENTHOST_HOST_SESSIONS_SESSION_H
@@ -169,6 +170,20 @@ void ah__sm_check_stopped(ah_sessions *m);
 /* session.updated {sessionId, title, tags, updated} for a change of the row's shown fields; `changed`
  * ({sessionId, updated}) is stolen and completed from the live row. */
 void ah__session_changed(session *s, json_t *changed);
+
+/* options.c */
+/* The options of a session's row (stored or live): [{id, name, description, category, type, currentValue,
+ * options: [{value, name, description?}]}]. New reference. */
+json_t *ah__session_options_of(ah_sessions *m, const json_t *row);
+json_t *ah__session_options(session *s);
+/* The row's mode (ask | accept_edits | read_only: its own, else [host] default_mode) and reasoning effort
+ * (its own, else the provider's reasoning_effort; NULL = none). */
+const char *ah__session_mode_of(ah_sessions *m, const json_t *row);
+const char *ah__session_effort_of(ah_sessions *m, const json_t *row);
+/* Set option `id` to `value` (one of its values): stored with the row, announced as session.options. 0, or
+ * AH_EINVAL / AH_ECLOSED with `why` naming the field. `check_only`: only the check. */
+int ah__session_set_option(session *s, const char *id, const json_t *value, bool check_only, char *why,
+                           size_t cap);
 
 /* live.c */
 session *ah__live_find(ah_sessions *m, const char *id);

@@ -454,24 +454,49 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
   t->tools_running++;
 }
 
-static const char *policy_of(session *s, const char *tool) {
-  const char *p = str(json_object_get(s->row, "policy"), tool);
-  return p ? p : ah__tool_policy(s->m->host, tool);
-}
-
-static bool offered(turn *t, const char *name) {
+/* The offered tool named `name` (NULL when not offered). */
+static const json_t *offered(turn *t, const char *name) {
   size_t i;
   json_t *tool;
   json_array_foreach(t->tools, i, tool) {
     if (name && strcmp(str(tool, "name"), name) == 0)
-      return true;
+      return tool;
   }
-  return false;
+  return NULL;
+}
+
+static const char *kind_of(turn *t, const char *name) {
+  const char *k = str(offered(t, name), "kind");
+  return k ? k : "other";
+}
+
+/* What the session's policy and mode say of a tool (docs/sessions.md "Modes"): a tool's own `deny` always
+ * holds; read_only refuses every tool that does more than read (`why` says so); accept_edits allows edits. */
+static const char *policy_of(turn *t, const char *tool, const char **why) {
+  session *s = t->s;
+  const char *p = str(json_object_get(s->row, "policy"), tool);
+  if (!p)
+    p = ah__tool_policy(s->m->host, tool);
+  if (why)
+    *why = "denied by the session's policy";
+  if (!p || strcmp(p, "deny") == 0)
+    return "deny";
+  const char *mode = ah__session_mode_of(s->m, s->row);
+  const char *kind = kind_of(t, tool);
+  if (strcmp(mode, "read_only") == 0 && strcmp(kind, "read") != 0 && strcmp(kind, "search") != 0 &&
+      strcmp(kind, "think") != 0 && strcmp(kind, "fetch") != 0) {
+    if (why)
+      *why = "the session is in read-only mode: only tools that read may run";
+    return "deny";
+  }
+  if (strcmp(mode, "accept_edits") == 0 && strcmp(kind, "edit") == 0)
+    return "allow";
+  return p;
 }
 
 /* After the before_tool hooks: run it, or ask first, as the session's policy says. */
 static void run_or_ask(turn *t, const char *call_id, const char *name, const json_t *args) {
-  const char *policy = policy_of(t->s, name);
+  const char *policy = policy_of(t, name, NULL);
   if (strcmp(policy, "allow") == 0) {
     ah__turn_run_tool(t, call_id, name, args);
     return;
@@ -522,15 +547,17 @@ static void sink_tool_call(void *ctx, const char *call_id, const char *name, con
   turn *t = ctx;
   if (t->ended)
     return;
-  ah__write_event(
-      t->s, "tool/call", t->id, NULL,
-      json_pack("{s:s, s:s, s:O}", "callId", call_id, "name", name, "args", args ? args : json_null()));
-  if (!offered(t, name)) {
+  const json_t *tool = offered(t, name);
+  ah__write_event(t->s, "tool/call", t->id, NULL,
+                  json_pack("{s:s, s:s, s:O, s:s?}", "callId", call_id, "name", name, "args",
+                            args ? args : json_null(), "kind", str(tool, "kind")));
+  if (!tool) {
     ah__turn_tool_refused(t, call_id, name, "unknown tool");
     return;
   }
-  if (strcmp(policy_of(t->s, name), "deny") == 0) {
-    ah__turn_tool_refused(t, call_id, name, "denied by the session's policy");
+  const char *why = NULL;
+  if (strcmp(policy_of(t, name, &why), "deny") == 0) {
+    ah__turn_tool_refused(t, call_id, name, why);
     return;
   }
   if (ah__hooks_any(t->m->host, "before_tool", name)) {
@@ -765,7 +792,12 @@ static void tools_gathered(const json_t *tools, const json_t *notices, void *arg
       .reasoning = sink_reasoning,
       .notice = sink_notice,
   };
-  json_t *empty_config = json_object();
+  /* The provider's section as configured, with the session's reasoning effort in place of the
+   * configured one (docs/sessions.md "Options"). */
+  json_t *turn_config = prov_config ? json_copy((json_t *)prov_config) : json_object();
+  const char *effort = ah__session_effort_of(t->m, s->row);
+  if (effort && turn_config)
+    json_object_set_new(turn_config, "reasoning_effort", json_string(effort));
   ah_turn_input in = {
       .struct_size = sizeof in,
       .session_id = s->id,
@@ -776,10 +808,10 @@ static void tools_gathered(const json_t *tools, const json_t *notices, void *arg
       .max_tokens = 0,
       .depth = (int)json_integer_value(json_object_get(s->row, "depth")),
       .provider_name = prov_name ? prov_name : "echo",
-      .provider_config = prov_config ? prov_config : empty_config,
+      .provider_config = turn_config,
   };
-  int rc = t->prov->turn_start(t->prov, &in, &sink, t, &t->pt);
-  json_decref(empty_config);
+  int rc = turn_config ? t->prov->turn_start(t->prov, &in, &sink, t, &t->pt) : AH_ENOMEM;
+  json_decref(turn_config);
   /* The content was borrowed for the call: a provider that needs it later took its own reference, and a
    * large prompt goes as soon as nothing uses it any more, not at the end of the turn. */
   json_decref(t->content);

@@ -379,8 +379,10 @@ typedef struct ah_tool_def {
  * session's policy may name such a tool before the source has listed it, and a plugin's tool may not take a
  * name under it. Both handlers have a method handler's signature and run as calls (counted on the mount,
  * answered `cancelled` for you at withdraw; their token trips when the turn is cancelled):
- *   list  params {sessionId, cwd}: answer with [{name, description, schema, group?}] — the tools that
- *         session sees now (`group`, e.g. the server's name, is how a UI shows them together; entries with a
+ *   list  params {sessionId, cwd}: answer with [{name, description, schema, group?, kind?}] — the tools
+ *         that session sees now (`kind`, what the tool does: read | edit | delete | move | search |
+ *         execute | think | fetch | other, shown by clients and read by the session's mode — absent or
+ *         unknown is other; `group`, e.g. the server's name, is how a UI shows them together; entries with a
  *         name outside the prefix or an invalid one are dropped and logged) — or with {tools: that array,
  *         notices: [string]}, notices being what the user should learn (a server that did not start). The
  *         turn waits for the answer: answer within your own start-up limit with what you have (an error
@@ -558,10 +560,13 @@ struct ah_host_api {
   /* A looked-up session passed to a descriptor's function, valid until the function returns (also on a
    * pool thread). session_id may be called from any thread; session_info and session_update only on the
    * loop thread. session_info: the row as session.get shows it plus `pending`, the server requests waiting
-   * for an answer ([{id, kind, tool?}]); a new reference. session_update sets `title` (string, ≤ 200
-   * bytes), `tags` (≤ 32 non-empty strings of ≤ 64 bytes) and/or merges `policy` ({TOOL: allow|ask|deny}
-   * for known tools) — applied to the live session at once and written behind, in order with its events;
-   * returns 0, AH_EINVAL (a field or value not allowed), AH_ECLOSED or AH_ENOMEM. */
+   * for an answer ([{id, kind, tool?}]), and `options`, the session's options (docs/sessions.md
+   * "Options"); a new reference. session_update sets `title` (string, ≤ 200 bytes), `tags` (≤ 32
+   * non-empty strings of ≤ 64 bytes) and/or merges `policy` ({TOOL: allow|ask|deny} for known tools) —
+   * applied to the live session at once and written behind, in order with its events — or, alone,
+   * `options` ({ID: value}: the model, mode or reasoning effort; every pair is checked before any is set;
+   * a host older than this field answers AH_EINVAL); returns 0, AH_EINVAL (a field or value not
+   * allowed), AH_ECLOSED or AH_ENOMEM. */
   const char *(*session_id)(const ah_session *s);
   json_t *(*session_info)(ah_session *s);
   int (*session_update)(ah_session *s, const json_t *fields);

@@ -28,6 +28,7 @@
 
 #define ACP_PROTOCOL_VERSION 1
 #define ACP_RESOURCE_NOT_FOUND (-32002)
+#define ACP_AUTH_REQUIRED (-32000)
 #define ACP_REQUEST_CANCELLED (-32800)
 #define HISTORY_PAGE 1000
 #define LIST_PAGE 100
@@ -82,6 +83,8 @@ typedef enum call_kind {
   CALL_DEL_GET,   /* session.get, then close, then delete for session/delete */
   CALL_DEL_CLOSE, /* session.close of a session/delete */
   CALL_DELETE,    /* session.delete */
+  CALL_INIT,      /* provider.list for initialize (authMethods) */
+  CALL_OPTION,    /* session.set-option for session/set_config_option, session/set_mode or a command */
 } call_kind;
 
 /* One core call in flight. */
@@ -94,8 +97,12 @@ typedef struct ccall {
   bool replay;      /* CALL_GET: load (replay) or resume */
   int64_t last_seq; /* CALL_HISTORY: the replay so far */
   acp_codec_state ctr;
-  char *cwd;   /* CALL_LIST filter; the session's cwd for CALL_NEW and CALL_GET */
-  json_t *mcp; /* CALL_NEW, CALL_GET: the client's mcpServers, attached once the session is there */
+  char *cwd;          /* CALL_LIST filter; the session's cwd for CALL_NEW and CALL_GET */
+  json_t *mcp;        /* CALL_NEW, CALL_GET: the client's mcpServers, attached once the session is there */
+  json_t *options;    /* CALL_GET, CALL_HISTORY: the session's options, for the load's answer */
+  char *option;       /* CALL_OPTION: the option's id */
+  const char *answer; /* CALL_OPTION: "options" (set_config_option), "mode" (set_mode) or "command" */
+  json_t *init;       /* CALL_INIT: the initialize answer being completed */
 } ccall;
 
 /* One session/request_permission in flight. */
@@ -114,6 +121,7 @@ struct acp_agent {
   ah_cancel *token; /* parent of every core call: tripped at stop */
   phase phase;
   bool stream_deltas;
+  json_t *provider; /* the default provider as provider.list shows it (initialize): its key */
   asession *sessions;
   size_t outstanding;  /* core calls and permission requests whose callback has not run */
   size_t client_calls; /* core calls answering a client request */
@@ -209,6 +217,9 @@ static void ccall_free(ccall *c) {
   free(c->sid);
   free(c->cwd);
   json_decref(c->mcp);
+  json_decref(c->options);
+  json_decref(c->init);
+  free(c->option);
   free(c);
 }
 
@@ -279,6 +290,111 @@ static void notify_update(acp_agent *a, const char *sid, json_t *update) {
   json_t *params = json_pack("{s:s, s:o}", "sessionId", sid, "update", update);
   if (params)
     a->api->rpc->notify(a->peer, "session/update", params);
+}
+
+/* ---- options, modes, commands, authentication --------------------------------------------------------- */
+
+/* The core's session options have the shape of ACP's configOptions; the mode option is also given as the
+ * older `modes` for clients that read only those (Zed prefers configOptions when both are there). */
+static json_t *modes_of(const json_t *options) {
+  size_t i, j;
+  json_t *o, *c;
+  json_array_foreach(options, i, o) {
+    if (!str_of(o, "id") || strcmp(str_of(o, "id"), "mode") != 0)
+      continue;
+    json_t *avail = json_array();
+    json_array_foreach(json_object_get(o, "options"), j, c) {
+      json_array_append_new(avail, json_pack("{s:O, s:O, s:O*}", "id", json_object_get(c, "value"), "name",
+                                             json_object_get(c, "name"), "description",
+                                             json_object_get(c, "description")));
+    }
+    return json_pack("{s:O, s:o}", "currentModeId", json_object_get(o, "currentValue"), "availableModes",
+                     avail);
+  }
+  return NULL;
+}
+
+/* configOptions and modes added to a session/new or session/load answer. */
+static json_t *with_options(json_t *res, const json_t *options) {
+  if (res && json_is_array(options)) {
+    json_object_set_new(res, "configOptions", json_deep_copy(options));
+    json_t *m = modes_of(options);
+    if (m)
+      json_object_set_new(res, "modes", m);
+  }
+  return res;
+}
+
+/* The value `id` has in `options`, and its name. */
+static const json_t *option_choice(const json_t *options, const char *id) {
+  size_t i, j;
+  json_t *o, *c;
+  json_array_foreach(options, i, o) {
+    if (!str_of(o, "id") || strcmp(str_of(o, "id"), id) != 0)
+      continue;
+    json_array_foreach(json_object_get(o, "options"), j, c) {
+      if (json_equal(json_object_get(c, "value"), json_object_get(o, "currentValue")))
+        return c;
+    }
+  }
+  return NULL;
+}
+
+/* The commands this surface handles itself (a prompt that is "/NAME ARG"): never a turn of the model. */
+static const struct {
+  const char *name, *description, *hint;
+} commands[] = {
+    {"mode", "Set what the agent's tools may do without asking", "ask | accept_edits | read_only"},
+    {"model", "Set the model of the next turn", "a model the provider offers"},
+    {"thinking", "Set how much the model reasons (when the provider offers it)", "a reasoning effort"},
+    {"help", "List agenthost's commands", NULL},
+};
+#define NCOMMANDS (sizeof commands / sizeof commands[0])
+
+static void send_commands(acp_agent *a, const char *sid) {
+  json_t *list = json_array();
+  for (size_t i = 0; i < NCOMMANDS; i++) {
+    json_t *c = json_pack("{s:s, s:s}", "name", commands[i].name, "description", commands[i].description);
+    if (c && commands[i].hint)
+      json_object_set_new(c, "input", json_pack("{s:s}", "hint", commands[i].hint));
+    json_array_append_new(list, c);
+  }
+  notify_update(
+      a, sid,
+      json_pack("{s:s, s:o}", "sessionUpdate", "available_commands_update", "availableCommands", list));
+}
+
+static void say(acp_agent *a, const char *sid, const char *text) {
+  notify_update(a, sid,
+                json_pack("{s:s, s:{s:s, s:s}}", "sessionUpdate", "agent_message_chunk", "content", "type",
+                          "text", "text", text));
+}
+
+/* The default provider needs a key it does not have: what the user must do, else NULL. */
+static const char *auth_missing(const acp_agent *a) {
+  return a->provider && json_is_false(json_object_get(a->provider, "keyReady"))
+             ? "authentication required: the provider's API key is not set"
+             : NULL;
+}
+
+/* initialize's authMethods: the provider's API key, which agenthost reads from its environment or a file
+ * (ACP's "agent" method: the agent authenticates itself); none when the provider needs no key. */
+static json_t *auth_methods(const acp_agent *a) {
+  const char *key = str_of(a->provider, "key");
+  if (!key)
+    return json_array();
+  char desc[300];
+  const char *env = str_of(a->provider, "keyEnv");
+  if (env)
+    snprintf(desc, sizeof desc,
+             "agenthost reads the API key of provider %s from the environment variable %s: set it in the "
+             "environment the editor starts agenthost with",
+             str_of(a->provider, "name"), env);
+  else
+    snprintf(desc, sizeof desc,
+             "agenthost reads the API key of provider %s from its api_key_file: put the key in that file",
+             str_of(a->provider, "name"));
+  return json_pack("[{s:s, s:s, s:s}]", "id", "agenthost-api-key", "name", "API key", "description", desc);
 }
 
 /* ---- prompts ------------------------------------------------------------------------------------------ */
@@ -457,7 +573,8 @@ static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
       return;
     }
     acp_codec_state_cwd(&s->ctr, str_of(row, "cwd"));
-    a->api->rpc->respond(c->req, json_object());
+    a->api->rpc->respond(c->req, with_options(json_object(), json_object_get(o->result, "options")));
+    send_commands(a, c->sid);
     return;
   }
   /* session/load: page through the history; the ccall lives on across the pages. */
@@ -467,6 +584,7 @@ static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
     return;
   }
   c->req = NULL;
+  h->options = json_incref(json_object_get(o->result, "options"));
   acp_codec_state_cwd(&h->ctr, str_of(row, "cwd"));
   replay_page(a, h, 0);
 }
@@ -509,6 +627,7 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
       return;
     }
     again->last_seq = h->last_seq;
+    again->options = json_incref(h->options);
     acp_codec_state_move(&again->ctr, &h->ctr);
     h->req = NULL;
     replay_page(a, again, json_integer_value(next));
@@ -525,7 +644,8 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
   }
   if (h->last_seq > s->min_seq)
     s->min_seq = h->last_seq;
-  a->api->rpc->respond(h->req, json_object());
+  a->api->rpc->respond(h->req, with_options(json_object(), h->options));
+  send_commands(a, h->sid);
 }
 
 static void list_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
@@ -622,6 +742,55 @@ static void prompt_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
   json_object_clear(s->ended);
 }
 
+static void init_reply(acp_agent *a, ccall *c, const ah_outcome *o);
+
+/* session.set-option answered: for session/set_config_option the full list (the client replaces its
+ * state with it), for session/set_mode nothing, for a command a line that says what is set now. */
+static void option_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
+  json_t *options = json_object_get(o->result, "options");
+  if (strcmp(c->answer, "command") == 0) {
+    char line[400];
+    const json_t *now = o->status ? NULL : option_choice(options, c->option);
+    if (o->status)
+      snprintf(line, sizeof line, "Not changed: %s", o->message ? o->message : ah_strerror(o->status));
+    else
+      snprintf(line, sizeof line, "%s is now %s.",
+               strcmp(c->option, "mode") == 0    ? "The mode"
+               : strcmp(c->option, "model") == 0 ? "The model"
+                                                 : "Thinking",
+               now && str_of(now, "name") ? str_of(now, "name") : "set");
+    say(a, c->sid, line);
+    a->api->rpc->respond(c->req, json_pack("{s:s}", "stopReason", "end_turn"));
+  } else if (o->status) {
+    respond_status(a, c->req, o->status, o->message, true);
+  } else if (strcmp(c->answer, "options") == 0) {
+    a->api->rpc->respond(c->req, json_pack("{s:O}", "configOptions", options));
+  } else {
+    a->api->rpc->respond(c->req, json_object());
+  }
+}
+
+/* session.set-option for session `sid`; `answer` says how the client is answered (option_reply). */
+static void set_option(acp_agent *a, ah_rpc_inbound *req, const char *sid, const char *id,
+                       const json_t *value, const char *answer) {
+  ccall *c = ccall_new(a, CALL_OPTION, req, sid);
+  if (c && !(c->option = strdup(id))) {
+    ccall_free(c);
+    c = NULL;
+  }
+  if (c)
+    c->answer = answer;
+  int rc = c ? core(a, "session.set-option",
+                    json_pack("{s:s, s:s, s:O}", "sessionId", sid, "configId", id, "value", value),
+                    on_core_reply, c)
+             : AH_ENOMEM;
+  if (rc) {
+    if (c)
+      ccall_free(c);
+    respond_status(a, req, rc, NULL, true);
+  }
+}
+
 static void on_core_reply(const ah_outcome *o, void *arg) {
   ccall *c = arg;
   acp_agent *a = c->a;
@@ -641,7 +810,9 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     else {
       acp_codec_state_cwd(&find_session(a, sid)->ctr, c->cwd);
       attach_servers(a, sid, c);
-      a->api->rpc->respond(c->req, json_pack("{s:s}", "sessionId", sid));
+      a->api->rpc->respond(
+          c->req, with_options(json_pack("{s:s}", "sessionId", sid), json_object_get(o->result, "options")));
+      send_commands(a, sid);
     }
     break;
   }
@@ -717,6 +888,17 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     }
     break;
   }
+  case CALL_INIT:
+    if (o->status) {
+      json_object_set_new(c->init, "authMethods", json_array());
+      a->api->rpc->respond(c->req, c->init);
+      c->init = NULL;
+    } else
+      init_reply(a, c, o);
+    break;
+  case CALL_OPTION:
+    option_reply(a, c, o);
+    break;
   case CALL_INVALID:
     break;
   }
@@ -749,7 +931,32 @@ static void m_initialize(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
       AH_HAS(a->api, ah_host_api, http_start), "sse", 0, "sessionCapabilities", "list", "resume", "close",
       "delete", "authMethods", "agentInfo", "name", "agenthost", "title", "agenthost", "version",
       a->api->host_version());
-  a->api->rpc->respond(req, res);
+  /* authMethods from the default provider (provider.list): answered when it replied. */
+  ccall *c = res ? ccall_new(a, CALL_INIT, req, NULL) : NULL;
+  if (c)
+    c->init = res;
+  int rc = c ? core(a, "provider.list", json_object(), on_core_reply, c) : AH_ENOMEM;
+  if (rc) {
+    if (c) {
+      c->init = NULL;
+      ccall_free(c);
+    }
+    a->api->rpc->respond(req, res);
+  }
+}
+
+static void init_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
+  size_t i;
+  json_t *pv;
+  json_array_foreach(json_object_get(o->result, "providers"), i, pv) {
+    if (json_is_true(json_object_get(pv, "default"))) {
+      json_decref(a->provider);
+      a->provider = json_incref(pv);
+    }
+  }
+  json_object_set_new(c->init, "authMethods", auth_methods(a));
+  a->api->rpc->respond(c->req, c->init);
+  c->init = NULL;
 }
 
 /* Common checks of session/new, session/load and session/resume: cwd, mcpServers, additionalDirectories. */
@@ -806,6 +1013,10 @@ static void m_new(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   }
   if (!check_setup(a, req, p))
     return;
+  if (auth_missing(a)) {
+    a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, auth_missing(a), NULL);
+    return;
+  }
   ccall *c = ccall_new(a, CALL_NEW, req, NULL);
   if (c && !setup_keep(c, p)) {
     ccall_free(c);
@@ -878,6 +1089,8 @@ static void m_list(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   }
 }
 
+static bool slash_command(acp_agent *a, ah_rpc_inbound *req, asession *s, const json_t *blocks);
+
 static void m_prompt(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   json_t *sid = json_object_get(p, "sessionId");
   if (!json_is_object(p) || !json_is_string(sid)) {
@@ -901,6 +1114,10 @@ static void m_prompt(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
     respond_status(a, req, AH_ECLOSED, "the session is being closed", true);
     return;
   }
+  if (slash_command(a, req, s, json_object_get(p, "prompt"))) {
+    json_decref(content);
+    return;
+  }
   prompt *np = calloc(1, sizeof *np);
   if (!np) {
     json_decref(content);
@@ -912,6 +1129,84 @@ static void m_prompt(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   *s->tail = np;
   s->tail = &np->next;
   send_head(a, s);
+}
+
+/* session/set_config_option {sessionId, configId, value} → {configOptions}: every option after the change;
+ * a value the option does not offer → -32602 naming it. */
+static void m_set_config_option(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  const char *sid = str_of(p, "sessionId");
+  const char *id = str_of(p, "configId");
+  json_t *value = json_object_get(p, "value");
+  if (!sid || !id) {
+    bad_params(a, req, "params: sessionId and configId (strings) are required");
+    return;
+  }
+  if (!json_is_string(value)) {
+    bad_params(a, req, "params.value: a value id (string) is required: the session has no boolean options");
+    return;
+  }
+  if (!find_session(a, sid)) {
+    unknown_session(a, req);
+    return;
+  }
+  set_option(a, req, sid, id, value, "options");
+}
+
+/* session/set_mode {sessionId, modeId} → {}: the mode option, for clients that use modes. */
+static void m_set_mode(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
+  const char *sid = str_of(p, "sessionId");
+  json_t *mode = json_object_get(p, "modeId");
+  if (!sid || !json_is_string(mode)) {
+    bad_params(a, req, "params: sessionId and modeId (strings) are required");
+    return;
+  }
+  if (!find_session(a, sid)) {
+    unknown_session(a, req);
+    return;
+  }
+  set_option(a, req, sid, "mode", mode, "mode");
+}
+
+/* A prompt that is one text block "/NAME ARG" naming one of the commands: handled here (true), never a
+ * turn of the model. Other text that starts with '/' goes to the model as written. */
+static bool slash_command(acp_agent *a, ah_rpc_inbound *req, asession *s, const json_t *blocks) {
+  const json_t *b = json_array_size(blocks) == 1 ? json_array_get(blocks, 0) : NULL;
+  const char *type = str_of(b, "type");
+  const char *text = str_of(b, "text");
+  if (!type || strcmp(type, "text") != 0 || !text || text[0] != '/')
+    return false;
+  size_t n = strcspn(text + 1, " \t\r\n");
+  size_t which = NCOMMANDS;
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    if (strlen(commands[i].name) == n && strncmp(text + 1, commands[i].name, n) == 0)
+      which = i;
+  if (which == NCOMMANDS)
+    return false;
+  const char *arg = text + 1 + n;
+  arg += strspn(arg, " \t\r\n");
+  size_t len = strlen(arg);
+  while (len && strchr(" \t\r\n", arg[len - 1]))
+    len--;
+  const char *name = commands[which].name;
+  if (strcmp(name, "help") == 0 || len == 0) {
+    char help[1024] = "";
+    size_t at = 0;
+    for (size_t i = 0; i < NCOMMANDS && at < sizeof help; i++)
+      at += (size_t)snprintf(help + at, sizeof help - at, "/%s%s%s — %s\n", commands[i].name,
+                             commands[i].hint ? " " : "", commands[i].hint ? commands[i].hint : "",
+                             commands[i].description);
+    say(a, s->id, help);
+    a->api->rpc->respond(req, json_pack("{s:s}", "stopReason", "end_turn"));
+    return true;
+  }
+  json_t *value = json_stringn(arg, len);
+  const char *id = strcmp(name, "thinking") == 0 ? "thought_level" : name;
+  if (value)
+    set_option(a, req, s->id, id, value, "command");
+  else
+    respond_status(a, req, AH_EINVAL, "params.prompt: the command's argument is not valid UTF-8", true);
+  json_decref(value);
+  return true;
 }
 
 static void m_close(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
@@ -969,8 +1264,16 @@ static void on_request(ah_rpc_peer *peer, ah_rpc_inbound *req, const char *metho
    * every client initializes first. */
   if (strcmp(method, "initialize") == 0)
     m_initialize(a, req, params);
-  else if (strcmp(method, "authenticate") == 0)
-    a->api->rpc->respond(req, json_object());
+  else if (strcmp(method, "authenticate") == 0) {
+    /* The key is the host's to read (the "agent" method): authenticated when the provider has it. */
+    if (auth_missing(a))
+      a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, auth_missing(a), NULL);
+    else
+      a->api->rpc->respond(req, json_object());
+  } else if (strcmp(method, "session/set_config_option") == 0)
+    m_set_config_option(a, req, params);
+  else if (strcmp(method, "session/set_mode") == 0)
+    m_set_mode(a, req, params);
   else if (strcmp(method, "session/new") == 0)
     m_new(a, req, params);
   else if (strcmp(method, "session/load") == 0)
@@ -1132,8 +1435,8 @@ static void forward_request(acp_agent *a, const json_t *request) {
       json_array_append_new(options, json_pack("{s:s, s:s, s:s}", "optionId", option_ids[i], "name",
                                                option_names[i], "kind", option_ids[i]));
     msg = json_pack("{s:s, s:{s:s, s:s, s:s, s:s, s:O}, s:o}", "sessionId", sid, "toolCall", "toolCallId",
-                    call_id, "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
-                    "pending", "rawInput", args ? args : json_null(), "options", options);
+                    call_id, "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool, NULL),
+                    "status", "pending", "rawInput", args ? args : json_null(), "options", options);
     free(title);
   }
   perm *r = calloc(1, sizeof *r);
@@ -1307,6 +1610,21 @@ static void on_event(const char *name, const json_t *data, void *arg) {
       notify_update(a, s->id,
                     json_pack("{s:s, s:s, s:s*}", "sessionUpdate", "session_info_update", "title", title,
                               "updatedAt", str_of(data, "updated")));
+  } else if (strcmp(name, "session.options") == 0) {
+    /* The model, mode or effort changed (here, in the web UI, through Remote): the selectors follow. */
+    asession *s = find_session(a, str_of(data, "sessionId"));
+    const json_t *options = json_object_get(data, "options");
+    if (s && !s->closing && json_is_array(options)) {
+      notify_update(
+          a, s->id,
+          json_pack("{s:s, s:O}", "sessionUpdate", "config_option_update", "configOptions", options));
+      const json_t *mode = option_choice(options, "mode");
+      const char *changed = str_of(data, "changed");
+      if (mode && changed && strcmp(changed, "mode") == 0)
+        notify_update(a, s->id,
+                      json_pack("{s:s, s:O}", "sessionUpdate", "current_mode_update", "currentModeId",
+                                json_object_get(mode, "value")));
+    }
   } else if (strcmp(name, "session.closed") == 0) {
     asession *s = find_session(a, str_of(data, "sessionId"));
     if (s && !s->closing)
@@ -1419,6 +1737,7 @@ static void agent_free(acp_agent *a) {
     session_free(s);
     s = next;
   }
+  json_decref(a->provider);
   free(a);
 }
 

@@ -33,8 +33,9 @@ json_t *acp_codec_prompt(const json_t *prompt, char *why, size_t why_len);
  * and anything unknown, which the caller reports as a JSON-RPC error. */
 const char *acp_codec_stop_reason(const char *reason);
 
-/* Tool presentation: the ToolKind for a core tool name, and a short human title (malloc'ed). */
-const char *acp_codec_tool_kind(const char *tool);
+/* Tool presentation: the ToolKind of a call (the kind the core recorded with it when it is one of ACP's, else
+ * from the built-in tool's name), and a short human title (malloc'ed). */
+const char *acp_codec_tool_kind(const char *tool, const char *recorded);
 char *acp_codec_tool_title(const char *tool, const json_t *args);
 
 /* The toolCallId of a core tool call: unique in the session (core call ids restart at call_1 per turn).

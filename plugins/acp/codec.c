@@ -83,7 +83,13 @@ const char *acp_codec_stop_reason(const char *reason) {
   return NULL;
 }
 
-const char *acp_codec_tool_kind(const char *tool) {
+const char *acp_codec_tool_kind(const char *tool, const char *recorded) {
+  /* The core records what a tool does with its call (its listing's kind: an MCP server's annotations). */
+  static const char *const kinds[] = {"read",   "edit",    "delete", "move",
+                                      "search", "execute", "think",  "fetch"};
+  for (size_t i = 0; recorded && i < sizeof kinds / sizeof kinds[0]; i++)
+    if (strcmp(recorded, kinds[i]) == 0)
+      return kinds[i];
   if (!tool)
     return "other";
   if (strcmp(tool, "read_file") == 0 || strcmp(tool, "list_dir") == 0)
@@ -311,9 +317,10 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_co
     json_t *args = json_object_get(data, "args");
     acp_codec_tool_call_id(id, sizeof id, turn, str_of(data, "callId"));
     char *title = acp_codec_tool_title(tool, args);
-    json_t *u = json_pack("{s:s, s:s, s:s, s:s, s:s, s:O}", "sessionUpdate", "tool_call", "toolCallId", id,
-                          "title", title ? title : "tool", "kind", acp_codec_tool_kind(tool), "status",
-                          "pending", "rawInput", args ? args : json_null());
+    json_t *u =
+        json_pack("{s:s, s:s, s:s, s:s, s:s, s:O}", "sessionUpdate", "tool_call", "toolCallId", id, "title",
+                  title ? title : "tool", "kind", acp_codec_tool_kind(tool, str_of(data, "kind")), "status",
+                  "pending", "rawInput", args ? args : json_null());
     free(title);
     /* The file a built-in tool works on, for an editor that follows the agent. */
     bool on_path = tool && (strcmp(tool, "read_file") == 0 || strcmp(tool, "write_file") == 0 ||

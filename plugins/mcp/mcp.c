@@ -123,9 +123,10 @@ typedef struct lister {
 } lister;
 
 static bool add_listed(mcp_server *s, const json_t *tool, const char *full, void *arg) {
-  json_array_append_new(arg, json_pack("{s:s, s:O, s:O, s:s}", "name", full, "description",
+  json_array_append_new(arg, json_pack("{s:s, s:O, s:O, s:s, s:O*}", "name", full, "description",
                                        json_object_get(tool, "description"), "schema",
-                                       json_object_get(tool, "schema"), "group", s->name));
+                                       json_object_get(tool, "schema"), "group", s->name, "kind",
+                                       json_object_get(tool, "kind")));
   return false;
 }
 

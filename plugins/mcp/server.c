@@ -314,9 +314,16 @@ static void on_list(mcp_server *s, int status, const json_t *result, const json_
       break;
     }
     const char *desc = json_string_value(json_object_get(t, "description"));
+    /* What it does, from the server's annotations (hints, which a client may not trust for safety: a
+     * read-only hint only lets the session's read-only mode run it): read, fetch (reads the open world),
+     * else other. */
+    json_t *ann = json_object_get(t, "annotations");
+    bool read_only = json_is_true(json_object_get(ann, "readOnlyHint"));
+    bool open_world = json_is_true(json_object_get(ann, "openWorldHint"));
+    const char *kind = !read_only ? "other" : open_world ? "fetch" : "read";
     json_array_append_new(l->tools,
-                          json_pack("{s:s, s:s, s:O}", "tool", name, "description", desc ? desc : "",
-                                    "schema", json_is_object(schema) ? schema : json_object()));
+                          json_pack("{s:s, s:s, s:O, s:s}", "tool", name, "description", desc ? desc : "",
+                                    "schema", json_is_object(schema) ? schema : json_object(), "kind", kind));
   }
   const char *next = json_string_value(json_object_get(result, "nextCursor"));
   if (next && *next) {

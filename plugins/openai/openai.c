@@ -54,6 +54,7 @@ typedef struct oa_conf {
   int64_t context_window;
   double temperature;
   bool has_temperature;
+  const char *reasoning_effort; /* sent as reasoning_effort (the session's, else the configured one) */
   char *system_prompt;
   json_t *headers;
   const char *ca_file;
@@ -68,8 +69,9 @@ struct ah_provider_turn {
   oa_state *st;
   const ah_turn_sink *sink;
   void *ctx;
-  oa_conf conf;
-  char *key; /* the API key, or NULL; zeroed when freed */
+  oa_conf conf; /* its strings point into `own` */
+  json_t *own;  /* {config, model, name}: what the turn's input lent for the call, kept for the turn */
+  char *key;    /* the API key, or NULL; zeroed when freed */
   json_t *msgs;
   json_t *tools;
   oa_round round;
@@ -127,10 +129,24 @@ static int num(const json_t *c, const char *k, int64_t def, int64_t min, int64_t
 }
 
 static const char *const known_keys[] = {
-    "type",         "base_url",           "model",           "models",      "api_key_env",
-    "api_key_file", "max_tokens",         "context_window",  "temperature", "system_prompt_file",
-    "headers",      "connect_timeout_ms", "idle_timeout_ms", "max_retries", "max_steps",
+    "type",
+    "base_url",
+    "model",
+    "models",
+    "api_key_env",
+    "api_key_file",
+    "max_tokens",
+    "context_window",
+    "temperature",
+    "system_prompt_file",
+    "headers",
+    "connect_timeout_ms",
+    "idle_timeout_ms",
+    "max_retries",
+    "max_steps",
     "ca_file",
+    "reasoning_effort",
+    "reasoning_efforts",
 };
 
 static void warn_unknown(oa_state *st, const char *name, const json_t *c) {
@@ -239,6 +255,7 @@ static int conf_load(oa_state *st, oa_conf *c, const char *name, const json_t *p
     c->has_temperature = true;
   }
   c->ca_file = cstr(pc, "ca_file");
+  c->reasoning_effort = cstr(pc, "reasoning_effort");
   const char *stream = cstr(pc, "stream");
   c->stream = !stream || strcmp(stream, "true") == 0;
   if (stream && !c->stream && strcmp(stream, "false") != 0) {
@@ -793,6 +810,8 @@ static json_t *request_body(ah_provider_turn *t) {
     json_object_set_new(b, "max_tokens", json_integer(t->conf.max_tokens));
   if (t->conf.has_temperature)
     json_object_set_new(b, "temperature", json_real(t->conf.temperature));
+  if (t->conf.reasoning_effort)
+    json_object_set_new(b, "reasoning_effort", json_string(t->conf.reasoning_effort));
   return b;
 }
 
@@ -866,9 +885,20 @@ static int turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_sin
   st->turns++;
   sse_init(&t->sse, SSE_LINE_MAX, SSE_EVENT_MAX);
   char err[600] = "";
-  const json_t *pc = AH_HAS(in, ah_turn_input, provider_config) ? in->provider_config : NULL;
-  const char *pname = AH_HAS(in, ah_turn_input, provider_name) ? in->provider_name : "openai";
-  if (conf_load(st, &t->conf, pname, pc, in->model, in->max_tokens, true, &t->key, err, sizeof err) != 0) {
+  /* The input is borrowed for this call only: the turn keeps its own copy of what its configuration
+   * points into (the session's model may change, the configuration be reloaded, meanwhile). */
+  const json_t *lent = AH_HAS(in, ah_turn_input, provider_config) ? in->provider_config : NULL;
+  t->own =
+      json_pack("{s:o, s:s?, s:s}", "config", lent ? json_deep_copy(lent) : json_object(), "model", in->model,
+                "name", AH_HAS(in, ah_turn_input, provider_name) ? in->provider_name : "openai");
+  if (!t->own) {
+    turn_release(t);
+    return AH_ENOMEM;
+  }
+  const json_t *pc = lent ? json_object_get(t->own, "config") : NULL;
+  const char *pname = cstr(t->own, "name");
+  if (conf_load(st, &t->conf, pname, pc, cstr(t->own, "model"), in->max_tokens, true, &t->key, err,
+                sizeof err) != 0) {
     *out = t;
     end_later(t, "error", err);
     return 0;
@@ -937,6 +967,7 @@ static void turn_release(ah_provider_turn *t) {
     free(t->key);
   }
   conf_free(&t->conf);
+  json_decref(t->own);
   json_decref(t->msgs);
   json_decref(t->tools);
   json_decref(t->results);

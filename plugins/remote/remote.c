@@ -193,6 +193,22 @@ static int s_tool_policy(ah_call *call, ah_session *s, const char *tool, const c
   return *out ? 0 : AH_ENOMEM;
 }
 
+/* One of the session's options (its model, mode, reasoning effort): every option after the change. */
+static int s_set_option(ah_call *call, ah_session *s, const char *option, const char *value, json_t **out) {
+  const ah_host_api *api = AH_CALL_API(call);
+  json_t *f = json_pack("{s:{s:s}}", "options", option, value);
+  int rc = f ? api->session_update(s, f) : AH_ENOMEM;
+  json_decref(f);
+  if (rc == AH_EINVAL)
+    return refuse(call, "args: not an option of the session, or not one of its values");
+  if (rc)
+    return rc;
+  json_t *info = api->session_info(s);
+  *out = json_deep_copy(json_object_get(info, "options"));
+  json_decref(info);
+  return *out ? 0 : AH_ENOMEM;
+}
+
 static int s_pending(ah_call *call, ah_session *s, json_t **out) {
   json_t *info = AH_CALL_API(call)->session_info(s);
   json_t *pending = json_object_get(info, "pending");
@@ -215,6 +231,8 @@ static const ah_remote_param p_tags[] = {{"session", AH_TYPE_SESSION, false}, {"
 static const ah_remote_param p_policy[] = {
     {"session", AH_TYPE_SESSION, false}, {"tool", AH_TYPE_STRING, false}, {"policy", AH_TYPE_STRING, false}};
 static const ah_remote_param p_pending[] = {{"session", AH_TYPE_SESSION, false}};
+static const ah_remote_param p_option[] = {
+    {"session", AH_TYPE_SESSION, false}, {"option", AH_TYPE_STRING, false}, {"value", AH_TYPE_STRING, false}};
 
 static const ah_remote_def services[] = {
     {.struct_size = sizeof(ah_remote_def),
@@ -254,6 +272,16 @@ static const ah_remote_def services[] = {
      .result = AH_TYPE_JSON,
      .lookup = AH_LOOKUP_SESSION,
      .fn = AH_REMOTE_FN(s_pending)},
+    {.struct_size = sizeof(ah_remote_def),
+     .param_size = sizeof(ah_remote_param),
+     .ns = "sessions",
+     .method = "set_option",
+     .params = p_option,
+     .nparams = 3,
+     .result = AH_TYPE_JSON,
+     .flags = AH_REMOTE_PRIVILEGED,
+     .lookup = AH_LOOKUP_SESSION,
+     .fn = AH_REMOTE_FN(s_set_option)},
 };
 
 /* ---- mount / withdraw --------------------------------------------------------------------------------- */

@@ -90,7 +90,8 @@ static void send_request(acp_host *h, int id, const char *method, json_t *params
 
 /* Collects the session/update notifications seen while waiting (may be NULL). */
 typedef struct seen {
-  json_t *updates; /* array of the `update` objects */
+  json_t *updates; /* array of the `update` objects, but available_commands_update */
+  int commands;    /* available_commands_update seen (one after each session/new, load and resume) */
 } seen;
 
 typedef struct other_msgs {
@@ -101,8 +102,14 @@ typedef struct other_msgs {
 
 static void on_other(acp_host *h, json_t *m, void *arg) {
   other_msgs *o = arg;
-  if (o->s && ts_rpc_method(m) && strcmp(ts_rpc_method(m), "session/update") == 0)
-    json_array_append(o->s->updates, json_object_get(json_object_get(m, "params"), "update"));
+  if (o->s && ts_rpc_method(m) && strcmp(ts_rpc_method(m), "session/update") == 0) {
+    json_t *u = json_object_get(json_object_get(m, "params"), "update");
+    const char *kind = json_string_value(json_object_get(u, "sessionUpdate"));
+    if (kind && strcmp(kind, "available_commands_update") == 0)
+      o->s->commands++;
+    else
+      json_array_append(o->s->updates, u);
+  }
   if (o->on_request && json_object_get(m, "id"))
     o->on_request(h, m, o->arg);
 }
@@ -445,7 +452,7 @@ Test(acp_sdk, unknown_method, .timeout = 60) {
   json_t *r = call(&h, 2, "no/such", NULL);
   cr_assert_eq(ts_rpc_error_code(r), -32601);
   json_decref(r);
-  expect_error(&h, 3, "session/set_mode", json_pack("{s:s, s:s}", "sessionId", "x", "modeId", "y"), -32601);
+  expect_error(&h, 3, "logout", json_object(), -32601);
   send_msg(&h, NULL, "no/such/notification", json_object());
   ts_stdio_send_line(&h, "{\"jsonrpc\":\"2.0\",\"id\":777,\"result\":{}}");
   initialize(&h);
@@ -790,6 +797,7 @@ Test(acp_sessions, resume_without_replay, .timeout = 60) {
   r = next_response_ex(&h, 10000, &s, NULL, NULL);
   cr_assert_str_eq(stop_reason(r), "end_turn");
   cr_assert_eq(json_array_size(s.updates), 1, "only the new turn's updates");
+  cr_expect_eq(s.commands, 1, "the commands, once, after session/resume");
   json_decref(r);
   json_decref(s.updates);
   host_kill(&h);

@@ -1058,6 +1058,30 @@ Test(config, synchronous_modes) {
   file_error_case("[host]\nsynchronous = sometimes\n", "2: [host] synchronous: ", "unknown synchronous mode");
 }
 
+/* [host] default_mode: a new session's mode (docs/sessions.md "Modes"); ask by default; others refused. */
+Test(config, default_mode) {
+  const char *modes[] = {"ask", "accept_edits", "read_only"};
+  for (size_t i = 0; i < 3; i++) {
+    ah_config cfg;
+    char *path = NULL;
+    char *err = NULL;
+    char text[64];
+    snprintf(text, sizeof text, "[host]\ndefault_mode = %s\n", modes[i]);
+    cr_assert_eq(load_text(&cfg, text, &path, &err), 0, "%s", err ? err : "");
+    cr_assert_str_eq(cfg.default_mode, modes[i]);
+    ah__config_free(&cfg);
+    free(path);
+  }
+  ah_config cfg;
+  char *path = NULL;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[host]\n", &path, &err), 0);
+  cr_assert_str_eq(cfg.default_mode, "ask", "the default");
+  ah__config_free(&cfg);
+  free(path);
+  file_error_case("[host]\ndefault_mode = yolo\n", "2: [host] default_mode: ", "unknown mode");
+}
+
 /* [mcp.NAME] sections become the mcp plugin's `servers`, their values as written (the plugin checks them);
  * an unknown key is ignored with a warning that names only the key; a bad server name is an error. */
 Test(config, mcp_sections_become_the_mcp_plugins_servers) {

@@ -904,7 +904,8 @@ Test(openai, providers_and_their_models_are_listed_without_secrets) {
   char *text = json_dumps(o.result, JSON_COMPACT | JSON_SORT_KEYS);
   cr_expect_str_eq(
       text, "{\"providers\":[{\"available\":true,\"default\":true,\"models\":[],\"name\":\"echo\",\"type\":"
-            "\"echo\"},{\"available\":true,\"default\":false,\"model\":\"m1\",\"models\":[\"m1\",\"m2\","
+            "\"echo\"},{\"available\":true,\"default\":false,\"key\":\"env\",\"keyEnv\":"
+            "\"AH_TEST_OPENAI_KEY\",\"keyReady\":true,\"model\":\"m1\",\"models\":[\"m1\",\"m2\","
             "\"m3\"],\"name\":\"fake\",\"type\":\"openai\"}]}");
   free(text);
   th_outcome_clear(&o);

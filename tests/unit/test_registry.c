@@ -191,7 +191,7 @@ static const char *const public_allowlist[] = {
     "host.describe",   "plugin.list",    "ok.echo",        "ok.add",          "ok.emit",
     "session.create",  "session.list",   "session.get",    "session.history", "session.prompt",
     "session.cancel",  "session.close",  "session.export", "session.tools",   "request.list",
-    "request.respond", "session.events", "provider.list"};
+    "request.respond", "session.events", "provider.list",  "session.options"};
 
 static bool allowlisted(const char *name) {
   for (size_t i = 0; i < sizeof public_allowlist / sizeof public_allowlist[0]; i++)

@@ -448,7 +448,7 @@ Test(remote, the_plugin_describes_and_invokes_with_typed_errors) {
   ts_outcome o = call_as(&w, AH_AUTH_LAN, "remote.describe", NULL);
   cr_assert_eq(o.status, 0);
   json_t *d = json_object_get(o.result, "descriptors");
-  cr_assert_eq(json_array_size(d), 24, "20 fixture descriptors and the 4 built-in services");
+  cr_assert_eq(json_array_size(d), 25, "20 fixture descriptors and the 5 built-in services");
   th_outcome_clear(&o);
   json_t *v = rinvoke_ok(&w, AH_AUTH_LAN, "types", "echo_int", json_pack("{s:i}", "i", 42));
   cr_assert_eq(json_integer_value(v), 42);

@@ -1135,3 +1135,99 @@ Test(sessions, a_tool_plugin_built_for_abi_1_5_still_runs) {
   free(id);
   world_down(&w);
 }
+
+static const char *option_value(const json_t *options, const char *id) {
+  size_t i;
+  json_t *o;
+  json_array_foreach(options, i, o) {
+    if (strcmp(json_string_value(json_object_get(o, "id")), id) == 0)
+      return json_string_value(json_object_get(o, "currentValue"));
+  }
+  return NULL;
+}
+
+static bool options_published(void *arg) {
+  world *w = arg;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.options") == 0)
+      return true;
+  }
+  return false;
+}
+
+/* docs/sessions.md "Options", "Modes": a value is checked against the option's values; a change is stored
+ * and published; read_only refuses an edit (the model reads why) and lets a read run; accept_edits runs an
+ * edit without asking; the kind is recorded with the call. */
+Test(sessions, options_are_checked_stored_and_the_mode_decides_the_tools) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  json_t *r = ok_call(&w, "session.options", json_pack("{s:s}", "sessionId", id));
+  json_t *options = json_object_get(r, "options");
+  cr_assert_str_eq(option_value(options, "mode"), "ask");
+  cr_expect_null(option_value(options, "thought_level"), "echo offers no reasoning effort");
+  json_decref(r);
+  cr_expect_eq(err_call(&w, "session.set-option",
+                        json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "yolo")),
+               AH_EINVAL);
+  cr_expect_eq(err_call(&w, "session.set-option",
+                        json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "colour", "value", "red")),
+               AH_EINVAL);
+  cr_expect_eq(err_call(&w, "session.set-option",
+                        json_pack("{s:s, s:s, s:i}", "sessionId", id, "configId", "mode", "value", 1)),
+               AH_EINVAL);
+  r = ok_call(&w, "session.set-option",
+              json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "read_only"));
+  cr_assert_str_eq(option_value(json_object_get(r, "options"), "mode"), "read_only");
+  json_decref(r);
+  cr_assert(ts_run_until_pred(&w.loop, options_published, &w, 5000), "session.options was published");
+
+  char path[4200];
+  snprintf(path, sizeof path, "%s/kept.txt", w.work);
+  FILE *f = fopen(path, "w");
+  cr_assert(f);
+  fputs("kept\n", f);
+  fclose(f);
+  free(prompt(&w, id, "/tool write_file {\"path\":\"kept.txt\",\"content\":\"lost\"}"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_expect_str_eq(json_string_value(json_object_get(last_data(ev, "tool/call"), "kind")), "edit");
+  json_t *res = last_data(ev, "tool/result");
+  cr_expect(json_is_true(json_object_get(res, "isError")));
+  char *why = json_dumps(json_object_get(res, "result"), JSON_COMPACT);
+  cr_expect(why && strstr(why, "read-only mode") != NULL, "the model reads why: %s", why ? why : "?");
+  free(why);
+  json_decref(ev);
+  free(prompt(&w, id, "/tool read_file {\"path\":\"kept.txt\"}"));
+  wait_for(&w, id, "turn/ended", 2);
+  ev = history(&w, id);
+  res = last_data(ev, "tool/result");
+  cr_expect(json_is_false(json_object_get(res, "isError")), "a read runs in read_only");
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(res, "result"), "content")), "kept\n");
+  json_decref(ev);
+
+  json_decref(
+      ok_call(&w, "session.set-option",
+              json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "accept_edits")));
+  free(prompt(&w, id, "/tool write_file {\"path\":\"kept.txt\",\"content\":\"new\\n\"}"));
+  wait_for(&w, id, "turn/ended", 3);
+  json_t *pend = pending_requests(&w, id);
+  cr_expect_eq(json_array_size(pend), 0, "accept_edits: no approval");
+  json_decref(pend);
+  f = fopen(path, "r");
+  char buf[16] = "";
+  cr_assert(f && fgets(buf, sizeof buf, f));
+  fclose(f);
+  cr_expect_str_eq(buf, "new\n");
+  json_t *row = ah__store_get_session(ah__sessions_store(ah__host_sessions(w.h)), id);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(row, "settings"), "mode")),
+                   "accept_edits");
+  json_decref(row);
+  r = ok_call(&w, "session.get", json_pack("{s:s}", "sessionId", id));
+  cr_expect_str_eq(option_value(json_object_get(r, "options"), "mode"), "accept_edits");
+  json_decref(r);
+  free(id);
+  world_down(&w);
+}

@@ -274,7 +274,8 @@ static size_t gate_groups(void) {
   "{'op':'session.put','session':{'id':'s1','cwd':'/"                                           \
   "w','title':'T','provider':'echo','model':'m','parent':null,"                                 \
   "'local':true,'depth':0,'status':'idle','closed':false,'created':'2025-01-01T00:00:00.000Z'," \
-  "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b']}}"
+  "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b'],"       \
+  "'settings':{'mode':'read_only'}}}"
 
 /* ---- open, schema -------------------------------------------------------------------------------------- */
 
@@ -283,7 +284,7 @@ Test(store, open_creates_wal_database_at_current_schema) {
   fx_init(&f);
   f.s = open_ok(&f, NULL);
   cr_expect(exists(f.path));
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 2);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 3);
   char *mode = raw_text(f.path, "PRAGMA journal_mode");
   cr_expect_str_eq(mode, "wal");
   free(mode);
@@ -327,7 +328,7 @@ Test(store, session_put_get_replace_list) {
               "{'id':'s1','cwd':'/w','title':'T','provider':'echo','model':'m','parent':null,'local':true,"
               "'depth':0,'status':'idle','closed':false,'created':'2025-01-01T00:00:00.000Z',"
               "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b'],"
-              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0}");
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{'mode':'read_only'}}");
   /* Minimal sessions get defaults; a put of an existing id replaces its description. */
   write_ok(&f, f.s,
            "[{'op':'session.put','session':{'id':'s3','parent':'s1','depth':1}},"
@@ -345,7 +346,7 @@ Test(store, session_put_get_replace_list) {
   expect_json(ah__store_get_session(f.s, "s3"),
               "{'id':'s3','cwd':null,'title':null,'provider':null,'model':null,'parent':'s1','local':false,"
               "'depth':1,'status':null,'closed':false,'created':null,'updated':null,'policy':{},'tags':[],"
-              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0}");
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{}}");
   /* Listing: ordered by id, paged with after_id and limit (0 = no limit). */
   json_t *all = ah__store_list_sessions(f.s, NULL, 0);
   cr_assert_eq(json_array_size(all), 3);
@@ -1102,7 +1103,7 @@ Test(store, newer_schema_is_refused_and_left_unchanged) {
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
   raw_exec(f.path, "PRAGMA user_version = 99");
-  const char *needles[] = {"version 99", "version 2 ", f.path, NULL};
+  const char *needles[] = {"version 99", "version 3 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
   cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
   fx_fini(&f);
@@ -1417,6 +1418,13 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
   fx_init(&f);
   raw_exec(
       f.path,
+      "CREATE TABLE sessions (id TEXT PRIMARY KEY NOT NULL, cwd TEXT, title TEXT, provider TEXT, model TEXT,"
+      " parent TEXT, local INTEGER NOT NULL DEFAULT 0, depth INTEGER NOT NULL DEFAULT 0, status TEXT,"
+      " closed INTEGER NOT NULL DEFAULT 0, created, updated, policy TEXT NOT NULL DEFAULT '{}',"
+      " tags TEXT NOT NULL DEFAULT '[]', last_seq INTEGER NOT NULL DEFAULT 0, lease_owner TEXT,"
+      " lease_until INTEGER NOT NULL DEFAULT 0);"
+      "INSERT INTO sessions (id, cwd, title, policy) VALUES ('s1', '/w', 'old', "
+      "'{\"write_file\":\"allow\"}');"
       "CREATE TABLE inbox (message_id TEXT PRIMARY KEY NOT NULL, session_id TEXT NOT NULL,"
       " content TEXT NOT NULL, state TEXT NOT NULL, turn_id TEXT, created);"
       "CREATE INDEX inbox_session_state ON inbox (session_id, state);"
@@ -1425,7 +1433,14 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
       "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
       "PRAGMA user_version = 1;");
   f.s = open_ok(&f, NULL);
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 2);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 3);
+  /* v3 gave every session its settings, empty; the rest of the row is as it was. */
+  json_t *row = ah__store_get_session(f.s, "s1");
+  cr_assert(row);
+  expect_json(json_incref(json_object_get(row, "settings")), "{}");
+  expect_json(json_incref(json_object_get(row, "policy")), "{'write_file':'allow'}");
+  cr_expect_str_eq(json_string_value(json_object_get(row, "title")), "old");
+  json_decref(row);
   expect_json(ah__store_inbox_open(f.s, "s1"),
               "[{'messageId':'m2','sessionId':'s1','content':[{'type':'text','text':'two'}],'state':'queued',"
               "'turnId':null,'time':2},"

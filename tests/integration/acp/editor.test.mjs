@@ -592,7 +592,8 @@ test("ACP-SDK-ERRORS: an unknown method → -32601 (also an `_` extension method
   const { a } = await start(t);
   await expectRpcError(a.request("agenthost/no-such-method", {}), -32601, undefined, "agenthost/no-such-method");
   await expectRpcError(a.request("_agenthost/no-such-extension", {}), -32601, undefined, "_agenthost/no-such-extension");
-  await expectRpcError(a.request("session/set_mode", { sessionId: "x", modeId: "y" }), -32601, undefined, "session/set_mode (no modes)");
+  await expectRpcError(a.request("logout", {}), -32601, undefined, "logout");
+  await expectRpcError(a.request("session/set_mode", { sessionId: "x", modeId: "y" }), -32002, undefined, "session/set_mode of an unknown session");
   await expectRpcError(a.request(M.session.prompt, { prompt: [{ type: "text", text: "x" }] }), -32602, undefined, "session/prompt without sessionId");
   await expectRpcError(a.request(M.session.new, { mcpServers: [] }), -32602, undefined, "session/new without cwd");
   a.assertStdoutPure();
