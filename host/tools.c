@@ -710,6 +710,11 @@ typedef struct tool_run {
   ino_t guard_ino;
   /* delivery of an outcome known before any work started */
   uv_timer_t later;
+  /* the session's editor: the pool only checks the path; the methods do the reading and writing */
+  char *session_id;
+  char *ed_read, *ed_write;
+  bool exists;      /* the path names a file on disk (checked with the path) */
+  json_t *previous; /* write: the editor's text before the write (NULL: unknown) */
 } tool_run;
 
 static void run_free(tool_run *r) {
@@ -724,6 +729,10 @@ static void run_free(tool_run *r) {
     free(r->guard_real[i]);
   }
   free(r->guard_file);
+  free(r->session_id);
+  free(r->ed_read);
+  free(r->ed_write);
+  json_decref(r->previous);
   free(r);
 }
 
@@ -1074,6 +1083,43 @@ static void do_list(tool_run *r, int cwdfd) {
   r->result = json_pack("{s:o}", "entries", list);
 }
 
+/* For the editor: the same confinement as a read or write of the disk (the parent beneath the cwd, the
+ * file itself if it exists, neither one of the host's own files), without reading or writing. */
+static void do_check(tool_run *r, int dirfd) {
+  char *parent = strdup(r->rel);
+  if (!parent) {
+    set_error(r, "out of memory");
+    return;
+  }
+  char *slash = strrchr(parent, '/');
+  if (slash)
+    *slash = '\0';
+  int pfd = open_beneath(dirfd, slash ? parent : ".", O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
+  free(parent);
+  if (pfd < 0) {
+    set_error(r, "cannot open %s: %s", r->shown, errno_text(errno));
+    return;
+  }
+  bool refused = guarded(r, pfd);
+  close(pfd);
+  if (refused)
+    return;
+  int fd = open_beneath(dirfd, r->rel, O_PATH | O_CLOEXEC, 0);
+  if (fd < 0 && errno != ENOENT) {
+    set_error(r, "cannot open %s: %s", r->shown, errno_text(errno));
+    return;
+  }
+  r->exists = fd >= 0;
+  if (fd >= 0) {
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+      set_error(r, "%s is not a regular file", r->shown);
+    else
+      (void)guarded(r, fd);
+    close(fd);
+  }
+}
+
 static void file_work(void *arg) {
   tool_run *r = arg;
   if (ah__cancel_tripped(r->cancel)) {
@@ -1086,7 +1132,11 @@ static void file_work(void *arg) {
     return;
   }
   guard_prepare(r);
-  switch (r->kind) {
+  bool edited = (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
+  switch (edited ? TOOL_INVALID : r->kind) {
+  case TOOL_INVALID:
+    do_check(r, dirfd);
+    break;
   case TOOL_READ_FILE:
     do_read(r, dirfd);
     break;
@@ -1103,10 +1153,94 @@ static void file_work(void *arg) {
   close(dirfd);
 }
 
+/* ---- the editor's files ---------------------------------------------------------------------------- */
+
+static void editor_call(tool_run *r, const char *method, json_t *params, ah_reply_fn cb);
+
+/* The text a read answered: cut at AH_TOOL_MAX_READ (at a character) as a read of the disk is. */
+static json_t *read_result(const char *text, size_t len) {
+  bool truncated = len > AH_TOOL_MAX_READ;
+  size_t n = truncated ? AH_TOOL_MAX_READ : len;
+  while (truncated && n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80)
+    n--;
+  return json_pack("{s:s%, s:I, s:b}", "content", text, n, "bytes", (json_int_t)len, "truncated", truncated);
+}
+
+static void editor_failed(tool_run *r, const ah_outcome *o, const char *what) {
+  if (o->status == AH_ECANCELED)
+    set_error(r, "cancelled");
+  else
+    set_error(r, "the editor could not %s %s: %s", what, r->shown,
+              o->message ? o->message : ah_strerror(o->status));
+}
+
+static void editor_written(const ah_outcome *o, void *arg) {
+  tool_run *r = arg;
+  if (o->status) {
+    editor_failed(r, o, "write");
+  } else {
+    r->result = json_pack("{s:s, s:I}", "path", r->abs_path, "bytes", (json_int_t)r->content_len);
+    if (r->result && r->previous)
+      json_object_set(r->result, AH_TOOL_PREVIOUS, r->previous);
+  }
+  deliver(r);
+  run_free(r);
+}
+
+static void editor_write(tool_run *r) {
+  json_t *params = json_pack("{s:s, s:s, s:s%}", "sessionId", r->session_id, "path", r->abs_path, "content",
+                             r->content, r->content_len);
+  editor_call(r, r->ed_write, params, editor_written);
+}
+
+static void editor_read_done(const ah_outcome *o, void *arg) {
+  tool_run *r = arg;
+  json_t *content = json_object_get(o->result, "content");
+  if (r->kind == TOOL_WRITE_FILE) {
+    /* The text before the write, for a client's diff: the editor's, else none for a new file. */
+    if (o->status == 0 && json_is_string(content) && json_string_length(content) <= AH_TOOL_MAX_READ)
+      r->previous = json_incref(content);
+    else if (!r->exists)
+      r->previous = json_null();
+    editor_write(r);
+    return;
+  }
+  if (o->status)
+    editor_failed(r, o, "read");
+  else if (!json_is_string(content))
+    set_error(r, "the editor answered the read of %s without a text content", r->shown);
+  else
+    r->result = read_result(json_string_value(content), json_string_length(content));
+  deliver(r);
+  run_free(r);
+}
+
+static void editor_call(tool_run *r, const char *method, json_t *params, ah_reply_fn cb) {
+  ah_caller core = {.struct_size = sizeof core, .authority = AH_AUTH_ADMIN, .surface = "core"};
+  int rc = params ? ah__host_dispatch(r->host, &core, method, params, r->cancel, cb, r) : AH_ENOMEM;
+  if (rc) {
+    set_error(r, "the editor is not available (%s): %s", method, ah_strerror(rc));
+    deliver_later(r);
+  }
+}
+
 static void file_after(void *arg, int status) {
   tool_run *r = arg;
   if (status == AH_ECANCELED)
     set_error(r, "cancelled: the host is stopping");
+  bool edited = (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
+  if (edited && !r->error) {
+    if (r->kind == TOOL_WRITE_FILE && !r->ed_read) {
+      editor_write(r);
+    } else if (r->kind == TOOL_WRITE_FILE && !r->exists) {
+      r->previous = json_null();
+      editor_write(r);
+    } else {
+      editor_call(r, r->ed_read, json_pack("{s:s, s:s}", "sessionId", r->session_id, "path", r->abs_path),
+                  editor_read_done);
+    }
+    return;
+  }
   deliver(r);
   run_free(r);
 }
@@ -1227,6 +1361,12 @@ int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *ar
 
 int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
                     ah_cancel *cancel, ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg) {
+  return ah__tool_run_edited(h, session_id, cwd, name, args, NULL, cancel, progress, cb, arg);
+}
+
+int ah__tool_run_edited(ah_host *h, const char *session_id, const char *cwd, const char *name,
+                        const json_t *args, const ah__tool_editor *editor, ah_cancel *cancel,
+                        ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg) {
   if (!h || !cb || !cwd || cwd[0] != '/' || !json_is_object(args))
     return AH_EINVAL;
   const tool_def *d = tool_find(name);
@@ -1270,6 +1410,15 @@ int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const c
   r->cb = cb;
   r->arg = arg;
   r->cancel = cancel;
+  if (editor && session_id && (d->kind == TOOL_READ_FILE || d->kind == TOOL_WRITE_FILE)) {
+    r->session_id = strdup(session_id);
+    r->ed_read = ah__strdup(editor->read);
+    r->ed_write = ah__strdup(editor->write);
+    if (!r->session_id || (editor->read && !r->ed_read) || (editor->write && !r->ed_write)) {
+      run_free(r);
+      return AH_ENOMEM;
+    }
+  }
   const char *why = NULL;
   r->cwd = ah__tool_confine(cwd, ".", &why); /* the cwd, normalised */
   if (!r->cwd) {

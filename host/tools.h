@@ -96,6 +96,19 @@ int ah__tool_run(ah_host *h, const char *cwd, const char *name, const json_t *ar
 int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const char *name, const json_t *args,
                     ah_cancel *cancel, ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg);
 
+/* The session's editor (docs/sessions.md "The editor's files"): methods of the surface that speaks for a
+ * client able to read and write its own buffers — read {sessionId, path} → {content}, write {sessionId,
+ * path, content} → anything. read_file and write_file of that session go through them once the path was
+ * confined exactly as for the disk (beneath the cwd, no symlink out, never the host's own files); an error
+ * of the method is the tool's error. Either may be NULL (that tool uses the disk). */
+typedef struct ah__tool_editor {
+  const char *read;
+  const char *write;
+} ah__tool_editor;
+int ah__tool_run_edited(ah_host *h, const char *session_id, const char *cwd, const char *name,
+                        const json_t *args, const ah__tool_editor *editor, ah_cancel *cancel,
+                        ah_tool_progress_fn progress, ah_tool_done_fn cb, void *arg);
+
 /* Resolve `path` beneath `cwd` for a tool: returns a malloc'ed absolute path inside cwd, or NULL with
  * *why (static string) when it escapes or is invalid. Lexical check only (symlinks are refused at open
  * time by RESOLVE_BENEATH); exposed for tests. */

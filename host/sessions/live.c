@@ -41,6 +41,8 @@ static void session_free(session *s) {
   json_decref(s->row);
   free(s->parent_message);
   free(s->id);
+  free(s->editor.read);
+  free(s->editor.write);
   free(s);
 }
 

@@ -560,6 +560,58 @@ static void m_set_option(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, option_found, c);
 }
 
+/* session.set-editor {sessionId, read?, write?} → {}: the methods (of the caller's surface) through which
+ * the session's read_file and write_file reach the client's editor — its unsaved buffers, its edits
+ * (docs/sessions.md "The editor's files"); both absent: the disk again. Live only: a surface sets it when
+ * it attaches the session and clears it when it goes (a method that no longer exists fails the tool). */
+typedef struct editor_ctx {
+  ah_call *call;
+  char *read, *write;
+} editor_ctx;
+
+static void editor_found(int status, session *s, void *arg) {
+  editor_ctx *c = arg;
+  if (status) {
+    ah__call_error(c->call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
+    free(c->read);
+    free(c->write);
+  } else {
+    free(s->editor.read);
+    free(s->editor.write);
+    s->editor.read = c->read;
+    s->editor.write = c->write;
+    ah__call_reply(c->call, json_object());
+  }
+  free(c);
+}
+
+static void m_set_editor(ah_call *call, const json_t *p, void *data) {
+  const char *id = str(p, "sessionId");
+  json_t *rd = json_object_get(p, "read"), *wr = json_object_get(p, "write");
+  if (!id || (rd && !json_is_string(rd) && !json_is_null(rd)) ||
+      (wr && !json_is_string(wr) && !json_is_null(wr))) {
+    ah__call_error(call, AH_EINVAL, "params: sessionId, and read / write method names (strings or null)",
+                   NULL);
+    return;
+  }
+  editor_ctx *c = calloc(1, sizeof *c);
+  if (c) {
+    c->call = call;
+    c->read = ah__strdup(json_string_value(rd));
+    c->write = ah__strdup(json_string_value(wr));
+  }
+  if (!c || (json_is_string(rd) && !c->read) || (json_is_string(wr) && !c->write)) {
+    if (c) {
+      free(c->read);
+      free(c->write);
+    }
+    free(c);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  ah__live_lookup(SM(data), id, editor_found, c);
+}
+
 /* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
  * the session's next turn would offer, each with the policy that applies to it (the tool sources are asked
  * as at a turn's start: host-wide MCP servers start at this first use). */
@@ -797,6 +849,7 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
       {"session.set-policy", m_set_policy, AH_METHOD_PRIVILEGED},
       {"session.options", m_options, AH_METHOD_PUBLIC},
       {"session.set-option", m_set_option, AH_METHOD_PRIVILEGED},
+      {"session.set-editor", m_set_editor, AH_METHOD_PRIVILEGED},
       {"request.list", m_request_list, AH_METHOD_PUBLIC},
       {"request.respond", m_request_respond, AH_METHOD_PUBLIC},
       {"provider.list", m_provider_list, AH_METHOD_PUBLIC},

@@ -101,6 +101,11 @@ struct ah_session {
    * the conversation (the provider's history) has every earlier turn's messages. */
   bool end_unwritten;
   bool close_hooked; /* the session_close hooks ran (or are running) */
+  /* The client's editor (session.set-editor): the methods read_file and write_file go through; live only,
+   * set again by the surface whenever it attaches. */
+  struct {
+    char *read, *write;
+  } editor;
   ah__link link;
 };
 

@@ -121,7 +121,8 @@ struct acp_agent {
   ah_cancel *token; /* parent of every core call: tripped at stop */
   phase phase;
   bool stream_deltas;
-  json_t *provider; /* the default provider as provider.list shows it (initialize): its key */
+  json_t *provider;       /* the default provider as provider.list shows it (initialize): its key */
+  bool fs_read, fs_write; /* the client reads and writes its own buffers (clientCapabilities.fs) */
   asession *sessions;
   size_t outstanding;  /* core calls and permission requests whose callback has not run */
   size_t client_calls; /* core calls answering a client request */
@@ -364,6 +365,18 @@ static void send_commands(acp_agent *a, const char *sid) {
       json_pack("{s:s, s:o}", "sessionUpdate", "available_commands_update", "availableCommands", list));
 }
 
+static void fire(acp_agent *a, const char *method, json_t *params);
+
+/* A session this connection now has: its read_file and write_file go through the editor's buffers when the
+ * client can read and write them (session.set-editor; docs/protocols/acp.md "The editor's files"). */
+static void attach_editor(acp_agent *a, const char *sid) {
+  if (!a->fs_read && !a->fs_write)
+    return;
+  fire(a, "session.set-editor",
+       json_pack("{s:s, s:s?, s:s?}", "sessionId", sid, "read", a->fs_read ? "acp.fs-read" : NULL, "write",
+                 a->fs_write ? "acp.fs-write" : NULL));
+}
+
 static void say(acp_agent *a, const char *sid, const char *text) {
   notify_update(a, sid,
                 json_pack("{s:s, s:{s:s, s:s}}", "sessionUpdate", "agent_message_chunk", "content", "type",
@@ -573,6 +586,7 @@ static void answer_session_info(acp_agent *a, ccall *c, const ah_outcome *o) {
       return;
     }
     acp_codec_state_cwd(&s->ctr, str_of(row, "cwd"));
+    attach_editor(a, c->sid);
     a->api->rpc->respond(c->req, with_options(json_object(), json_object_get(o->result, "options")));
     send_commands(a, c->sid);
     return;
@@ -644,6 +658,7 @@ static void history_reply(acp_agent *a, ccall *h, const ah_outcome *o) {
   }
   if (h->last_seq > s->min_seq)
     s->min_seq = h->last_seq;
+  attach_editor(a, h->sid);
   a->api->rpc->respond(h->req, with_options(json_object(), h->options));
   send_commands(a, h->sid);
 }
@@ -810,6 +825,7 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     else {
       acp_codec_state_cwd(&find_session(a, sid)->ctr, c->cwd);
       attach_servers(a, sid, c);
+      attach_editor(a, sid);
       a->api->rpc->respond(
           c->req, with_options(json_pack("{s:s}", "sessionId", sid), json_object_get(o->result, "options")));
       send_commands(a, sid);
@@ -922,6 +938,9 @@ static void m_initialize(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
     bad_params(a, req, "params: clientCapabilities and clientInfo must be objects");
     return;
   }
+  json_t *fs = json_object_get(caps, "fs");
+  a->fs_read = json_is_true(json_object_get(fs, "readTextFile"));
+  a->fs_write = json_is_true(json_object_get(fs, "writeTextFile"));
   /* ACP-HANDSHAKE: this build speaks version 1 only, so 1 is the answer whatever was asked; the client
    * disconnects if it cannot speak it. Capabilities only for what works. */
   json_t *res = json_pack(
@@ -1460,6 +1479,83 @@ static void forward_request(acp_agent *a, const json_t *request) {
   a->outstanding++;
 }
 
+/* ---- the editor's files (fs/read_text_file, fs/write_text_file) ------------------------------------------
+ */
+
+typedef struct fsreq {
+  acp_agent *a;
+  ah_call *call;
+  bool write;
+} fsreq;
+
+static void on_fs_answer(ah_rpc_peer *peer, int status, const json_t *result, const json_t *error,
+                         void *arg) {
+  (void)peer;
+  fsreq *f = arg;
+  acp_agent *a = f->a;
+  a->outstanding--;
+  json_t *content = json_object_get(result, "content");
+  if (status == 0 && f->write) {
+    a->api->call_reply(f->call, json_object());
+  } else if (status == 0 && json_is_string(content)) {
+    a->api->call_reply(f->call, json_pack("{s:O}", "content", content));
+  } else if (status == 0) {
+    a->api->call_error(f->call, AH_EPROTO, "the editor answered without a text content", NULL);
+  } else {
+    /* The client's own message is what the model reads (e.g. "file not found"). */
+    const char *msg = str_of(error, "message");
+    a->api->call_error(f->call, status == AH_ECLOSED ? AH_ECLOSED : AH_EIO,
+                       msg                    ? msg
+                       : status == AH_ECLOSED ? "the editor's connection is closed"
+                                              : "the editor answered with an error",
+                       NULL);
+  }
+  free(f);
+  maybe_finish(a);
+}
+
+/* acp.fs-read {sessionId, path} → {content}; acp.fs-write {sessionId, path, content} → {}: the core's
+ * read_file and write_file of a session of this connection (the path already confined by the core). */
+static void fs_call(ah_call *call, const json_t *params, acp_agent *a, bool write) {
+  const char *sid = str_of(params, "sessionId");
+  const char *path = str_of(params, "path");
+  json_t *content = json_object_get(params, "content");
+  asession *s = find_session(a, sid);
+  if (!s || !path || (write && !json_is_string(content)) || !a->peer || a->phase != PHASE_SERVING ||
+      !(write ? a->fs_write : a->fs_read)) {
+    a->api->call_error(call, AH_EUNAVAILABLE, "the editor does not have this session open", NULL);
+    return;
+  }
+  json_t *msg =
+      json_pack("{s:s, s:s, s:O?}", "sessionId", sid, "path", path, "content", write ? content : NULL);
+  fsreq *f = calloc(1, sizeof *f);
+  int rc = msg && f ? 0 : AH_ENOMEM;
+  if (f) {
+    f->a = a;
+    f->call = call;
+    f->write = write;
+  }
+  if (!rc)
+    rc = a->api->rpc->request(a->peer, write ? "fs/write_text_file" : "fs/read_text_file", msg, on_fs_answer,
+                              f, NULL);
+  else
+    json_decref(msg);
+  if (rc) {
+    free(f);
+    a->api->call_error(call, rc, ah_strerror(rc), NULL);
+    return;
+  }
+  a->outstanding++;
+}
+
+static void m_fs_read(ah_call *call, const json_t *params, void *data) {
+  fs_call(call, params, data, false);
+}
+
+static void m_fs_write(ah_call *call, const json_t *params, void *data) {
+  fs_call(call, params, data, true);
+}
+
 /* ---- events ------------------------------------------------------------------------------------------- */
 
 /* stream_deltas: the text streamed in the current turn and not yet matched by a commit. Deltas are
@@ -1804,6 +1900,21 @@ int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, a
   int rc = api->token_new(m, NULL, &a->token);
   if (rc == 0)
     rc = api->subscribe(m, "*", on_event, a, &a->sub);
+  /* Privileged: only the core calls them, for the sessions of this connection. */
+  const ah_method_def fs_methods[] = {
+      {.struct_size = sizeof(ah_method_def),
+       .name = "acp.fs-read",
+       .handler = m_fs_read,
+       .flags = AH_METHOD_PRIVILEGED,
+       .data = a},
+      {.struct_size = sizeof(ah_method_def),
+       .name = "acp.fs-write",
+       .handler = m_fs_write,
+       .flags = AH_METHOD_PRIVILEGED,
+       .data = a},
+  };
+  for (size_t i = 0; rc == 0 && i < 2; i++)
+    rc = api->register_method(m, &fs_methods[i]);
   if (rc == 0) {
     ah_rpc_opts opts = {.struct_size = sizeof opts,
                         .on_request = on_request,

@@ -146,6 +146,14 @@ export class AgentProcess {
     this.stderr = "";
     this.stdoutEnded = false;
     this.onPermission = async () => ({ outcome: { outcome: "cancelled" } });
+    // The editor's files (used only when initialize advertised fs): {params} → the answer, or a throw.
+    this.fsCalls = [];
+    this.onReadTextFile = async () => {
+      throw new Error("fs/read_text_file: not advertised");
+    };
+    this.onWriteTextFile = async () => {
+      throw new Error("fs/write_text_file: not advertised");
+    };
     this.exit = null;
 
     const childEnv = {};
@@ -257,6 +265,14 @@ export class AgentProcess {
         const answer = await this.onPermission(record);
         record.answered = answer;
         return answer;
+      })
+      .onRequest(acp.methods.client.fs.readTextFile, async ({ params }) => {
+        this.fsCalls.push({ method: "read", params, at: this.now() });
+        return this.onReadTextFile(params);
+      })
+      .onRequest(acp.methods.client.fs.writeTextFile, async ({ params }) => {
+        this.fsCalls.push({ method: "write", params, at: this.now() });
+        return this.onWriteTextFile(params);
       });
     this.connection = app.connect(acp.ndJsonStream(output, input));
     this.agent = this.connection.agent;
@@ -283,11 +299,12 @@ export class AgentProcess {
     return this.agent.notify(method, params);
   }
 
-  /** `initialize` with the given protocol version and a client that offers no fs/terminal capability. */
-  initialize(protocolVersion = 1) {
+  /** `initialize` with the given protocol version and a client that offers no fs/terminal capability
+   * (or the `fs` given, as Zed offers it: {readTextFile: true, writeTextFile: true}). */
+  initialize(protocolVersion = 1, fs = { readTextFile: false, writeTextFile: false }) {
     return this.request(acp.methods.agent.initialize, {
       protocolVersion,
-      clientCapabilities: { fs: { readTextFile: false, writeTextFile: false }, terminal: false },
+      clientCapabilities: { fs, terminal: false },
       clientInfo: { name: "agenthost-tests", title: "agenthost integration tests", version: "0" },
     });
   }
