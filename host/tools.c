@@ -1231,11 +1231,10 @@ static void file_after(void *arg, int status) {
   bool edited = (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
   if (edited && !r->error) {
     if (r->kind == TOOL_WRITE_FILE && !r->ed_read) {
+      if (!r->exists)
+        r->previous = json_null();
       editor_write(r);
-    } else if (r->kind == TOOL_WRITE_FILE && !r->exists) {
-      r->previous = json_null();
-      editor_write(r);
-    } else {
+    } else { /* a write asks for the text before it too: the editor may hold a buffer the disk has not */
       editor_call(r, r->ed_read, json_pack("{s:s, s:s}", "sessionId", r->session_id, "path", r->abs_path),
                   editor_read_done);
     }

@@ -5,6 +5,10 @@
  *   fx_wait  {} → never answers by itself: it finishes only when its call's token trips (the turn was
  *            cancelled or the plugin is withdrawn), and counts those in tools.stats {waiting, stopped}
  *
+ *   tools.editor-read {sessionId, path} → {content: "buffer of PATH"} ("PATH" ending in "missing": an error)
+ *   tools.editor-write {sessionId, path, content} → {}, kept for tools.stats {written: [{path, content}]}
+ *            (an editor for session.set-editor)
+ *
  * Config `bad` registers one bad definition instead (to test the checks): "name", "builtin", "schema",
  * "description", "handler", "duplicate" (fx_add twice). */
 #include <agenthost/plugin.h>
@@ -16,6 +20,7 @@ typedef struct fx {
   const ah_host_api *api;
   int waiting;
   int stopped;
+  json_t *written;
 } fx;
 
 typedef struct waiter {
@@ -68,7 +73,26 @@ static void m_wait(ah_call *call, const json_t *params, void *data) {
 static void m_stats(ah_call *call, const json_t *params, void *data) {
   (void)params;
   fx *st = data;
-  st->api->call_reply(call, json_pack("{s:i, s:i}", "waiting", st->waiting, "stopped", st->stopped));
+  st->api->call_reply(call, json_pack("{s:i, s:i, s:O}", "waiting", st->waiting, "stopped", st->stopped,
+                                      "written", st->written));
+}
+
+static void m_editor_read(ah_call *call, const json_t *params, void *data) {
+  fx *st = data;
+  const char *path = json_string_value(json_object_get(params, "path"));
+  size_t n = path ? strlen(path) : 0;
+  if (!path || (n >= 7 && strcmp(path + n - 7, "missing") == 0)) {
+    st->api->call_error(call, AH_ENOENT, "no such buffer", NULL);
+    return;
+  }
+  st->api->call_reply(call, json_pack("{s:s+}", "content", "buffer of ", path));
+}
+
+static void m_editor_write(ah_call *call, const json_t *params, void *data) {
+  fx *st = data;
+  json_array_append_new(st->written, json_pack("{s:O, s:O}", "path", json_object_get(params, "path"),
+                                               "content", json_object_get(params, "content")));
+  st->api->call_reply(call, json_object());
 }
 
 static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config, void **state) {
@@ -78,6 +102,7 @@ static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config
   if (!st)
     return AH_ENOMEM;
   st->api = api;
+  st->written = json_array();
   *state = st;
   const char *bad = json_string_value(json_object_get(config, "bad"));
   json_t *schema = json_pack("{s:s, s:{s:{s:s}, s:{s:s}}, s:[s, s]}", "type", "object", "properties", "a",
@@ -124,6 +149,16 @@ static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config
                          .handler = m_stats,
                          .flags = AH_METHOD_PUBLIC,
                          .data = st};
+  ah_method_def editor[] = {{.struct_size = sizeof(ah_method_def),
+                             .name = "tools.editor-read",
+                             .handler = m_editor_read,
+                             .flags = AH_METHOD_PRIVILEGED,
+                             .data = st},
+                            {.struct_size = sizeof(ah_method_def),
+                             .name = "tools.editor-write",
+                             .handler = m_editor_write,
+                             .flags = AH_METHOD_PRIVILEGED,
+                             .data = st}};
   rc = api->register_tool(m, &add);
   if (rc == 0)
     rc = api->register_tool(m, &where);
@@ -131,12 +166,16 @@ static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config
     rc = api->register_tool(m, &wait);
   if (rc == 0)
     rc = api->register_method(m, &stats);
+  for (size_t i = 0; rc == 0 && i < 2; i++)
+    rc = api->register_method(m, &editor[i]);
   json_decref(schema);
   return rc;
 }
 
 static void tools_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
-  free(state);
+  fx *st = state;
+  json_decref(st->written);
+  free(st);
   done(m);
 }
 

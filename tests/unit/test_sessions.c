@@ -1231,3 +1231,64 @@ Test(sessions, options_are_checked_stored_and_the_mode_decides_the_tools) {
   free(id);
   world_down(&w);
 }
+
+/* docs/sessions.md "session.set-editor": read_file and write_file of the session go through the editor's
+ * methods after the disk's confinement; a method's error is the tool's; a write's diff has the editor's
+ * text before it; cleared, the disk again. */
+Test(sessions, the_editor_reads_and_writes_for_the_session_after_the_same_confinement) {
+  world w;
+  world_up(&w);
+  cr_assert_eq(th_load(w.h, "tools", NULL), 0);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-editor",
+                      json_pack("{s:s, s:s, s:s}", "sessionId", id, "read", "tools.editor-read", "write",
+                                "tools.editor-write")));
+  json_decref(
+      ok_call(&w, "session.set-option",
+              json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "accept_edits")));
+  char path[4200];
+  snprintf(path, sizeof path, "%s/a.txt", w.work);
+  free(prompt(&w, id, "/tool read_file {\"path\":\"a.txt\"}"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *res = json_object_get(last_data(ev, "tool/result"), "result");
+  char want[4300];
+  snprintf(want, sizeof want, "buffer of %s", path);
+  char *shown = json_dumps(res, JSON_COMPACT);
+  cr_assert(json_is_string(json_object_get(res, "content")), "the editor's buffer: %s", shown);
+  free(shown);
+  cr_expect_str_eq(json_string_value(json_object_get(res, "content")), want, "the editor's buffer");
+  json_decref(ev);
+  free(prompt(&w, id, "/tool read_file {\"path\":\"../escape\"}"));
+  wait_for(&w, id, "turn/ended", 2);
+  free(prompt(&w, id, "/tool read_file {\"path\":\"missing\"}"));
+  wait_for(&w, id, "turn/ended", 3);
+  ev = history(&w, id);
+  res = last_data(ev, "tool/result");
+  cr_expect(json_is_true(json_object_get(res, "isError")));
+  cr_expect(strstr(json_string_value(json_object_get(json_object_get(res, "result"), "error")),
+                   "the editor could not read missing: no such buffer") != NULL);
+  json_decref(ev);
+  free(prompt(&w, id, "/tool write_file {\"path\":\"a.txt\",\"content\":\"new\"}"));
+  wait_for(&w, id, "turn/ended", 4);
+  ev = history(&w, id);
+  res = last_data(ev, "tool/result");
+  cr_expect(json_is_false(json_object_get(res, "isError")));
+  cr_expect_str_eq(json_string_value(json_object_get(res, "oldText")), want, "the editor's text before");
+  json_decref(ev);
+  struct stat st;
+  cr_expect_neq(stat(path, &st), 0, "the disk was not written");
+  json_t *stats = ok_call(&w, "tools.stats", json_object());
+  json_t *written = json_object_get(stats, "written");
+  cr_assert_eq(json_array_size(written), 1, "one write, the confined one (not ../escape)");
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(written, 0), "path")), path);
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(written, 0), "content")), "new");
+  json_decref(stats);
+  /* Cleared: the disk again. */
+  json_decref(ok_call(&w, "session.set-editor", json_pack("{s:s}", "sessionId", id)));
+  free(prompt(&w, id, "/tool write_file {\"path\":\"a.txt\",\"content\":\"disk\"}"));
+  wait_for(&w, id, "turn/ended", 5);
+  cr_expect_eq(stat(path, &st), 0, "written to the disk");
+  free(id);
+  world_down(&w);
+}
