@@ -712,7 +712,7 @@ typedef struct tool_run {
   uv_timer_t later;
   /* the session's editor: the pool only checks the path; the methods do the reading and writing */
   char *session_id;
-  char *ed_read, *ed_write;
+  char *ed_read, *ed_write, *ed_run;
   bool exists;      /* the path names a file on disk (checked with the path) */
   json_t *previous; /* write: the editor's text before the write (NULL: unknown) */
 } tool_run;
@@ -732,6 +732,7 @@ static void run_free(tool_run *r) {
   free(r->session_id);
   free(r->ed_read);
   free(r->ed_write);
+  free(r->ed_run);
   json_decref(r->previous);
   free(r);
 }
@@ -1224,6 +1225,36 @@ static void editor_call(tool_run *r, const char *method, json_t *params, ah_repl
   }
 }
 
+/* run_command in the editor's terminal: its answer as run_command's result (the terminal's output is
+ * stdout; a terminal has no separate stderr). */
+static void editor_ran(const ah_outcome *o, void *arg) {
+  tool_run *r = arg;
+  const json_t *res = o->result;
+  json_t *code = json_object_get(res, "exitCode");
+  json_t *sig = json_object_get(res, "signal");
+  const char *output = json_string_value(json_object_get(res, "output"));
+  if (o->status == AH_ECANCELED) {
+    r->result = json_pack("{s:n, s:n, s:s, s:s, s:b, s:b, s:b}", "exitCode", "signal", "stdout", "", "stderr",
+                          "", "truncated", 0, "timedOut", 0, "cancelled", 1);
+  } else if (o->status) {
+    set_error(r, "the editor could not run the command: %s",
+              o->message ? o->message : ah_strerror(o->status));
+  } else if (!output || (code && !json_is_integer(code) && !json_is_null(code)) ||
+             (sig && !json_is_string(sig) && !json_is_null(sig))) {
+    set_error(r, "the editor's terminal answered without an output");
+  } else {
+    r->result = json_pack("{s:O, s:O, s:s, s:s, s:b, s:b, s:b}", "exitCode", code ? code : json_null(),
+                          "signal", sig ? sig : json_null(), "stdout", output, "stderr", "", "truncated",
+                          json_is_true(json_object_get(res, "truncated")), "timedOut",
+                          json_is_true(json_object_get(res, "timedOut")), "cancelled", 0);
+    json_t *tid = json_object_get(res, "terminalId");
+    if (r->result && json_is_string(tid))
+      json_object_set(r->result, "terminalId", tid);
+  }
+  deliver(r);
+  run_free(r);
+}
+
 static void file_after(void *arg, int status) {
   tool_run *r = arg;
   if (status == AH_ECANCELED)
@@ -1432,6 +1463,17 @@ int ah__tool_run_edited(ah_host *h, const char *session_id, const char *cwd, con
   if (d->kind == TOOL_UPDATE_PLAN) { /* the plan is the call itself: the sessions show it */
     r->result = json_pack("{s:I}", "steps", (json_int_t)json_array_size(json_object_get(args, "entries")));
     deliver_later(r);
+    return 0;
+  }
+  if (d->kind == TOOL_RUN_COMMAND && editor && editor->run && session_id) {
+    if (!(r->ed_run = strdup(editor->run))) {
+      run_free(r);
+      return AH_ENOMEM;
+    }
+    json_t *params = json_pack("{s:s, s:s?, s:s?, s:s, s:s, s:I}", "sessionId", session_id, "turnId",
+                               editor->turn_id, "callId", editor->call_id, "command", command, "cwd", r->cwd,
+                               "timeoutMs", (json_int_t)timeout_ms);
+    editor_call(r, r->ed_run, params, editor_ran);
     return 0;
   }
   if (d->kind == TOOL_RUN_COMMAND) {

@@ -100,10 +100,15 @@ int ah__tool_run_in(ah_host *h, const char *session_id, const char *cwd, const c
  * client able to read and write its own buffers — read {sessionId, path} → {content}, write {sessionId,
  * path, content} → anything. read_file and write_file of that session go through them once the path was
  * confined exactly as for the disk (beneath the cwd, no symlink out, never the host's own files); an error
- * of the method is the tool's error. Either may be NULL (that tool uses the disk). */
+ * of the method is the tool's error. Each may be NULL (that tool uses the disk, or runs the command here). */
 typedef struct ah__tool_editor {
   const char *read;
   const char *write;
+  /* run {sessionId, turnId, callId, command, cwd, timeoutMs} → {exitCode, signal, output, truncated,
+   * timedOut, terminalId?}: run_command in the client's terminal (cancellable: the turn's cancel trips
+   * the call, and the surface kills the command). */
+  const char *run;
+  const char *turn_id, *call_id; /* the call, for the surface to show it */
 } ah__tool_editor;
 int ah__tool_run_edited(ah_host *h, const char *session_id, const char *cwd, const char *name,
                         const json_t *args, const ah__tool_editor *editor, ah_cancel *cancel,

@@ -43,6 +43,7 @@ static void session_free(session *s) {
   free(s->id);
   free(s->editor.read);
   free(s->editor.write);
+  free(s->editor.run);
   free(s);
 }
 

@@ -560,55 +560,58 @@ static void m_set_option(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, option_found, c);
 }
 
-/* session.set-editor {sessionId, read?, write?} → {}: the methods (of the caller's surface) through which
- * the session's read_file and write_file reach the client's editor — its unsaved buffers, its edits
- * (docs/sessions.md "The editor's files"); both absent: the disk again. Live only: a surface sets it when
- * it attaches the session and clears it when it goes (a method that no longer exists fails the tool). */
+/* session.set-editor {sessionId, read?, write?, run?} → {}: the methods (of the caller's surface) through
+ * which the session's read_file, write_file and run_command reach the client's editor — its unsaved
+ * buffers, its edits, its terminal (docs/sessions.md "session.set-editor"); all absent: the host's own
+ * again. Live only: a surface sets it when it attaches the session (a method that no longer exists fails
+ * the tool). */
 typedef struct editor_ctx {
   ah_call *call;
-  char *read, *write;
+  char *names[3]; /* read, write, run */
 } editor_ctx;
+
+static void editor_ctx_free(editor_ctx *c) {
+  for (int i = 0; c && i < 3; i++)
+    free(c->names[i]);
+  free(c);
+}
 
 static void editor_found(int status, session *s, void *arg) {
   editor_ctx *c = arg;
   if (status) {
     ah__call_error(c->call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
-    free(c->read);
-    free(c->write);
-  } else {
-    free(s->editor.read);
-    free(s->editor.write);
-    s->editor.read = c->read;
-    s->editor.write = c->write;
-    ah__call_reply(c->call, json_object());
+    editor_ctx_free(c);
+    return;
   }
-  free(c);
+  char **slots[3] = {&s->editor.read, &s->editor.write, &s->editor.run};
+  for (int i = 0; i < 3; i++) {
+    free(*slots[i]);
+    *slots[i] = c->names[i];
+    c->names[i] = NULL;
+  }
+  ah__call_reply(c->call, json_object());
+  editor_ctx_free(c);
 }
 
 static void m_set_editor(ah_call *call, const json_t *p, void *data) {
+  static const char *const keys[3] = {"read", "write", "run"};
   const char *id = str(p, "sessionId");
-  json_t *rd = json_object_get(p, "read"), *wr = json_object_get(p, "write");
-  if (!id || (rd && !json_is_string(rd) && !json_is_null(rd)) ||
-      (wr && !json_is_string(wr) && !json_is_null(wr))) {
-    ah__call_error(call, AH_EINVAL, "params: sessionId, and read / write method names (strings or null)",
-                   NULL);
-    return;
-  }
   editor_ctx *c = calloc(1, sizeof *c);
-  if (c) {
-    c->call = call;
-    c->read = ah__strdup(json_string_value(rd));
-    c->write = ah__strdup(json_string_value(wr));
+  bool ok = id != NULL, nomem = !c;
+  for (int i = 0; c && i < 3; i++) {
+    json_t *v = json_object_get(p, keys[i]);
+    ok &= !v || json_is_string(v) || json_is_null(v);
+    if (json_is_string(v) && !(c->names[i] = strdup(json_string_value(v))))
+      nomem = true;
   }
-  if (!c || (json_is_string(rd) && !c->read) || (json_is_string(wr) && !c->write)) {
-    if (c) {
-      free(c->read);
-      free(c->write);
-    }
-    free(c);
-    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+  if (!ok || nomem) {
+    editor_ctx_free(c);
+    ah__call_error(
+        call, nomem ? AH_ENOMEM : AH_EINVAL,
+        nomem ? "out of memory" : "params: sessionId, and read / write / run method names (or null)", NULL);
     return;
   }
+  c->call = call;
   ah__live_lookup(SM(data), id, editor_found, c);
 }
 

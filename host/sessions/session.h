@@ -104,7 +104,7 @@ struct ah_session {
   /* The client's editor (session.set-editor): the methods read_file and write_file go through; live only,
    * set again by the surface whenever it attaches. */
   struct {
-    char *read, *write;
+    char *read, *write, *run;
   } editor;
   ah__link link;
 };

@@ -443,9 +443,14 @@ void ah__turn_run_tool(turn *t, const char *call_id, const char *name, const jso
   r->call_id = strdup(call_id);
   r->name = strdup(name);
   r->args = json_incref((json_t *)args);
-  const ah__tool_editor ed = {.read = t->s->editor.read, .write = t->s->editor.write};
-  int rc = ah__tool_run_edited(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args,
-                               ed.read || ed.write ? &ed : NULL, t->cancel, tool_progress, tool_done, r);
+  const ah__tool_editor ed = {.read = t->s->editor.read,
+                              .write = t->s->editor.write,
+                              .run = t->s->editor.run,
+                              .turn_id = t->id,
+                              .call_id = call_id};
+  int rc =
+      ah__tool_run_edited(t->s->m->host, t->s->id, str(t->s->row, "cwd"), name, args,
+                          ed.read || ed.write || ed.run ? &ed : NULL, t->cancel, tool_progress, tool_done, r);
   if (rc) {
     tool_run_free(r);
     ah__turn_tool_refused(t, call_id, name,

@@ -123,6 +123,7 @@ struct acp_agent {
   bool stream_deltas;
   json_t *provider;       /* the default provider as provider.list shows it (initialize): its key */
   bool fs_read, fs_write; /* the client reads and writes its own buffers (clientCapabilities.fs) */
+  bool terminal;          /* the client runs commands in its terminals (clientCapabilities.terminal) */
   asession *sessions;
   size_t outstanding;  /* core calls and permission requests whose callback has not run */
   size_t client_calls; /* core calls answering a client request */
@@ -370,11 +371,12 @@ static void fire(acp_agent *a, const char *method, json_t *params);
 /* A session this connection now has: its read_file and write_file go through the editor's buffers when the
  * client can read and write them (session.set-editor; docs/protocols/acp.md "The editor's files"). */
 static void attach_editor(acp_agent *a, const char *sid) {
-  if (!a->fs_read && !a->fs_write)
+  if (!a->fs_read && !a->fs_write && !a->terminal)
     return;
   fire(a, "session.set-editor",
-       json_pack("{s:s, s:s?, s:s?}", "sessionId", sid, "read", a->fs_read ? "acp.fs-read" : NULL, "write",
-                 a->fs_write ? "acp.fs-write" : NULL));
+       json_pack("{s:s, s:s?, s:s?, s:s?}", "sessionId", sid, "read", a->fs_read ? "acp.fs-read" : NULL,
+                 "write", a->fs_write ? "acp.fs-write" : NULL, "run",
+                 a->terminal ? "acp.terminal-run" : NULL));
 }
 
 static void say(acp_agent *a, const char *sid, const char *text) {
@@ -941,6 +943,7 @@ static void m_initialize(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   json_t *fs = json_object_get(caps, "fs");
   a->fs_read = json_is_true(json_object_get(fs, "readTextFile"));
   a->fs_write = json_is_true(json_object_get(fs, "writeTextFile"));
+  a->terminal = json_is_true(json_object_get(caps, "terminal"));
   /* ACP-HANDSHAKE: this build speaks version 1 only, so 1 is the answer whatever was asked; the client
    * disconnects if it cannot speak it. Capabilities only for what works. */
   json_t *res = json_pack(
@@ -1556,6 +1559,209 @@ static void m_fs_write(ah_call *call, const json_t *params, void *data) {
   fs_call(call, params, data, true);
 }
 
+/* ---- the editor's terminal (terminal/create → wait_for_exit → output → release) -------------------------
+ */
+
+typedef enum term_step { TERM_CREATE, TERM_WAIT, TERM_OUTPUT, TERM_RELEASE } term_step;
+
+/* One run_command in the client's terminal. */
+typedef struct term {
+  acp_agent *a;
+  ah_call *call;
+  char *sid;
+  char *terminal_id;
+  char tool_call_id[160]; /* the call that shows it ("" when the core did not say) */
+  ah_cancel_watch *watch;
+  ah_timer *timer;
+  term_step step;
+  bool timed_out, killed, failed;
+  json_t *exit;   /* wait_for_exit's answer */
+  json_t *output; /* output's answer */
+  char *error;
+} term;
+
+static void term_send(term *t, const char *method, json_t *params);
+
+static void term_finish(term *t) {
+  acp_agent *a = t->a;
+  if (t->watch)
+    a->api->token_unwatch(t->watch);
+  if (t->timer)
+    a->api->timer_stop(t->timer);
+  if (t->error) {
+    a->api->call_error(t->call, AH_EIO, t->error, NULL);
+  } else {
+    json_t *code = json_object_get(t->exit, "exitCode");
+    json_t *sig = json_object_get(t->exit, "signal");
+    json_t *out = json_object_get(t->output, "output");
+    a->api->call_reply(t->call, json_pack("{s:O, s:O, s:O, s:b, s:b, s:s}", "exitCode",
+                                          code ? code : json_null(), "signal", sig ? sig : json_null(),
+                                          "output", json_is_string(out) ? out : json_string(""), "truncated",
+                                          json_is_true(json_object_get(t->output, "truncated")), "timedOut",
+                                          t->timed_out, "terminalId", t->terminal_id));
+  }
+  json_decref(t->exit);
+  json_decref(t->output);
+  free(t->error);
+  free(t->terminal_id);
+  free(t->sid);
+  free(t);
+  maybe_finish(a);
+}
+
+/* Kill the command (the turn was cancelled, or its time is up): wait_for_exit then answers. */
+static void term_kill(term *t) {
+  if (t->killed || !t->terminal_id || t->step != TERM_WAIT)
+    return;
+  t->killed = true;
+  term_send(t, "terminal/kill", NULL);
+}
+
+static void term_cancelled(ah_cancel *token, void *arg) {
+  (void)token;
+  term *t = arg;
+  t->watch = NULL; /* a fired watch is gone */
+  term_kill(t);
+}
+
+static void term_timeout(ah_timer *timer, void *arg) {
+  (void)timer;
+  term *t = arg;
+  t->timer = NULL; /* a one-shot timer is freed after its callback */
+  t->timed_out = true;
+  term_kill(t);
+}
+
+static void on_term_answer(ah_rpc_peer *peer, int status, const json_t *result, const json_t *error,
+                           void *arg) {
+  (void)peer;
+  term *t = arg;
+  acp_agent *a = t->a;
+  a->outstanding--;
+  const char *msg = str_of(error, "message");
+  if (status && !t->error)
+    if (asprintf(&t->error, "the editor's terminal: %s", msg ? msg : ah_strerror(status)) < 0)
+      t->error = NULL;
+  if (status && t->step != TERM_RELEASE && t->step != TERM_CREATE && t->terminal_id && status != AH_ECLOSED) {
+    t->step = TERM_RELEASE; /* a failed step: release what was created */
+    term_send(t, "terminal/release", NULL);
+    return;
+  }
+  if (status) {
+    term_finish(t);
+    return;
+  }
+  switch (t->step) {
+  case TERM_CREATE: {
+    const char *id = str_of(result, "terminalId");
+    if (!id || !(t->terminal_id = strdup(id))) {
+      free(t->error);
+      t->error = strdup("the editor's terminal: terminal/create answered without a terminalId");
+      term_finish(t);
+      return;
+    }
+    t->step = TERM_WAIT;
+    if (t->tool_call_id[0])
+      notify_update(a, t->sid,
+                    json_pack("{s:s, s:s, s:s, s:[{s:s, s:s}]}", "sessionUpdate", "tool_call_update",
+                              "toolCallId", t->tool_call_id, "status", "in_progress", "content", "type",
+                              "terminal", "terminalId", t->terminal_id));
+    term_send(t, "terminal/wait_for_exit", NULL);
+    if (a->api->token_tripped(a->api->call_cancel_token(t->call)))
+      term_kill(t);
+    break;
+  }
+  case TERM_WAIT:
+    t->exit = json_deep_copy(result);
+    t->step = TERM_OUTPUT;
+    term_send(t, "terminal/output", NULL);
+    break;
+  case TERM_OUTPUT:
+    t->output = json_deep_copy(result);
+    t->step = TERM_RELEASE;
+    term_send(t, "terminal/release", NULL);
+    break;
+  case TERM_RELEASE:
+    term_finish(t);
+    break;
+  }
+}
+
+/* A request of the terminal's flow; params gets sessionId and terminalId. The step's answer goes on. A
+ * kill's answer only counts down (wait_for_exit answers for it). */
+static void on_kill_answer(ah_rpc_peer *peer, int status, const json_t *result, const json_t *error,
+                           void *arg) {
+  (void)peer;
+  (void)status;
+  (void)result;
+  (void)error;
+  acp_agent *a = arg;
+  a->outstanding--;
+  maybe_finish(a);
+}
+
+static void term_send(term *t, const char *method, json_t *params) {
+  acp_agent *a = t->a;
+  if (!params)
+    params = json_object();
+  json_object_set_new(params, "sessionId", json_string(t->sid));
+  if (t->terminal_id)
+    json_object_set_new(params, "terminalId", json_string(t->terminal_id));
+  bool kill = strcmp(method, "terminal/kill") == 0;
+  int rc = a->peer ? a->api->rpc->request(a->peer, method, params, kill ? on_kill_answer : on_term_answer,
+                                          kill ? (void *)a : (void *)t, NULL)
+                   : AH_ECLOSED;
+  if (!a->peer)
+    json_decref(params);
+  if (rc == 0) {
+    a->outstanding++;
+    return;
+  }
+  if (kill)
+    return;
+  if (!t->error &&
+      asprintf(&t->error, "the editor's terminal: %s could not be sent: %s", method, ah_strerror(rc)) < 0)
+    t->error = NULL;
+  term_finish(t);
+}
+
+/* acp.terminal-run {sessionId, turnId?, callId?, command, cwd, timeoutMs} → {exitCode, signal, output,
+ * truncated, timedOut, terminalId}: the core's run_command of a session of this connection, in the
+ * client's terminal (`/bin/sh -c COMMAND` in the session's cwd), shown live in the tool call. */
+static void m_terminal_run(ah_call *call, const json_t *params, void *data) {
+  acp_agent *a = data;
+  const char *sid = str_of(params, "sessionId");
+  const char *command = str_of(params, "command");
+  const char *cwd = str_of(params, "cwd");
+  json_t *timeout = json_object_get(params, "timeoutMs");
+  if (!find_session(a, sid) || !command || !cwd || !a->peer || a->phase != PHASE_SERVING || !a->terminal) {
+    a->api->call_error(call, AH_EUNAVAILABLE, "the editor does not have this session open", NULL);
+    return;
+  }
+  term *t = calloc(1, sizeof *t);
+  if (!t || !(t->sid = strdup(sid))) {
+    free(t);
+    a->api->call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  t->a = a;
+  t->call = call;
+  t->step = TERM_CREATE;
+  ah_cancel *token = a->api->call_cancel_token(call);
+  if (token && a->api->token_watch(token, term_cancelled, t, &t->watch) != 0)
+    t->watch = NULL; /* already tripped: the create's answer kills it */
+  if (json_is_integer(timeout) && json_integer_value(timeout) > 0)
+    (void)a->api->timer_start(a->m, (uint64_t)json_integer_value(timeout), 0, term_timeout, t, &t->timer);
+  /* The call shows the terminal while it runs (Zed embeds it). */
+  const char *turn = str_of(params, "turnId");
+  const char *callid = str_of(params, "callId");
+  if (turn && callid)
+    acp_codec_tool_call_id(t->tool_call_id, sizeof t->tool_call_id, turn, callid);
+  term_send(t, "terminal/create",
+            json_pack("{s:s, s:[s, s], s:s, s:I}", "command", "/bin/sh", "args", "-c", command, "cwd", cwd,
+                      "outputByteLimit", (json_int_t)(256 * 1024)));
+}
+
 /* ---- events ------------------------------------------------------------------------------------------- */
 
 /* stream_deltas: the text streamed in the current turn and not yet matched by a commit. Deltas are
@@ -1915,6 +2121,13 @@ int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, a
   };
   for (size_t i = 0; rc == 0 && i < 2; i++)
     rc = api->register_method(m, &fs_methods[i]);
+  const ah_method_def run = {.struct_size = sizeof run,
+                             .name = "acp.terminal-run",
+                             .handler = m_terminal_run,
+                             .flags = AH_METHOD_PRIVILEGED | AH_METHOD_CANCELLABLE,
+                             .data = a};
+  if (rc == 0)
+    rc = api->register_method(m, &run);
   if (rc == 0) {
     ah_rpc_opts opts = {.struct_size = sizeof opts,
                         .on_request = on_request,

@@ -371,6 +371,11 @@ void acp_codec_event(const json_t *event, bool replay, bool with_commits, acp_co
         json_object_set_new(u, "content", json_pack("[o]", diff));
       json_object_set_new(u, "locations", json_pack("[{s:s}]", "path", path));
     }
+    /* A command that ran in the editor's terminal: the terminal stays shown, before its output. */
+    const char *terminal = str_of(result, "terminalId");
+    json_t *content = json_object_get(u, "content");
+    if (u && terminal && json_is_array(content))
+      json_array_insert_new(content, 0, json_pack("{s:s, s:s}", "type", "terminal", "terminalId", terminal));
     if (call)
       json_object_del(ctr->calls, id);
     append(out, u);

@@ -7,7 +7,8 @@
  *
  *   tools.editor-read {sessionId, path} → {content: "buffer of PATH"} ("PATH" ending in "missing": an error)
  *   tools.editor-write {sessionId, path, content} → {}, kept for tools.stats {written: [{path, content}]}
- *            (an editor for session.set-editor)
+ *   tools.editor-run {sessionId, command, cwd, timeoutMs, …} → {exitCode: 0, signal: null, output: "ran:
+ * COMMAND", truncated: false, timedOut: false, terminalId: "t-1"} (an editor for session.set-editor)
  *
  * Config `bad` registers one bad definition instead (to test the checks): "name", "builtin", "schema",
  * "description", "handler", "duplicate" (fx_add twice). */
@@ -88,6 +89,13 @@ static void m_editor_read(ah_call *call, const json_t *params, void *data) {
   st->api->call_reply(call, json_pack("{s:s+}", "content", "buffer of ", path));
 }
 
+static void m_editor_run(ah_call *call, const json_t *params, void *data) {
+  fx *st = data;
+  st->api->call_reply(call, json_pack("{s:i, s:n, s:s+, s:b, s:b, s:s}", "exitCode", 0, "signal", "output",
+                                      "ran: ", json_string_value(json_object_get(params, "command")),
+                                      "truncated", 0, "timedOut", 0, "terminalId", "t-1"));
+}
+
 static void m_editor_write(ah_call *call, const json_t *params, void *data) {
   fx *st = data;
   json_array_append_new(st->written, json_pack("{s:O, s:O}", "path", json_object_get(params, "path"),
@@ -158,6 +166,11 @@ static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config
                              .name = "tools.editor-write",
                              .handler = m_editor_write,
                              .flags = AH_METHOD_PRIVILEGED,
+                             .data = st},
+                            {.struct_size = sizeof(ah_method_def),
+                             .name = "tools.editor-run",
+                             .handler = m_editor_run,
+                             .flags = AH_METHOD_PRIVILEGED,
                              .data = st}};
   rc = api->register_tool(m, &add);
   if (rc == 0)
@@ -166,7 +179,7 @@ static int tools_mount(ah_mount *m, const ah_host_api *api, const json_t *config
     rc = api->register_tool(m, &wait);
   if (rc == 0)
     rc = api->register_method(m, &stats);
-  for (size_t i = 0; rc == 0 && i < 2; i++)
+  for (size_t i = 0; rc == 0 && i < 3; i++)
     rc = api->register_method(m, &editor[i]);
   json_decref(schema);
   return rc;

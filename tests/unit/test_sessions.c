@@ -1241,8 +1241,8 @@ Test(sessions, the_editor_reads_and_writes_for_the_session_after_the_same_confin
   cr_assert_eq(th_load(w.h, "tools", NULL), 0);
   char *id = create(&w);
   json_decref(ok_call(&w, "session.set-editor",
-                      json_pack("{s:s, s:s, s:s}", "sessionId", id, "read", "tools.editor-read", "write",
-                                "tools.editor-write")));
+                      json_pack("{s:s, s:s, s:s, s:s}", "sessionId", id, "read", "tools.editor-read", "write",
+                                "tools.editor-write", "run", "tools.editor-run")));
   json_decref(
       ok_call(&w, "session.set-option",
               json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "accept_edits")));
@@ -1284,10 +1284,22 @@ Test(sessions, the_editor_reads_and_writes_for_the_session_after_the_same_confin
   cr_expect_str_eq(json_string_value(json_object_get(json_array_get(written, 0), "path")), path);
   cr_expect_str_eq(json_string_value(json_object_get(json_array_get(written, 0), "content")), "new");
   json_decref(stats);
+  /* run_command in the editor's terminal: its output is stdout, its terminal id kept for the client. */
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "run_command", "allow")));
+  free(prompt(&w, id, "/tool run_command {\"command\":\"make check\"}"));
+  wait_for(&w, id, "turn/ended", 5);
+  ev = history(&w, id);
+  res = json_object_get(last_data(ev, "tool/result"), "result");
+  cr_expect_str_eq(json_string_value(json_object_get(res, "stdout")), "ran: make check");
+  cr_expect_eq(json_integer_value(json_object_get(res, "exitCode")), 0);
+  cr_expect_str_eq(json_string_value(json_object_get(res, "terminalId")), "t-1");
+  cr_expect(json_is_false(json_object_get(res, "cancelled")));
+  json_decref(ev);
   /* Cleared: the disk again. */
   json_decref(ok_call(&w, "session.set-editor", json_pack("{s:s}", "sessionId", id)));
   free(prompt(&w, id, "/tool write_file {\"path\":\"a.txt\",\"content\":\"disk\"}"));
-  wait_for(&w, id, "turn/ended", 5);
+  wait_for(&w, id, "turn/ended", 6);
   cr_expect_eq(stat(path, &st), 0, "written to the disk");
   free(id);
   world_down(&w);

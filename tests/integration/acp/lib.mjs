@@ -154,6 +154,9 @@ export class AgentProcess {
     this.onWriteTextFile = async () => {
       throw new Error("fs/write_text_file: not advertised");
     };
+    // The editor's terminal (used only when initialize advertised it): method name → handler(params).
+    this.terminalCalls = [];
+    this.terminal = {};
     this.exit = null;
 
     const childEnv = {};
@@ -274,6 +277,13 @@ export class AgentProcess {
         this.fsCalls.push({ method: "write", params, at: this.now() });
         return this.onWriteTextFile(params);
       });
+    for (const [key, method] of Object.entries(acp.methods.client.terminal)) {
+      app.onRequest(method, async ({ params }) => {
+        this.terminalCalls.push({ method, params, at: this.now() });
+        if (!this.terminal[key]) throw new Error(`${method}: not advertised`);
+        return this.terminal[key](params);
+      });
+    }
     this.connection = app.connect(acp.ndJsonStream(output, input));
     this.agent = this.connection.agent;
   }
@@ -301,10 +311,10 @@ export class AgentProcess {
 
   /** `initialize` with the given protocol version and a client that offers no fs/terminal capability
    * (or the `fs` given, as Zed offers it: {readTextFile: true, writeTextFile: true}). */
-  initialize(protocolVersion = 1, fs = { readTextFile: false, writeTextFile: false }) {
+  initialize(protocolVersion = 1, fs = { readTextFile: false, writeTextFile: false }, terminal = false) {
     return this.request(acp.methods.agent.initialize, {
       protocolVersion,
-      clientCapabilities: { fs, terminal: false },
+      clientCapabilities: { fs, terminal },
       clientInfo: { name: "agenthost-tests", title: "agenthost integration tests", version: "0" },
     });
   }
