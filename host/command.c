@@ -35,6 +35,8 @@ typedef struct command_run {
   const char *error;
   out_buf out[2]; /* stdout, stderr */
   uv_timer_t later;
+  void (*on_output)(void *arg, int stream, const char *data, size_t len);
+  void *output_arg;
 } command_run;
 
 static void run_free(command_run *r) {
@@ -126,6 +128,8 @@ static void out_read(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
   }
   memcpy(o->data + o->len, buf->base, n);
   o->len += n;
+  if (r->on_output)
+    r->on_output(r->output_arg, which, buf->base, n);
 }
 
 static void kill_group(command_run *r, uint64_t grace_ms) {
@@ -203,6 +207,8 @@ int ah__command_run(ah_host *h, const ah_command_opts *o, ah_command_fn cb, void
   r->cancel = o->cancel;
   r->max_output = o->max_output ? o->max_output : 64 * 1024;
   r->grace_ms = o->kill_grace_ms;
+  r->on_output = o->on_output;
+  r->output_arg = o->output_arg;
   uv_update_time(ah__host_loop(h));
   r->started = uv_now(ah__host_loop(h));
   if (o->input) {

@@ -27,6 +27,10 @@ typedef struct ah_command_opts {
   uint64_t timeout_ms;    /* 0 = none */
   uint64_t kill_grace_ms; /* SIGTERM → SIGKILL on timeout or cancel */
   ah_cancel *cancel;      /* may be NULL */
+  /* Each chunk of output as it is read (stream 0 = stdout, 1 = stderr; what fits under max_output), on the
+   * loop thread, before the result; may be NULL. The bytes are borrowed for the call. */
+  void (*on_output)(void *arg, int stream, const char *data, size_t len);
+  void *output_arg;
 } ah_command_opts;
 
 typedef struct ah_command_result {

@@ -713,7 +713,14 @@ typedef struct tool_run {
   /* the session's editor: the pool only checks the path; the methods do the reading and writing */
   char *session_id;
   char *ed_read, *ed_write, *ed_run;
-  bool exists;      /* the path names a file on disk (checked with the path) */
+  bool exists; /* the path names a file on disk (checked with the path) */
+  /* run_command's output as it comes: the last AH_TOOL_LIVE_TAIL bytes, reported at most every
+   * AH_TOOL_LIVE_MS through `progress` as {progress: bytes so far, output: the tail} */
+  ah_tool_progress_fn progress;
+  char *tail;
+  size_t tail_len;
+  uint64_t out_bytes;
+  ah_timer *tick;
   json_t *previous; /* write: the editor's text before the write (NULL: unknown) */
 } tool_run;
 
@@ -734,6 +741,9 @@ static void run_free(tool_run *r) {
   free(r->ed_write);
   free(r->ed_run);
   json_decref(r->previous);
+  if (r->tick)
+    ah__services_timer_stop(r->tick);
+  free(r->tail);
   free(r);
 }
 
@@ -1286,6 +1296,10 @@ static json_t *signal_name(int sig) {
 
 static void command_done(const ah_command_result *res, void *arg) {
   tool_run *r = arg;
+  if (r->tick) { /* the result has all of it: no live report after it */
+    ah__services_timer_stop(r->tick);
+    r->tick = NULL;
+  }
   if (res->error && !res->cancelled) {
     set_error(r, "cannot run the command: %s", res->error);
   } else {
@@ -1300,6 +1314,43 @@ static void command_done(const ah_command_result *res, void *arg) {
   run_free(r);
 }
 
+#define AH_TOOL_LIVE_TAIL (16 * 1024)
+#define AH_TOOL_LIVE_MS 100
+
+static void live_report(ah_timer *t, void *arg) {
+  (void)t;
+  tool_run *r = arg;
+  r->tick = NULL; /* a one-shot timer is freed after its callback */
+  json_t *p = json_pack("{s:I, s:o}", "progress", (json_int_t)r->out_bytes, "output",
+                        ah__json_lossy_string(r->tail, r->tail_len));
+  if (p)
+    r->progress(p, r->arg);
+  json_decref(p);
+}
+
+/* A chunk of the command's output (both streams, in the order read): kept as the tail, reported soon. */
+static void live_output(void *arg, int stream, const char *data, size_t len) {
+  (void)stream;
+  tool_run *r = arg;
+  if (!r->tail && !(r->tail = malloc(AH_TOOL_LIVE_TAIL)))
+    return;
+  r->out_bytes += len;
+  if (len >= AH_TOOL_LIVE_TAIL) {
+    memcpy(r->tail, data + len - AH_TOOL_LIVE_TAIL, AH_TOOL_LIVE_TAIL);
+    r->tail_len = AH_TOOL_LIVE_TAIL;
+  } else {
+    if (r->tail_len + len > AH_TOOL_LIVE_TAIL) {
+      size_t drop = r->tail_len + len - AH_TOOL_LIVE_TAIL;
+      memmove(r->tail, r->tail + drop, r->tail_len - drop);
+      r->tail_len -= drop;
+    }
+    memcpy(r->tail + r->tail_len, data, len);
+    r->tail_len += len;
+  }
+  if (!r->tick && r->core)
+    (void)ah__services_timer_start(r->core, AH_TOOL_LIVE_MS, 0, live_report, r, &r->tick);
+}
+
 static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) {
   const char *argv[] = {"/bin/sh", "-c", command, NULL};
   ah_command_opts o = {
@@ -1310,6 +1361,8 @@ static int start_command(tool_run *r, const char *command, uint64_t timeout_ms) 
       .timeout_ms = timeout_ms,
       .kill_grace_ms = AH_TOOL_KILL_GRACE_MS,
       .cancel = r->cancel,
+      .on_output = r->progress ? live_output : NULL,
+      .output_arg = r,
   };
   return ah__command_run(r->host, &o, command_done, r);
 }
@@ -1440,6 +1493,7 @@ int ah__tool_run_edited(ah_host *h, const char *session_id, const char *cwd, con
   r->cb = cb;
   r->arg = arg;
   r->cancel = cancel;
+  r->progress = progress;
   if (editor && session_id && (d->kind == TOOL_READ_FILE || d->kind == TOOL_WRITE_FILE)) {
     r->session_id = strdup(session_id);
     r->ed_read = ah__strdup(editor->read);

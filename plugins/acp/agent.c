@@ -1808,6 +1808,14 @@ static void on_progress(acp_agent *a, const json_t *data) {
     return;
   char id[192], text[512];
   acp_codec_tool_call_id(id, sizeof id, turn, call);
+  const char *output = str_of(data, "output");
+  if (output) { /* run_command's output so far (its tail): the call's content while it runs */
+    notify_update(a, s->id,
+                  json_pack("{s:s, s:s, s:s, s:[{s:s, s:{s:s, s:s}}]}", "sessionUpdate", "tool_call_update",
+                            "toolCallId", id, "status", "in_progress", "content", "type", "content",
+                            "content", "type", "text", "text", output));
+    return;
+  }
   int n = json_is_number(total)
               ? snprintf(text, sizeof text, "%g/%g", json_number_value(progress), json_number_value(total))
               : snprintf(text, sizeof text, "%g", json_number_value(progress));

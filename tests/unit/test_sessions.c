@@ -1304,3 +1304,43 @@ Test(sessions, the_editor_reads_and_writes_for_the_session_after_the_same_confin
   free(id);
   world_down(&w);
 }
+
+static bool output_progress(void *arg) {
+  world *w = arg;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.progress") == 0 &&
+        json_is_string(json_object_get(json_array_get(e, 1), "output")))
+      return true;
+  }
+  return false;
+}
+
+/* docs/sessions.md "Tools": run_command's output is published (session.progress {output}) while it runs. */
+Test(sessions, run_command_output_is_published_while_it_runs) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "run_command", "allow")));
+  free(prompt(&w, id, "/tool run_command {\"command\":\"echo live; sleep 1; echo end\"}"));
+  cr_assert(ts_run_until_pred(&w.loop, output_progress, &w, 5000), "a live report of the output");
+  json_t *ev = history(&w, id);
+  cr_expect_null(find_kind(ev, "tool/result", 0), "reported before the command ended");
+  json_decref(ev);
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w.events, i, e) {
+    json_t *d = json_array_get(e, 1);
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.progress") == 0 &&
+        json_object_get(d, "output")) {
+      cr_expect_str_eq(json_string_value(json_object_get(d, "output")), "live\n");
+      cr_expect_str_eq(json_string_value(json_object_get(d, "name")), "run_command");
+      break;
+    }
+  }
+  wait_for(&w, id, "turn/ended", 1);
+  free(id);
+  world_down(&w);
+}

@@ -118,3 +118,28 @@ test("ACP-PROMPT-CANCEL: Zed: a cancelled turn kills the editor's terminal (term
   assert.equal(a.terminal.live.size, 0);
   await a.assertSdkAccepted();
 });
+
+test("ACP-OUTPUT-PERMISSION: Zed: without a terminal, run_command's output streams into the tool call while it runs", TEST, async (t) => {
+  const fake = await startFakeModel(t);
+  const s = scope(t);
+  const conf = join(await s.tempDir("ah-acp-term-conf-"), "agenthost.ini");
+  await writeFile(conf, `[host]\ndefault_provider = fake\n[provider.fake]\ntype = openai\n` +
+    `base_url = ${fake.baseUrl}\nmodel = m1\n`);
+  const a = await s.spawnAgent({ args: ["--config", conf] });
+  await a.initialize(1);
+  a.onPermission = async (record) => ({ outcome: { outcome: "selected",
+    optionId: record.params.options.find((o) => o.kind === "allow_once").optionId } });
+  const cwd = await s.tempDir("ah-acp-term-cwd-");
+  await fake.script([toolCall("c1", "run_command", { command: "echo first; sleep 1; echo second" }), done()]);
+  const sid = await a.newSession(cwd);
+  assert.equal((await a.prompt(sid, "run", 30000)).stopReason, "end_turn");
+  assert.equal(a.terminalCalls.length, 0, "no terminal/* without the capability");
+  const all = updates(a, sid);
+  const endAt = all.findIndex((u) => u.sessionUpdate === "tool_call_update" && u.status === "completed");
+  const live = all.slice(0, endAt).filter((u) => u.sessionUpdate === "tool_call_update" &&
+    u.status === "in_progress" && u.content?.[0]?.content?.text !== undefined);
+  assert.ok(live.length >= 1, `output while it ran: ${JSON.stringify(all)}`);
+  assert.equal(live[0].content[0].content.text, "first\n", "the first line, before the second was written");
+  assert.match(all[endAt].content[0].content.text, /first\nsecond/);
+  await a.assertSdkAccepted();
+});
