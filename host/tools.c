@@ -934,12 +934,12 @@ static json_t *previous_text(int fd, const struct stat *st) {
   return text;
 }
 
-static void do_write(tool_run *r, int dirfd) {
-  /* The directory the file goes in is checked before anything is created in it. */
+/* The directory the file is in: beneath the cwd and not one of the host's own (false with the error). */
+static bool parent_allowed(tool_run *r, int dirfd, const char *for_what) {
   char *parent = strdup(r->rel);
   if (!parent) {
     set_error(r, "out of memory");
-    return;
+    return false;
   }
   char *slash = strrchr(parent, '/');
   if (slash)
@@ -947,12 +947,17 @@ static void do_write(tool_run *r, int dirfd) {
   int pfd = open_beneath(dirfd, slash ? parent : ".", O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
   free(parent);
   if (pfd < 0) {
-    set_error(r, "cannot open %s for writing: %s", r->shown, errno_text(errno));
-    return;
+    set_error(r, "cannot open %s%s: %s", r->shown, for_what, errno_text(errno));
+    return false;
   }
   bool refused = guarded(r, pfd);
   close(pfd);
-  if (refused)
+  return !refused;
+}
+
+static void do_write(tool_run *r, int dirfd) {
+  /* The directory the file goes in is checked before anything is created in it. */
+  if (!parent_allowed(r, dirfd, " for writing"))
     return;
   /* No O_TRUNC: the file itself is checked (the token by inode) before it is emptied, and what it held is
    * read first (the text before the write, for a client that shows the change as a diff). */
@@ -1097,23 +1102,7 @@ static void do_list(tool_run *r, int cwdfd) {
 /* For the editor: the same confinement as a read or write of the disk (the parent beneath the cwd, the
  * file itself if it exists, neither one of the host's own files), without reading or writing. */
 static void do_check(tool_run *r, int dirfd) {
-  char *parent = strdup(r->rel);
-  if (!parent) {
-    set_error(r, "out of memory");
-    return;
-  }
-  char *slash = strrchr(parent, '/');
-  if (slash)
-    *slash = '\0';
-  int pfd = open_beneath(dirfd, slash ? parent : ".", O_PATH | O_DIRECTORY | O_CLOEXEC, 0);
-  free(parent);
-  if (pfd < 0) {
-    set_error(r, "cannot open %s: %s", r->shown, errno_text(errno));
-    return;
-  }
-  bool refused = guarded(r, pfd);
-  close(pfd);
-  if (refused)
+  if (!parent_allowed(r, dirfd, ""))
     return;
   int fd = open_beneath(dirfd, r->rel, O_PATH | O_CLOEXEC, 0);
   if (fd < 0 && errno != ENOENT) {
