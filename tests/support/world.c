@@ -121,6 +121,18 @@ typedef struct wait_kind {
   int count;
 } wait_kind;
 
+bool bus_published(void *arg) {
+  bus_wait *b = arg;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(b->w->events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), b->name) == 0 &&
+        (!b->key || json_object_get(json_array_get(e, 1), b->key)))
+      return true;
+  }
+  return false;
+}
+
 bool has_kind(void *arg) {
   wait_kind *k = arg;
   json_t *ev = ah__store_events(ah__sessions_store(ah__host_sessions(k->w->h)), k->id, 0, 100000);

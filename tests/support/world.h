@@ -36,6 +36,13 @@ char *prompt(world *w, const char *id, const char *text);         /* its message
 json_t *history(world *w, const char *id);                        /* the stored events (owned) */
 json_t *find_kind(json_t *events, const char *kind, size_t from); /* borrowed */
 bool has_kind(void *arg);
+/* A predicate for ts_run_until_pred: a bus event `name` was seen (with the data key `key`, when set). */
+typedef struct bus_wait {
+  world *w;
+  const char *name;
+  const char *key;
+} bus_wait;
+bool bus_published(void *arg);
 void wait_for(world *w, const char *id, const char *kind, int count);
 json_t *pending_requests(world *w, const char *id);
 bool has_request(void *arg);

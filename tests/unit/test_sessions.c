@@ -454,17 +454,6 @@ Test(sessions, allow_always_sets_the_policy_stored_with_the_session) {
   world_down(&w);
 }
 
-static bool bus_has_subagent_finished(void *arg) {
-  world *w = arg;
-  size_t i = 0;
-  json_t *e = NULL;
-  json_array_foreach(w->events, i, e) {
-    if (strcmp(json_string_value(json_array_get(e, 0)), "subagent.finished") == 0)
-      return true;
-  }
-  return false;
-}
-
 Test(sessions, question_answered_and_subagent_events_on_the_parent) {
   world w;
   world_up(&w);
@@ -477,7 +466,8 @@ Test(sessions, question_answered_and_subagent_events_on_the_parent) {
   wait_for(&w, id, "turn/ended", 1);
   char *m2 = prompt(&w, id, "/subagent say hi");
   wait_for(&w, id, "turn/ended", 2);
-  cr_assert(ts_run_until_pred(&w.loop, bus_has_subagent_finished, &w, 5000));
+  bus_wait child_done = {&w, "subagent.finished", NULL};
+  cr_assert(ts_run_until_pred(&w.loop, bus_published, &child_done, 5000));
   json_t *ev = history(&w, id);
   cr_assert(seq_gapless(ev));
   json_t *c1 = find_kind(ev, "message/committed", 0);
@@ -1146,17 +1136,6 @@ static const char *option_value(const json_t *options, const char *id) {
   return NULL;
 }
 
-static bool options_published(void *arg) {
-  world *w = arg;
-  size_t i = 0;
-  json_t *e = NULL;
-  json_array_foreach(w->events, i, e) {
-    if (strcmp(json_string_value(json_array_get(e, 0)), "session.options") == 0)
-      return true;
-  }
-  return false;
-}
-
 /* docs/sessions.md "Options", "Modes": a value is checked against the option's values; a change is stored
  * and published; read_only refuses an edit (the model reads why) and lets a read run; accept_edits runs an
  * edit without asking; the kind is recorded with the call. */
@@ -1182,7 +1161,8 @@ Test(sessions, options_are_checked_stored_and_the_mode_decides_the_tools) {
               json_pack("{s:s, s:s, s:s}", "sessionId", id, "configId", "mode", "value", "read_only"));
   cr_assert_str_eq(option_value(json_object_get(r, "options"), "mode"), "read_only");
   json_decref(r);
-  cr_assert(ts_run_until_pred(&w.loop, options_published, &w, 5000), "session.options was published");
+  bus_wait published = {&w, "session.options", NULL};
+  cr_assert(ts_run_until_pred(&w.loop, bus_published, &published, 5000), "session.options was published");
 
   char path[4200];
   snprintf(path, sizeof path, "%s/kept.txt", w.work);
@@ -1305,18 +1285,6 @@ Test(sessions, the_editor_reads_and_writes_for_the_session_after_the_same_confin
   world_down(&w);
 }
 
-static bool output_progress(void *arg) {
-  world *w = arg;
-  size_t i = 0;
-  json_t *e = NULL;
-  json_array_foreach(w->events, i, e) {
-    if (strcmp(json_string_value(json_array_get(e, 0)), "session.progress") == 0 &&
-        json_is_string(json_object_get(json_array_get(e, 1), "output")))
-      return true;
-  }
-  return false;
-}
-
 /* docs/sessions.md "Tools": run_command's output is published (session.progress {output}) while it runs. */
 Test(sessions, run_command_output_is_published_while_it_runs) {
   world w;
@@ -1325,7 +1293,8 @@ Test(sessions, run_command_output_is_published_while_it_runs) {
   json_decref(ok_call(&w, "session.set-policy",
                       json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "run_command", "allow")));
   free(prompt(&w, id, "/tool run_command {\"command\":\"echo live; sleep 1; echo end\"}"));
-  cr_assert(ts_run_until_pred(&w.loop, output_progress, &w, 5000), "a live report of the output");
+  bus_wait live = {&w, "session.progress", "output"};
+  cr_assert(ts_run_until_pred(&w.loop, bus_published, &live, 5000), "a live report of the output");
   json_t *ev = history(&w, id);
   cr_expect_null(find_kind(ev, "tool/result", 0), "reported before the command ended");
   json_decref(ev);
