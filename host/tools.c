@@ -1120,6 +1120,11 @@ static void do_check(tool_run *r, int dirfd) {
   }
 }
 
+/* The file tool goes through the session's editor (its method for this tool is set). */
+static bool via_editor(const tool_run *r) {
+  return (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
+}
+
 static void file_work(void *arg) {
   tool_run *r = arg;
   if (ah__cancel_tripped(r->cancel)) {
@@ -1132,7 +1137,7 @@ static void file_work(void *arg) {
     return;
   }
   guard_prepare(r);
-  bool edited = (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
+  bool edited = via_editor(r);
   switch (edited ? TOOL_INVALID : r->kind) {
   case TOOL_INVALID:
     do_check(r, dirfd);
@@ -1258,7 +1263,7 @@ static void file_after(void *arg, int status) {
   tool_run *r = arg;
   if (status == AH_ECANCELED)
     set_error(r, "cancelled: the host is stopping");
-  bool edited = (r->kind == TOOL_READ_FILE && r->ed_read) || (r->kind == TOOL_WRITE_FILE && r->ed_write);
+  bool edited = via_editor(r);
   if (edited && !r->error) {
     if (r->kind == TOOL_WRITE_FILE && !r->ed_read) {
       if (!r->exists)

@@ -1035,8 +1035,9 @@ static void m_new(acp_agent *a, ah_rpc_inbound *req, const json_t *p) {
   }
   if (!check_setup(a, req, p))
     return;
-  if (auth_missing(a)) {
-    a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, auth_missing(a), NULL);
+  const char *unauthenticated = auth_missing(a);
+  if (unauthenticated) {
+    a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, unauthenticated, NULL);
     return;
   }
   ccall *c = ccall_new(a, CALL_NEW, req, NULL);
@@ -1288,8 +1289,9 @@ static void on_request(ah_rpc_peer *peer, ah_rpc_inbound *req, const char *metho
     m_initialize(a, req, params);
   else if (strcmp(method, "authenticate") == 0) {
     /* The key is the host's to read (the "agent" method): authenticated when the provider has it. */
-    if (auth_missing(a))
-      a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, auth_missing(a), NULL);
+    const char *unauthenticated = auth_missing(a);
+    if (unauthenticated)
+      a->api->rpc->respond_error(req, ACP_AUTH_REQUIRED, unauthenticated, NULL);
     else
       a->api->rpc->respond(req, json_object());
   } else if (strcmp(method, "session/set_config_option") == 0)
