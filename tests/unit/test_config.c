@@ -1035,16 +1035,18 @@ Test(config, plugins_for_mode_defaults) {
   freeenv(env);
 }
 
-Test(config, synchronous_modes) {
-  const char *modes[] = {"off", "normal", "full"};
-  for (size_t i = 0; i < 3; i++) {
+/* Each of `values` of [host] `key` loads and is what `field` of the configuration holds; `dflt` when the
+ * key is absent. */
+static void host_values(const char *key, const char *const *values, size_t n, const char *dflt,
+                        char *(*field)(ah_config *)) {
+  for (size_t i = 0; i < n; i++) {
     ah_config cfg;
     char *path = NULL;
     char *err = NULL;
-    char text[64];
-    snprintf(text, sizeof text, "[host]\nsynchronous = %s\n", modes[i]);
+    char text[128];
+    snprintf(text, sizeof text, "[host]\n%s = %s\n", key, values[i]);
     cr_assert_eq(load_text(&cfg, text, &path, &err), 0, "%s", err ? err : "");
-    cr_assert_str_eq(cfg.synchronous, modes[i]);
+    cr_assert_str_eq(field(&cfg), values[i]);
     ah__config_free(&cfg);
     free(path);
   }
@@ -1052,33 +1054,29 @@ Test(config, synchronous_modes) {
   char *path = NULL;
   char *err = NULL;
   cr_assert_eq(load_text(&cfg, "[host]\n", &path, &err), 0);
-  cr_assert_str_eq(cfg.synchronous, "normal", "the default");
+  cr_assert_str_eq(field(&cfg), dflt, "the default");
   ah__config_free(&cfg);
   free(path);
+}
+
+static char *synchronous_of(ah_config *c) {
+  return c->synchronous;
+}
+
+static char *default_mode_of(ah_config *c) {
+  return c->default_mode;
+}
+
+Test(config, synchronous_modes) {
+  const char *modes[] = {"off", "normal", "full"};
+  host_values("synchronous", modes, 3, "normal", synchronous_of);
   file_error_case("[host]\nsynchronous = sometimes\n", "2: [host] synchronous: ", "unknown synchronous mode");
 }
 
 /* [host] default_mode: a new session's mode (docs/sessions.md "Modes"); ask by default; others refused. */
 Test(config, default_mode) {
   const char *modes[] = {"ask", "accept_edits", "read_only"};
-  for (size_t i = 0; i < 3; i++) {
-    ah_config cfg;
-    char *path = NULL;
-    char *err = NULL;
-    char text[64];
-    snprintf(text, sizeof text, "[host]\ndefault_mode = %s\n", modes[i]);
-    cr_assert_eq(load_text(&cfg, text, &path, &err), 0, "%s", err ? err : "");
-    cr_assert_str_eq(cfg.default_mode, modes[i]);
-    ah__config_free(&cfg);
-    free(path);
-  }
-  ah_config cfg;
-  char *path = NULL;
-  char *err = NULL;
-  cr_assert_eq(load_text(&cfg, "[host]\n", &path, &err), 0);
-  cr_assert_str_eq(cfg.default_mode, "ask", "the default");
-  ah__config_free(&cfg);
-  free(path);
+  host_values("default_mode", modes, 3, "ask", default_mode_of);
   file_error_case("[host]\ndefault_mode = yolo\n", "2: [host] default_mode: ", "unknown mode");
 }
 
