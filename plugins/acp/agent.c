@@ -1576,7 +1576,7 @@ typedef struct term {
   ah_cancel_watch *watch;
   ah_timer *timer;
   term_step step;
-  bool timed_out, killed, failed;
+  bool timed_out, killed;
   json_t *exit;   /* wait_for_exit's answer */
   json_t *output; /* output's answer */
   char *error;
