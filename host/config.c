@@ -18,6 +18,7 @@
  * strings must be UTF-8, and the values end up in logs and JSON).
  */
 #include "config.h"
+#include "usage.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -491,6 +492,18 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         return;
       }
       replace_str(L, &cfg->default_mode, value);
+    } else if (strcmp(key, "prices") == 0) {
+      /* A price table (docs/usage.md): read and checked now, so a bad one is a configuration error. */
+      if (!check_abs_path(L, where, key, value))
+        return;
+      char why[320];
+      ah_prices *p = ah__prices_load(value, why, sizeof why);
+      if (!p) {
+        fail(L, "%s: %s", where, why);
+        return;
+      }
+      ah__prices_free(p);
+      replace_str(L, &cfg->prices, value);
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
@@ -1302,6 +1315,7 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->default_provider);
   free(cfg->synchronous);
   free(cfg->default_mode);
+  free(cfg->prices);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
   json_decref(cfg->hooks);

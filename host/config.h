@@ -33,18 +33,18 @@
  *
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
  * (the store's durability: off | normal | full, default normal), default_mode (ask | accept_edits |
- * read_only); [hook.NAME] with event, command, args, env, match (lists: comma-separated, or a JSON array of
- * strings), cwd, timeout_ms, on_error, enabled (docs/hooks.md); event and command are required; [plugin.NAME]
- * with enabled (bool), modes (comma list of serve|sdk|acp), path (the module file, default
- * plugin_dir/NAME.so) and the plugin's own keys; [provider.NAME] with type = echo or the name of the plugin
- * that provides the type (acp, openai, …) and its keys. Unknown [host] keys and unknown sections are warned
- * about (logged), not fatal. A bad value (a bool that is not true/false/yes/no/on/off/1/0, an unknown log
- * level, a relative path where an absolute one is needed, an unknown mode, a bad section or plugin name) is
- * an error naming file:line and the key; for the environment the variable name, for the command line the
- * flag. A provider other than echo, acp or openai needs a type; default_provider must name a configured
- * provider. Values of keys whose name contains token, key, secret or password never appear in a message or a
- * log line. Command-line flags: --state-dir, --runtime-dir, --plugin-dir, --log-level set [host]; --listen
- * and
+ * read_only), prices (an absolute path of a price table, checked at load); [hook.NAME] with event, command,
+ * args, env, match (lists: comma-separated, or a JSON array of strings), cwd, timeout_ms, on_error, enabled
+ * (docs/hooks.md); event and command are required; [plugin.NAME] with enabled (bool), modes (comma list of
+ * serve|sdk|acp), path (the module file, default plugin_dir/NAME.so) and the plugin's own keys;
+ * [provider.NAME] with type = echo or the name of the plugin that provides the type (acp, openai, …) and its
+ * keys. Unknown [host] keys and unknown sections are warned about (logged), not fatal. A bad value (a bool
+ * that is not true/false/yes/no/on/off/1/0, an unknown log level, a relative path where an absolute one is
+ * needed, an unknown mode, a bad section or plugin name) is an error naming file:line and the key; for the
+ * environment the variable name, for the command line the flag. A provider other than echo, acp or openai
+ * needs a type; default_provider must name a configured provider. Values of keys whose name contains token,
+ * key, secret or password never appear in a message or a log line. Command-line flags: --state-dir,
+ * --runtime-dir, --plugin-dir, --log-level set [host]; --listen and
  * --token-file set [plugin.browser] listen and token_file (kept as given).
  */
 #ifndef AGENTHOST_HOST_CONFIG_H
@@ -75,6 +75,7 @@ typedef struct ah_config {
   char *default_provider;
   char *synchronous;  /* "off" | "normal" | "full" */
   char *default_mode; /* a new session's mode: "ask" (the default) | "accept_edits" | "read_only" */
+  char *prices;       /* a price table file (docs/usage.md), or NULL: costs are not computed */
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */

@@ -334,6 +334,10 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
   return 0;
 }
 
+json_t *ah__store_session_tree(ah_store *s, const char *id) {
+  return s && id && s->impl ? s->be->session_tree(s->impl, id) : NULL;
+}
+
 json_t *ah__store_get_session(ah_store *s, const char *id) {
   return s && id && s->impl ? s->be->get_session(s->impl, id) : NULL;
 }

@@ -33,7 +33,8 @@
  *
  * Rows as JSON:
  *   session {id, cwd, title, provider, model, parent|null, local, depth, status, closed, created, updated,
- *            policy{tool: allow|ask|deny}, tags[], lastSeq, leaseOwner|null, leaseUntil}
+ *            policy{tool: allow|ask|deny}, tags[], lastSeq, leaseOwner|null, leaseUntil, settings{},
+ *            usage{}}
  *   event   {cursor, sessionId, seq, kind, time, turnId?, messageId?, data}   (DECISIONS.md)
  *   inbox   {messageId, sessionId, content, state, turnId|null, time}
  *   request {id, sessionId, turnId|null, kind, params, options, state, answer|null, created, resolved|null}
@@ -84,6 +85,8 @@ typedef struct ah_store_backend {
   json_t *(*get_request)(void *impl, const char *id);
   /* Sessions not closed that have open inbox rows or status "running" (to recover after a restart). */
   json_t *(*sessions_to_recover)(void *impl);
+  /* A session and every session below it by parent link: [{id, parent, usage}] (empty: unknown id). */
+  json_t *(*session_tree)(void *impl, const char *id);
   /* Any thread: AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED, with a description in `detail`. */
   int (*health)(void *impl, char *detail, size_t cap);
   /* Loop thread: whether the last read failed (a NULL from a read is then an error, not "not found"). */
@@ -117,6 +120,7 @@ json_t *ah__store_inbox_open(ah_store *s, const char *session_id);
 json_t *ah__store_requests_pending(ah_store *s, const char *session_id);
 json_t *ah__store_get_request(ah_store *s, const char *id);
 json_t *ah__store_sessions_to_recover(ah_store *s);
+json_t *ah__store_session_tree(ah_store *s, const char *id);
 
 /* Health (see the backend's health): AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED; `detail` (may be
  * NULL) receives a description. A NULL store is AH_STORE_DAMAGED ("the store cannot be opened"). */

@@ -99,6 +99,10 @@ static const char *const migrations[] = {
     "ALTER TABLE inbox DROP COLUMN content;",
     /* v3: a session's settings beside its policy: {mode?, effort?} (its tool mode and reasoning effort). */
     "ALTER TABLE sessions ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';",
+    /* v4: a session's own usage totals (kept with each usage event, in its transaction), and its children
+     * found by parent (a tree's usage). */
+    "ALTER TABLE sessions ADD COLUMN usage TEXT NOT NULL DEFAULT '{}';"
+    "CREATE INDEX sessions_parent ON sessions (parent);",
 };
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
@@ -107,7 +111,7 @@ static const char *const migrations[] = {
 
 #define SESSION_COLS                                                                                        \
   "id, cwd, title, provider, model, parent, local, depth, status, closed, created, updated, policy, tags, " \
-  "last_seq, lease_owner, lease_until, settings"
+  "last_seq, lease_owner, lease_until, settings, usage"
 #define EVENT_COLS "cursor, session_id, seq, kind, time, turn_id, message_id, data"
 #define INBOX_COLS "i.message_id, i.session_id, c.content, i.state, i.turn_id, i.created"
 #define INBOX_FROM "inbox i JOIN inbox_content c ON c.message_id = i.message_id"
@@ -150,6 +154,7 @@ typedef enum stmt_id {
   R_REQUESTS_PENDING_OF,
   R_REQUEST,
   R_RECOVER,
+  R_TREE,
   STMT_COUNT,
 } stmt_id;
 
@@ -164,12 +169,13 @@ static const char *const stmt_sql[STMT_COUNT] = {
      * last_seq never goes back (events may already be stored). */
     [W_SESSION_PUT] =
         "INSERT INTO sessions (" SESSION_COLS ") "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) "
         "ON CONFLICT (id) DO UPDATE SET cwd = excluded.cwd, title = excluded.title, "
         "provider = excluded.provider, model = excluded.model, parent = excluded.parent, "
         "local = excluded.local, depth = excluded.depth, status = excluded.status, "
         "closed = excluded.closed, created = excluded.created, updated = excluded.updated, "
-        "policy = excluded.policy, tags = excluded.tags, settings = excluded.settings, "
+        "policy = excluded.policy, tags = excluded.tags, settings = excluded.settings, usage = "
+        "excluded.usage, "
         "last_seq = max(last_seq, excluded.last_seq)",
     [W_SESSION_DEL_EVENTS] = "DELETE FROM events WHERE session_id = ?1",
     [W_SESSION_DEL_INBOX_CONTENT] =
@@ -207,6 +213,11 @@ static const char *const stmt_sql[STMT_COUNT] = {
         "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' AND session_id = ?1 "
         "ORDER BY rowid",
     [R_REQUEST] = "SELECT " REQUEST_COLS " FROM requests WHERE id = ?1",
+    /* A session and every session below it (depth-limited against a damaged parent cycle). */
+    [R_TREE] = "WITH RECURSIVE tree(id, d) AS (SELECT id, 0 FROM sessions WHERE id = ?1 UNION "
+               "SELECT s.id, t.d + 1 FROM sessions s JOIN tree t ON s.parent = t.id WHERE t.d < 64) "
+               "SELECT s.id, s.parent, s.usage FROM sessions s WHERE s.id IN (SELECT id FROM tree) "
+               "ORDER BY s.id",
     [R_RECOVER] =
         "SELECT " SESSION_COLS " FROM sessions WHERE closed = 0 AND (status = 'running' OR EXISTS "
         "(SELECT 1 FROM inbox WHERE inbox.session_id = sessions.id AND inbox." OPEN_INBOX ")) ORDER BY id",
@@ -587,6 +598,7 @@ static json_t *row_session(sqlite3_stmt *st) {
   json_object_set_new(o, "leaseOwner", col_value(st, 15));
   json_object_set_new(o, "leaseUntil", json_integer(sqlite3_column_int64(st, 16)));
   json_object_set_new(o, "settings", col_json(st, 17, json_object()));
+  json_object_set_new(o, "usage", col_json(st, 18, json_object()));
   return o;
 }
 
@@ -706,6 +718,8 @@ static int op_session_put(sq_store *q, const json_t *op, json_t *res) {
     rc = sqlite3_bind_int64(st, 17, json_integer_value(lease_until));
   if (rc == SQLITE_OK)
     rc = bind_json(st, 18, json_object_get(s, "settings"), "{}");
+  if (rc == SQLITE_OK)
+    rc = bind_json(st, 19, json_object_get(s, "usage"), "{}");
   rc = step_write(q, st, rc);
   if (rc == 0)
     json_array_append_new(res, json_null());
@@ -730,7 +744,7 @@ static const struct {
     {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},     {"local", "local", COL_BOOL},
     {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},     {"closed", "closed", COL_BOOL},
     {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE},  {"policy", "policy", COL_JSON},
-    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON},
+    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON}, {"usage", "usage", COL_JSON},
 };
 #define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
 
@@ -1286,6 +1300,17 @@ static json_t *sq_sessions_to_recover(void *impl) {
   return collect(q, st, SQLITE_OK, row_session, false);
 }
 
+static json_t *row_tree(sqlite3_stmt *st) {
+  return json_pack("{s:o, s:o, s:o}", "id", col_value(st, 0), "parent", col_value(st, 1), "usage",
+                   col_json(st, 2, json_object()));
+}
+
+static json_t *sq_session_tree(void *impl, const char *id) {
+  sq_store *q = impl;
+  READ_STMT(q, st, R_TREE);
+  return collect(q, st, sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC), row_tree, false);
+}
+
 /* ---- open / close ------------------------------------------------------------------------------------ */
 
 static void conn_close(conn *c) {
@@ -1587,6 +1612,7 @@ const ah_store_backend ah__store_sqlite = {
     .requests_pending = sq_requests_pending,
     .get_request = sq_get_request,
     .sessions_to_recover = sq_sessions_to_recover,
+    .session_tree = sq_session_tree,
     .health = sq_health,
     .read_failed = sq_read_failed,
 };

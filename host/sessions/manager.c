@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../usage.h"
 #include "session.h"
 
 static void recover(ah_sessions *m);
@@ -217,6 +218,8 @@ void ah__sessions_free(ah_sessions *m) {
   json_decref(m->resolved_order);
   json_decref(m->retry);
   ah__echo_provider_free(m->echo);
+  ah__prices_free(m->prices);
+  free(m->prices_path);
   free(m->store_path);
   free(m);
 }

@@ -122,10 +122,11 @@ static json_t *live_status_row(ah_sessions *m, json_t *row) {
   json_t *r = ah__sm_public_row(row, status);
   json_object_set_new(r, "live", json_boolean(s && s->ready));
   /* A live session's own fields may be ahead of the store (ah__session_update is written behind). */
-  static const char *const own[] = {"title", "tags", "policy", "model", "settings"};
+  static const char *const own[] = {"title", "tags", "policy", "model", "settings", "usage"};
   for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
     if (json_object_get(s->row, own[i]))
       json_object_set(r, own[i], json_object_get(s->row, own[i]));
+  ah__usage_public(m, r, r);
   return r;
 }
 

@@ -74,6 +74,9 @@ struct ah_sessions {
    * which records their interrupted turn. {id: true} */
   json_t *retry;
   ah_timer *retry_timer;
+  /* [host] prices, read when first needed and again when the configuration names another file */
+  struct ah_prices *prices;
+  char *prices_path;
 };
 
 struct ah_session {
@@ -139,6 +142,9 @@ struct turn {
    * counted in tools_running so that an end waits for the answers); a tool call must name one of them. */
   json_t *tools;
   bool gathering;
+  /* Usage: the round trips the provider reported (model/usage events) and the model asked for */
+  int rounds;
+  char requested_model[128];
 };
 
 struct request {
@@ -166,6 +172,14 @@ static inline const char *str(const json_t *o, const char *k) {
 static inline const char *status_of(const session *s) {
   return s->running ? "running" : "idle";
 }
+
+/* accounting.c: usage as durable facts (docs/usage.md). ah__usage_account adds `usage` (a provider's
+ * {inputTokens, …}; NULL: none) attributed to `model` (NULL: not attributed) to the session's row and
+ * returns the session.update operation to commit with the event that reports it (NULL when nothing
+ * changes); `turn` counts one more turn. ah__usage_public sets usage, treeUsage, cost?, treeCost? on
+ * `pub` from `row`. */
+json_t *ah__usage_account(session *s, const char *model, const json_t *usage, bool turn);
+void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row);
 
 /* manager.c */
 ah_store *ah__sm_store(ah_sessions *m);

@@ -198,8 +198,18 @@ void ah__turn_end(turn *t, const char *reason, json_t *usage, const char *error)
                            usage ? usage : json_pack("{s:i, s:i}", "inputTokens", 0, "outputTokens", 0));
   if (error)
     json_object_set_new(data, "error", json_string(error));
+  if (t->requested_model[0])
+    json_object_set_new(data, "requestedModel", json_string(t->requested_model));
   json_t *ops = json_pack("[{s:s, s:s, s:s, s:s}]", "op", "inbox.state", "messageId", t->message_id, "state",
                           "done", "turnId", t->id);
+  /* The session's totals: one more turn, and the end's usage only when no round trip was reported (they
+   * were counted as they came). A usage of several models (`models`) is not attributed to one. */
+  const json_t *u = json_object_get(data, "usage");
+  const json_t *models = json_object_get(u, "models");
+  const char *model = json_array_size(models) > 1 ? NULL : str(u, "model");
+  json_t *acc = ah__usage_account(s, model, t->rounds ? NULL : u, true);
+  if (acc)
+    json_array_append_new(ops, acc);
   s->end_unwritten = true;
   json_t *doc = NULL;
   if (!s->m->stopping && !s->lost && !s->broken && ah__hooks_any(s->m->host, "turn_end", NULL)) {
@@ -251,6 +261,19 @@ static void sink_reasoning(void *ctx, const char *text) {
   ah__sm_emit(t->s->m, "session.reasoning",
               json_pack("{s:s, s:s, s:s, s:s}", "sessionId", t->s->id, "turnId", t->id, "messageId",
                         t->message_id, "text", text));
+}
+
+static void sink_usage(void *ctx, const json_t *round) {
+  turn *t = ctx;
+  if (t->ended || !json_is_object(round))
+    return;
+  const char *model = str(round, "model");
+  json_t *data = json_pack("{s:i, s:O}", "round", ++t->rounds, "usage", round);
+  if (t->requested_model[0])
+    json_object_set_new(data, "requestedModel", json_string(t->requested_model));
+  /* attributed to the model the server reported, never guessed from the one asked for */
+  json_t *acc = ah__usage_account(t->s, model, round, false);
+  ah__write_ops(t->s, acc ? json_pack("[o]", acc) : NULL, "model/usage", t->id, NULL, data, NULL, NULL);
 }
 
 static void sink_notice(void *ctx, const json_t *note) {
@@ -797,10 +820,13 @@ static void tools_gathered(const json_t *tools, const json_t *notices, void *arg
       .commit_json = sink_commit_json,
       .reasoning = sink_reasoning,
       .notice = sink_notice,
+      .usage = sink_usage,
   };
   /* The provider's section as configured, with the session's reasoning effort in place of the
    * configured one (docs/sessions.md "Options"). */
   json_t *turn_config = prov_config ? json_copy((json_t *)prov_config) : json_object();
+  const char *requested = str(s->row, "model") ? str(s->row, "model") : str(prov_config, "model");
+  snprintf(t->requested_model, sizeof t->requested_model, "%s", requested ? requested : "");
   const char *effort = ah__session_effort_of(t->m, s->row);
   if (effort && turn_config)
     json_object_set_new(turn_config, "reasoning_effort", json_string(effort));

@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 7
+#define AH_ABI_MINOR 8
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)

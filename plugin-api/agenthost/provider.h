@@ -12,6 +12,7 @@
  *   ask(question, options)   the model asks the user a question; answered with turn_answer()
  *   subagent(prompt)         start a child session with `prompt`; its final text comes back through
  *                            turn_subagent_result()
+ *   usage(round)             one model round trip's usage (ABI 1.8), stored as a model/usage event
  *   end(reason, usage, error) the turn is over: reason end | max-tokens | cancelled | error | refusal;
  *                            `error` (may be NULL) explains an error; `usage` {inputTokens, outputTokens,
  *                            and optionally cachedInputTokens, reasoningTokens, requests, model}
@@ -62,6 +63,13 @@ typedef struct ah_turn_sink {
    * fit the context window (borrowed for the call). */
   void (*reasoning)(void *ctx, const char *text);
   void (*notice)(void *ctx, const json_t *note);
+  /* ABI 1.8 (check with AH_HAS). usage: one model round trip's usage as its server reported it,
+   * {inputTokens, outputTokens, cachedInputTokens?, reasoningTokens?, model?} (whole numbers; `model` the
+   * model the server says it used; borrowed), once per round trip as soon as it is known, before end().
+   * Stored at once as a model/usage event, so a turn cut short still counts what it spent. A provider
+   * that reports round trips gives end() their sum as before: the host then counts the round trips, never
+   * both. */
+  void (*usage)(void *ctx, const json_t *round);
 } ah_turn_sink;
 
 typedef struct ah_turn_input {

@@ -95,6 +95,7 @@ struct ah_provider_turn {
   int64_t in_tokens, out_tokens, cached_tokens, reasoning_tokens, requests;
   int64_t context_tokens; /* the last round's prompt + completion: what the conversation holds now */
   char model_seen[128];
+  json_t *models; /* the distinct models the round trips reported */
   bool cancelled;
   bool ended;
   bool freed; /* turn_free came while a transfer was still finishing */
@@ -317,7 +318,29 @@ static void conf_free(oa_conf *c) {
 
 static void turn_release(ah_provider_turn *t);
 static void commit_text(ah_provider_turn *t);
+static void report_round(ah_provider_turn *t, const json_t *u);
 static void maybe_withdrawn(oa_state *st);
+
+/* One round trip's usage for the host (ABI 1.8 sink->usage), from the server's usage object. */
+static void report_round(ah_provider_turn *t, const json_t *u) {
+  if (t->ended || !AH_HAS(t->sink, ah_turn_sink, usage))
+    return;
+  json_int_t in = json_integer_value(json_object_get(u, "prompt_tokens"));
+  json_int_t out = json_integer_value(json_object_get(u, "completion_tokens"));
+  json_int_t cached =
+      json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")) +
+      json_integer_value(json_object_get(u, "prompt_cache_hit_tokens"));
+  json_int_t reasoning = json_integer_value(
+      json_object_get(json_object_get(u, "completion_tokens_details"), "reasoning_tokens"));
+  json_t *r = json_pack("{s:I, s:I, s:I, s:I, s:i}", "inputTokens", in, "outputTokens", out,
+                        "cachedInputTokens", cached, "reasoningTokens", reasoning, "requests", 1);
+  if (t->round.model[0])
+    json_object_set_new(r, "model", json_string(t->round.model));
+  if (!u)
+    json_object_set_new(r, "reported", json_false()); /* the server sent no usage for this round trip */
+  t->sink->usage(t->ctx, r);
+  json_decref(r);
+}
 
 static json_t *usage_json(ah_provider_turn *t) {
   json_t *u =
@@ -326,6 +349,8 @@ static json_t *usage_json(ah_provider_turn *t) {
                 "reasoningTokens", (json_int_t)t->reasoning_tokens, "requests", (json_int_t)t->requests);
   if (t->model_seen[0])
     json_object_set_new(u, "model", json_string(t->model_seen));
+  if (json_array_size(t->models) > 1) /* the sum is not one model's: the round trips are (model/usage) */
+    json_object_set_new(u, "models", json_incref(t->models));
   if (t->context_tokens > 0)
     json_object_set_new(u, "contextTokens", json_integer((json_int_t)t->context_tokens));
   if (t->conf.context_window > 0)
@@ -374,8 +399,19 @@ static bool output_seen(const ah_provider_turn *t) {
 static void add_usage(ah_provider_turn *t) {
   const json_t *u = t->round.usage;
   t->requests++;
-  if (t->round.model[0])
+  if (t->round.model[0]) {
+    bool known = false;
+    size_t i;
+    json_t *m;
+    json_array_foreach(t->models, i, m) known = known || strcmp(json_string_value(m), t->round.model) == 0;
+    if (!known && json_array_size(t->models) < 16) {
+      if (!t->models)
+        t->models = json_array();
+      json_array_append_new(t->models, json_string(t->round.model));
+    }
     snprintf(t->model_seen, sizeof t->model_seen, "%s", t->round.model);
+  }
+  report_round(t, u);
   if (!u)
     return;
   t->in_tokens += json_integer_value(json_object_get(u, "prompt_tokens"));
@@ -975,6 +1011,7 @@ static void turn_release(ah_provider_turn *t) {
   sse_free(&t->sse);
   oa_buf_free(&t->err_body);
   json_decref(t->err_headers);
+  json_decref(t->models);
   free(t->end_error);
   free(t);
   st->turns--;

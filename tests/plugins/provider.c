@@ -5,6 +5,11 @@
  * "fixture <provider_name> <config.greeting>: <text of the first content block>", then end("end").
  * A message whose text is "hang" never ends by itself: only turn_cancel ends it ("cancelled").
  *
+ * Usage: built for ABI 1.8 or later it reports two round trips (sink->usage) — {inputTokens 3,
+ * outputTokens 1} and {inputTokens 5, cachedInputTokens 2, outputTokens 2, reasoningTokens 1}, both of
+ * model "fx-a" (the second of "fx-b" when the text is "mixed") — and ends with their sum; built for an
+ * earlier ABI (tests/abi/1.7: abi-1-7.so) it reports none and ends with {inputTokens 1, outputTokens 1}.
+ *
  * Methods: fixture.stats (public) → {started, freed, cancelled, live, lastInput: {providerName, config,
  * cwd, sessionId}} — live is the number of provider turns not yet freed.
  *
@@ -27,6 +32,7 @@ struct ah_provider_turn {
   ah_timer *timer; /* pending answer; NULL once fired or stopped */
   bool ended;
   bool hang;
+  bool mixed;
 };
 
 struct fx_state {
@@ -45,6 +51,26 @@ static void fx_end(ah_provider_turn *t, const char *reason) {
   if (t->ended)
     return;
   t->ended = true;
+#if AH_ABI_MINOR >= 8
+  if (AH_HAS(t->sink, ah_turn_sink, usage)) {
+    const char *second = t->mixed ? "fx-b" : "fx-a";
+    json_t *r1 = json_pack("{s:i, s:i, s:i, s:s}", "inputTokens", 3, "outputTokens", 1, "requests", 1,
+                           "model", "fx-a");
+    json_t *r2 = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s}", "inputTokens", 5, "cachedInputTokens", 2,
+                           "outputTokens", 2, "reasoningTokens", 1, "requests", 1, "model", second);
+    t->sink->usage(t->ctx, r1);
+    t->sink->usage(t->ctx, r2);
+    json_decref(r1);
+    json_decref(r2);
+    json_t *sum = json_pack("{s:i, s:i, s:i, s:i, s:i, s:s}", "inputTokens", 8, "cachedInputTokens", 2,
+                            "outputTokens", 3, "reasoningTokens", 1, "requests", 2, "model", second);
+    if (t->mixed)
+      json_object_set_new(sum, "models", json_pack("[s, s]", "fx-a", "fx-b"));
+    t->sink->end(t->ctx, reason, sum, NULL);
+    json_decref(sum);
+    return;
+  }
+#endif
   json_t *usage = json_pack("{s:i, s:i}", "inputTokens", 1, "outputTokens", 1);
   t->sink->end(t->ctx, reason, usage, NULL);
   json_decref(usage);
@@ -72,6 +98,7 @@ static int fx_turn_start(ah_provider *p, const ah_turn_input *in, const ah_turn_
   t->ctx = ctx;
   const char *text = json_string_value(json_object_get(json_array_get(in->content, 0), "text"));
   t->hang = text && strcmp(text, "hang") == 0;
+  t->mixed = text && strcmp(text, "mixed") == 0;
   const char *greeting = json_string_value(json_object_get(in->provider_config, "greeting"));
   size_t n = strlen(in->provider_name) + (greeting ? strlen(greeting) : 0) + (text ? strlen(text) : 0) + 32;
   t->text = malloc(n);

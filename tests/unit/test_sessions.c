@@ -1313,3 +1313,186 @@ Test(sessions, run_command_output_is_published_while_it_runs) {
   free(id);
   world_down(&w);
 }
+
+/* ---- usage as durable facts (docs/usage.md) ------------------------------------------------------------ */
+
+static json_t *session_of(world *w, const char *id) {
+  json_t *r = ok_call(w, "session.get", json_pack("{s:s}", "sessionId", id));
+  json_t *s = json_incref(json_object_get(r, "session"));
+  json_decref(r);
+  return s;
+}
+
+static json_int_t uget(const json_t *o, const char *k) {
+  return json_integer_value(json_object_get(o, k));
+}
+
+static char *fixture_session(world *w, const char *parent) {
+  json_t *params = json_pack("{s:s, s:s}", "cwd", w->work, "provider", "fx");
+  if (parent)
+    json_object_set_new(params, "parent", json_string(parent));
+  json_t *r = ok_call(w, "session.create", params);
+  char *id = strdup(json_string_value(json_object_get(r, "sessionId")));
+  json_decref(r);
+  return id;
+}
+
+Test(sessions, usage_of_each_round_trip_is_stored_as_it_comes_and_counted_once) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s, s:s}}", "fx", "type", "fixture", "model", "fx-requested");
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0);
+  char *id = fixture_session(&w, NULL);
+  free(prompt(&w, id, "hi"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  json_t *r1 = find_kind(ev, "model/usage", 0);
+  cr_assert(r1, "the first round trip is an event");
+  json_t *r2 = find_kind(ev, "model/usage", (size_t)uget(r1, "seq"));
+  cr_assert(r2, "and the second");
+  cr_assert_eq(uget(json_object_get(r1, "data"), "round"), 1);
+  cr_assert_eq(uget(json_object_get(r2, "data"), "round"), 2);
+  cr_assert_eq(uget(json_object_get(json_object_get(r2, "data"), "usage"), "cachedInputTokens"), 2);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(r1, "data"), "requestedModel")),
+                   "fx-requested");
+  cr_assert_str_eq(event_text(ev, "turn/ended", "requestedModel"), "fx-requested");
+  cr_assert_lt(uget(r2, "seq"), uget(find_kind(ev, "turn/ended", 0), "seq"),
+               "round trips come before the end");
+  json_decref(ev);
+  /* The session's totals: the round trips, not also the end's sum. */
+  json_t *s = session_of(&w, id);
+  json_t *u = json_object_get(s, "usage");
+  cr_assert_eq(uget(u, "inputTokens"), 8);
+  cr_assert_eq(uget(u, "cachedInputTokens"), 2);
+  cr_assert_eq(uget(u, "outputTokens"), 3);
+  cr_assert_eq(uget(u, "reasoningTokens"), 1);
+  cr_assert_eq(uget(u, "requests"), 2);
+  cr_assert_eq(uget(u, "turns"), 1);
+  json_t *by = json_object_get(u, "byModel");
+  cr_assert_eq(json_array_size(by), 1);
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(by, 0), "model")), "fx-a");
+  cr_assert_str_eq(json_string_value(json_object_get(json_array_get(by, 0), "provider")), "fx");
+  cr_assert_null(json_object_get(s, "cost"), "no price table: no cost");
+  json_decref(s);
+  /* A second turn adds up; the store holds the same after a restart (the row was written with the events). */
+  free(prompt(&w, id, "mixed"));
+  wait_for(&w, id, "turn/ended", 2);
+  cr_assert_eq(th_host_stop_free(&w.loop, w.h), 0);
+  cr_assert_eq(uv_loop_init(&w.loop), 0);
+  w.h = host_on(&w);
+  s = session_of(&w, id);
+  u = json_object_get(s, "usage");
+  cr_assert_eq(uget(u, "inputTokens"), 16);
+  cr_assert_eq(uget(u, "turns"), 2);
+  by = json_object_get(u, "byModel");
+  cr_assert_eq(json_array_size(by), 2, "the mixed turn's round trips are each attributed to their model");
+  json_int_t a = 0, b = 0;
+  size_t i;
+  json_t *e;
+  json_array_foreach(by, i, e) {
+    const char *m = json_string_value(json_object_get(e, "model"));
+    if (m && strcmp(m, "fx-a") == 0)
+      a = uget(e, "inputTokens");
+    if (m && strcmp(m, "fx-b") == 0)
+      b = uget(e, "inputTokens");
+  }
+  cr_assert_eq(a, 3 + 5 + 3);
+  cr_assert_eq(b, 5);
+  json_decref(s);
+  free(id);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+}
+
+/* A provider built for ABI 1.7 reports no round trips: its end's usage is counted, not attributed. */
+Test(sessions, usage_of_a_provider_built_for_abi_1_7_is_counted_from_its_end) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s}}", "fx", "type", "fixture");
+  cr_assert_eq(th_load(w.h, "abi-1-7", NULL), 0);
+  char *id = fixture_session(&w, NULL);
+  free(prompt(&w, id, "hi"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_assert_null(find_kind(ev, "model/usage", 0));
+  cr_assert_str_eq(event_text(ev, "message/committed", "text"), "fixture fx -: hi");
+  json_decref(ev);
+  json_t *s = session_of(&w, id);
+  json_t *u = json_object_get(s, "usage");
+  cr_assert_eq(uget(u, "inputTokens"), 1);
+  cr_assert_eq(uget(u, "outputTokens"), 1);
+  cr_assert_eq(uget(u, "turns"), 1);
+  json_t *b = json_array_get(json_object_get(u, "byModel"), 0);
+  cr_assert(json_is_null(json_object_get(b, "model")), "no model reported: not attributed");
+  json_decref(s);
+  free(id);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+}
+
+Test(sessions, a_tree_shows_each_child_once_under_its_parent_and_costs_come_from_the_price_table) {
+  world w;
+  world_up(&w);
+  char *prices = NULL;
+  cr_assert(asprintf(&prices, "%s/prices.json", w.dir) > 0);
+  FILE *f = fopen(prices, "w");
+  cr_assert(f);
+  fputs(
+      "{\"version\":1,\"name\":\"fx-prices\",\"currency\":\"EUR\",\"rates\":[{\"provider\":\"fx\",\"model\":"
+      "\"fx-a\",\"from\":\"2020-01-01\",\"input\":\"1\",\"cachedInput\":\"0.5\",\"output\":\"2\"}]}",
+      f);
+  fclose(f);
+  w.cfg.prices = prices;
+  w.cfg.providers = json_pack("{s:{s:s}}", "fx", "type", "fixture");
+  cr_assert_eq(th_load(w.h, "provider", NULL), 0);
+  char *root = fixture_session(&w, NULL);
+  char *child = fixture_session(&w, root);
+  char *grandchild = fixture_session(&w, child);
+  const char *all[] = {root, child, grandchild};
+  for (int i = 0; i < 3; i++) {
+    free(prompt(&w, all[i], "hi"));
+    wait_for(&w, all[i], "turn/ended", 1);
+  }
+  free(prompt(&w, grandchild, "mixed")); /* fx-b has no rate: its round trip stays unpriced */
+  wait_for(&w, grandchild, "turn/ended", 2);
+  json_t *s = session_of(&w, root);
+  cr_assert_eq(uget(json_object_get(s, "usage"), "inputTokens"), 8, "the parent's own: its own turn only");
+  json_t *tu = json_object_get(s, "treeUsage");
+  cr_assert_eq(uget(tu, "sessions"), 3);
+  cr_assert_eq(uget(tu, "inputTokens"), 8 * 4);
+  cr_assert_eq(uget(tu, "turns"), 4);
+  /* per turn at fx-a: 3×1 + 1×2 + (5−2)×1 + 2×0.5 + 2×2 = 13 per million tokens */
+  json_t *c = json_object_get(s, "cost");
+  cr_assert_str_eq(json_string_value(json_object_get(c, "amount")), "0.000013");
+  cr_assert_str_eq(json_string_value(json_object_get(c, "currency")), "EUR");
+  cr_assert_str_eq(json_string_value(json_object_get(c, "prices")), "fx-prices");
+  json_t *tc = json_object_get(s, "treeCost");
+  /* four turns; the mixed turn's second round trip (fx-b: 3 + 1 + 4 = 8) has no rate */
+  cr_assert_str_eq(json_string_value(json_object_get(tc, "amount")), "0.000044");
+  cr_assert_eq(uget(json_object_get(tc, "unpriced"), "inputTokens"), 5);
+  cr_assert_eq(uget(tc, "unpricedItems"), 1);
+  json_decref(s);
+  s = session_of(&w, child);
+  cr_assert_eq(uget(json_object_get(s, "treeUsage"), "sessions"), 2);
+  json_decref(s);
+  /* session.list shows the same per session */
+  json_t *l = ok_call(&w, "session.list", json_object());
+  size_t i;
+  json_t *e;
+  bool seen = false;
+  json_array_foreach(json_object_get(l, "sessions"), i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "id")), root) == 0) {
+      seen = true;
+      cr_assert_eq(uget(json_object_get(e, "treeUsage"), "inputTokens"), 32);
+      cr_assert_str_eq(json_string_value(json_object_get(json_object_get(e, "cost"), "amount")), "0.000013");
+    }
+  }
+  cr_assert(seen);
+  json_decref(l);
+  free(root);
+  free(child);
+  free(grandchild);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+  free(prices);
+}

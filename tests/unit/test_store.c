@@ -277,6 +277,31 @@ static size_t gate_groups(void) {
   "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b'],"       \
   "'settings':{'mode':'read_only'}}}"
 
+/* A session and everything below it, by parent link, with each one's usage (the tree's usage). */
+Test(store, session_tree_lists_a_session_and_its_descendants_with_their_usage) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s,
+           "[{'op':'session.put','session':{'id':'r','usage':{'inputTokens':1}}},"
+           "{'op':'session.put','session':{'id':'c1','parent':'r','depth':1}},"
+           "{'op':'session.put','session':{'id':'c2','parent':'r','depth':1}},"
+           "{'op':'session.put','session':{'id':'g1','parent':'c1','depth':2}},"
+           "{'op':'session.put','session':{'id':'other'}},"
+           "{'op':'session.update','id':'g1','set':{'usage':{'inputTokens':100,'turns':2}}}]");
+  json_t *t = ah__store_session_tree(f.s, "r");
+  expect_json(t, "[{'id':'c1','parent':'r','usage':{}},{'id':'c2','parent':'r','usage':{}},"
+                 "{'id':'g1','parent':'c1','usage':{'inputTokens':100,'turns':2}},"
+                 "{'id':'r','parent':null,'usage':{'inputTokens':1}}]");
+  t = ah__store_session_tree(f.s, "c1");
+  cr_expect_eq(json_array_size(t), 2);
+  json_decref(t);
+  t = ah__store_session_tree(f.s, "nobody");
+  cr_expect(json_is_array(t) && json_array_size(t) == 0);
+  json_decref(t);
+  fx_fini(&f);
+}
+
 /* ---- open, schema -------------------------------------------------------------------------------------- */
 
 Test(store, open_creates_wal_database_at_current_schema) {
@@ -284,7 +309,7 @@ Test(store, open_creates_wal_database_at_current_schema) {
   fx_init(&f);
   f.s = open_ok(&f, NULL);
   cr_expect(exists(f.path));
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 3);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 4);
   char *mode = raw_text(f.path, "PRAGMA journal_mode");
   cr_expect_str_eq(mode, "wal");
   free(mode);
@@ -328,7 +353,7 @@ Test(store, session_put_get_replace_list) {
               "{'id':'s1','cwd':'/w','title':'T','provider':'echo','model':'m','parent':null,'local':true,"
               "'depth':0,'status':'idle','closed':false,'created':'2025-01-01T00:00:00.000Z',"
               "'updated':'2025-01-01T00:00:00.000Z','policy':{'run_command':'ask'},'tags':['a','b'],"
-              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{'mode':'read_only'}}");
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{'mode':'read_only'},'usage':{}}");
   /* Minimal sessions get defaults; a put of an existing id replaces its description. */
   write_ok(&f, f.s,
            "[{'op':'session.put','session':{'id':'s3','parent':'s1','depth':1}},"
@@ -346,7 +371,7 @@ Test(store, session_put_get_replace_list) {
   expect_json(ah__store_get_session(f.s, "s3"),
               "{'id':'s3','cwd':null,'title':null,'provider':null,'model':null,'parent':'s1','local':false,"
               "'depth':1,'status':null,'closed':false,'created':null,'updated':null,'policy':{},'tags':[],"
-              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{}}");
+              "'lastSeq':0,'leaseOwner':null,'leaseUntil':0,'settings':{},'usage':{}}");
   /* Listing: ordered by id, paged with after_id and limit (0 = no limit). */
   json_t *all = ah__store_list_sessions(f.s, NULL, 0);
   cr_assert_eq(json_array_size(all), 3);
@@ -1103,7 +1128,7 @@ Test(store, newer_schema_is_refused_and_left_unchanged) {
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
   raw_exec(f.path, "PRAGMA user_version = 99");
-  const char *needles[] = {"version 99", "version 3 ", f.path, NULL};
+  const char *needles[] = {"version 99", "version 4 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
   cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
   fx_fini(&f);
@@ -1433,11 +1458,12 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
       "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
       "PRAGMA user_version = 1;");
   f.s = open_ok(&f, NULL);
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 3);
-  /* v3 gave every session its settings, empty; the rest of the row is as it was. */
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 4);
+  /* v3 gave every session its settings, v4 its usage, both empty; the rest of the row is as it was. */
   json_t *row = ah__store_get_session(f.s, "s1");
   cr_assert(row);
   expect_json(json_incref(json_object_get(row, "settings")), "{}");
+  expect_json(json_incref(json_object_get(row, "usage")), "{}");
   expect_json(json_incref(json_object_get(row, "policy")), "{'write_file':'allow'}");
   cr_expect_str_eq(json_string_value(json_object_get(row, "title")), "old");
   json_decref(row);
