@@ -504,6 +504,33 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
       }
       ah__prices_free(p);
       replace_str(L, &cfg->prices, value);
+    } else if (strcmp(key, "record_dir") == 0) {
+      /* Recordings of the surfaces' connections (docs/usage.md "Recordings"): off unless set. */
+      if (!check_abs_path(L, where, key, value))
+        return;
+      replace_str(L, &cfg->record_dir, value);
+    } else if (strcmp(key, "record_surfaces") == 0) {
+      json_t *list = ah__config_list(value);
+      if (!list) {
+        fail(L, "%s: a list of surface (plugin) names is required", where);
+        return;
+      }
+      json_decref(cfg->record_surfaces);
+      cfg->record_surfaces = list;
+    } else if (strcmp(key, "record_max_bytes") == 0 || strcmp(key, "record_max_files") == 0) {
+      char *end = NULL;
+      errno = 0;
+      unsigned long long n = strtoull(value, &end, 10);
+      bool bytes = strcmp(key, "record_max_bytes") == 0;
+      if (errno || *end || !value[0] || value[0] == '-' || n < 1 || n > (bytes ? (1ULL << 40) : 10000)) {
+        fail(L, "%s: must be a whole number from 1 to %s%s", where, bytes ? "2^40 (bytes)" : "10000",
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      if (bytes)
+        cfg->record_max_bytes = n;
+      else
+        cfg->record_max_files = (int)n;
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
@@ -1316,6 +1343,8 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->synchronous);
   free(cfg->default_mode);
   free(cfg->prices);
+  free(cfg->record_dir);
+  json_decref(cfg->record_surfaces);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
   json_decref(cfg->hooks);

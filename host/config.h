@@ -33,7 +33,8 @@
  *
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
  * (the store's durability: off | normal | full, default normal), default_mode (ask | accept_edits |
- * read_only), prices (an absolute path of a price table, checked at load); [hook.NAME] with event, command,
+ * read_only), prices (an absolute path of a price table, checked at load), record_dir, record_surfaces,
+ * record_max_bytes, record_max_files (recordings of the surfaces' connections); [hook.NAME] with event, command,
  * args, env, match (lists: comma-separated, or a JSON array of strings), cwd, timeout_ms, on_error, enabled
  * (docs/hooks.md); event and command are required; [plugin.NAME] with enabled (bool), modes (comma list of
  * serve|sdk|acp), path (the module file, default plugin_dir/NAME.so) and the plugin's own keys;
@@ -51,6 +52,7 @@
 #define AGENTHOST_HOST_CONFIG_H
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdbool.h>
 
 #include "log.h"
@@ -76,6 +78,12 @@ typedef struct ah_config {
   char *synchronous;  /* "off" | "normal" | "full" */
   char *default_mode; /* a new session's mode: "ask" (the default) | "accept_edits" | "read_only" */
   char *prices;       /* a price table file (docs/usage.md), or NULL: costs are not computed */
+  /* Recordings (docs/usage.md "Recordings"): the directory (NULL: off), the surfaces recorded (a list of
+   * plugin names; NULL: every one), the size of a part in bytes (0: 64 MiB) and the parts kept (0: 8). */
+  char *record_dir;
+  json_t *record_surfaces;
+  uint64_t record_max_bytes;
+  int record_max_files;
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */

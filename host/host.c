@@ -12,6 +12,7 @@
 #include "hooks.h"
 #include "http.h"
 #include "internal.h"
+#include "record.h"
 #include "sessions.h"
 
 int ah__mount_core(ah_host *h, ah_mount **out, int (*reg)(ah_host *h, ah_mount *m));
@@ -39,6 +40,7 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
   h->config = opts->config;
   h->mode = strdup(opts->mode ? opts->mode : "serve");
   h->drain_ms = opts->drain_ms ? opts->drain_ms : 2000;
+  ah__uuid7(h->run_id);
   const char *keep = getenv("AH_KEEP_PLUGINS_MAPPED");
   h->keep_mapped = keep && strcmp(keep, "1") == 0;
   h->on_stop_request = opts->on_stop_request;
@@ -578,6 +580,62 @@ void ah__host_free(ah_host *h) {
   ah__registry_free(&h->reg);
   ah__cancel_free(h->token);
   ah__audit_close(h);
+  for (size_t i = 0; i < h->nrecs; i++) {
+    ah_recorder_close(h->recs[i].rec);
+    free(h->recs[i].surface);
+  }
+  free(h->recs);
   free(h->mode);
   free(h);
+}
+
+const char *ah__host_run_id(const ah_host *h) {
+  return h ? h->run_id : NULL;
+}
+
+ah_recorder *ah__host_recorder(ah_host *h, const char *surface) {
+  const ah_config *cfg = h ? h->config : NULL;
+  if (!cfg || !cfg->record_dir || !surface)
+    return NULL;
+  if (cfg->record_surfaces) {
+    bool listed = false;
+    size_t i;
+    json_t *e;
+    json_array_foreach(cfg->record_surfaces, i, e) listed = listed || strcmp(json_string_value(e), surface) == 0;
+    if (!listed)
+      return NULL;
+  }
+  for (size_t i = 0; i < h->nrecs; i++)
+    if (strcmp(h->recs[i].surface, surface) == 0)
+      return h->recs[i].rec; /* NULL after a failure: not tried again */
+  struct ah__host_rec *nr = realloc(h->recs, (h->nrecs + 1) * sizeof *nr);
+  if (!nr)
+    return NULL;
+  h->recs = nr;
+  char source[160], err[400] = "";
+  snprintf(source, sizeof source, "host:%s", surface);
+  json_t *meta = json_pack("{s:s, s:s, s:s, s:i}", "hostRunId", h->run_id, "hostVersion", AH_VERSION, "mode",
+                           h->mode, "protocol", AH_PROTOCOL_VERSION);
+  if (cfg->default_provider)
+    json_object_set_new(meta, "provider", json_string(cfg->default_provider));
+  json_t *pc = json_object_get(cfg->providers, cfg->default_provider ? cfg->default_provider : "");
+  if (json_string_value(json_object_get(pc, "model")))
+    json_object_set(meta, "model", json_object_get(pc, "model"));
+  json_object_set_new(meta, "schemaVersion", json_integer(ah__store_schema_version()));
+  ah_recorder_opts o = {.dir = cfg->record_dir,
+                        .source = source,
+                        .side = "host",
+                        .max_bytes = cfg->record_max_bytes,
+                        .max_files = cfg->record_max_files,
+                        .meta = meta};
+  ah_recorder *r = NULL;
+  if (ah_recorder_open(&o, &r, err, sizeof err) != 0)
+    AH_LOG_E("host", "the %s surface is not recorded: %s", surface, err);
+  else
+    AH_LOG_I("host", "recording the %s surface's connections to %s", surface, ah_recorder_path(r));
+  json_decref(meta);
+  h->recs[h->nrecs].surface = strdup(surface);
+  h->recs[h->nrecs].rec = r;
+  h->nrecs++;
+  return r;
 }

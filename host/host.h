@@ -71,6 +71,10 @@ const ah_host_api *ah__host_api(ah_host *h);
 ah_mount *ah__host_core_mount(ah_host *h);
 uv_loop_t *ah__host_loop(ah_host *h);
 const ah_config *ah__host_config(ah_host *h);
+/* The recorder of a surface's connections (record.h), opened on first use; NULL when recording is off or
+ * does not include `surface`, or the recording cannot be written (logged once). */
+struct ah_recorder *ah__host_recorder(ah_host *h, const char *surface);
+const char *ah__host_run_id(const ah_host *h);
 struct ah_sessions *ah__host_sessions(ah_host *h); /* NULL without a state directory */
 
 /* Mount every plugin the config enables for the host's mode; a missing module of a plugin enabled only

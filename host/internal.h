@@ -379,8 +379,16 @@ void ah__child_env_free(char **env);
 
 /* ---- host (host.c) -------------------------------------------------------------------------------- */
 
+struct ah__host_rec {
+  char *surface;
+  struct ah_recorder *rec;
+};
+
 struct ah_host {
   uv_loop_t *loop;
+  char run_id[37]; /* this host run's id (a UUIDv7): in recordings' metadata and host.describe */
+  struct ah__host_rec *recs; /* the surfaces' recorders, opened on first use ([host] record_dir) */
+  size_t nrecs;
   const ah_config *config;
   char *mode;
   uint64_t drain_ms;

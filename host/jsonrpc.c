@@ -103,6 +103,10 @@ struct ah_rpc_peer {
   uint64_t flush_seen; /* writes_done at the last tick of flush_timer */
   ah_rpc_closed_fn close_cb;
   void *close_arg;
+
+  /* An observer of every line sent and received (a recording): ah_rpc_observe. */
+  ah_rpc_observe_fn observe;
+  void *observe_arg;
 };
 
 /* ---- diagnostics ------------------------------------------------------------------------------------ */
@@ -361,6 +365,8 @@ static int send_msg(ah_rpc_peer *peer, json_t *msg) {
     free(w);
     return AH_EINTERNAL;
   }
+  if (peer->observe)
+    peer->observe(peer->observe_arg, true, w->bytes, len);
   w->bytes[len] = '\n';
   w->len = len + 1;
   w->peer = peer;
@@ -632,6 +638,8 @@ static bool valid_request_id(const json_t *id) {
 
 /* Parse and dispatch one complete line (without its terminator). */
 static void handle_line(ah_rpc_peer *peer, const char *line, size_t len) {
+  if (peer->observe)
+    peer->observe(peer->observe_arg, false, line, len);
   json_error_t err;
   memset(&err, 0, sizeof err);
   /* JSON_DECODE_ANY so that a scalar line is valid JSON that is not an object (-32600), not a parse error. */
@@ -897,6 +905,13 @@ int ah_rpc_open(uv_stream_t *in, uv_stream_t *out, const ah_rpc_opts *opts, ah_r
   live_peers = peer;
   *out_peer = peer;
   return 0;
+}
+
+void ah_rpc_observe(ah_rpc_peer *peer, ah_rpc_observe_fn fn, void *arg) {
+  if (!peer)
+    return;
+  peer->observe = fn;
+  peer->observe_arg = arg;
 }
 
 int ah_rpc_close(ah_rpc_peer *peer, ah_rpc_closed_fn cb, void *arg) {

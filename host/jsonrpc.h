@@ -7,6 +7,8 @@
 #ifndef AGENTHOST_HOST_JSONRPC_H
 #define AGENTHOST_HOST_JSONRPC_H
 
+#include <stdbool.h>
+
 #include "agenthost/jsonrpc.h"
 
 int ah_rpc_open(uv_stream_t *in, uv_stream_t *out, const ah_rpc_opts *opts, ah_rpc_peer **out_peer);
@@ -19,6 +21,12 @@ int ah_rpc_respond_error(ah_rpc_inbound *req, int code, const char *message, jso
 const json_t *ah_rpc_inbound_id(const ah_rpc_inbound *req);
 ah_rpc_peer *ah_rpc_inbound_peer(const ah_rpc_inbound *req);
 int ah_rpc_close(ah_rpc_peer *peer, ah_rpc_closed_fn cb, void *arg);
+
+/* Observe every line the peer sends (sent = true, before it is queued) and every complete line it
+ * receives (before it is parsed), without its terminator; NULL stops. For recordings (record.h): the host's
+ * stdio surfaces and the C client. */
+typedef void (*ah_rpc_observe_fn)(void *arg, bool sent, const char *line, size_t len);
+void ah_rpc_observe(ah_rpc_peer *peer, ah_rpc_observe_fn fn, void *arg);
 
 /* Number of inbound requests not yet answered and outbound requests still pending. */
 size_t ah_rpc_pending_inbound(const ah_rpc_peer *peer);

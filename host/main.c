@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "analyze.h"
 #include "cli_commands.h"
 #include "cli_sessions.h"
 #include "config.h"
@@ -28,6 +29,8 @@ static const char usage[] =
     "  sessions list [--json]    list the stored sessions (no daemon needed)\n"
     "  sessions show ID [--json] a session and its events\n"
     "  sessions export ID        a session's events as JSON Lines\n"
+    "  analyze [--json] [--prices FILE] [--as-of TIME] FILE...\n"
+    "                            usage, cost, requests and coverage of recordings and exports (offline)\n"
     "  plugins list [--json]     list the plugins of the running daemon\n"
     "  plugins load PATH         mount a plugin module into the running daemon\n"
     "  plugins unload NAME       withdraw a plugin from the running daemon\n"
@@ -658,6 +661,8 @@ int main(int argc, char **argv) {
     return run_host(&cli, cmd);
   if (strcmp(cmd, "sessions") == 0)
     return cmd_sessions(&cli, rest, rest_argv);
+  if (strcmp(cmd, "analyze") == 0)
+    return ah__cmd_analyze(rest, rest_argv);
   if (strcmp(cmd, "plugins") == 0)
     return cmd_plugins(&cli, rest, rest_argv);
   if (strcmp(cmd, "remote") == 0)

@@ -10,6 +10,7 @@
 #include "hooks.h"
 #include "http.h"
 #include "internal.h"
+#include "record.h"
 #include "sessions.h"
 #include "tools.h"
 
@@ -695,6 +696,10 @@ static int parse_max_line(const json_t *v, size_t *out) {
   return 0;
 }
 
+static void observe_stdio(void *arg, bool sent, const char *line, size_t len) {
+  ah_recorder_message(arg, "stdio", sent, line, len, NULL);
+}
+
 static int api_stdio_rpc(ah_mount *m, const json_t *config, const ah_rpc_opts *opts, ah_rpc_peer **out) {
   if (!m || !opts || !out || opts->struct_size < offsetof(ah_rpc_opts, reserved))
     return AH_EINVAL;
@@ -709,13 +714,20 @@ static int api_stdio_rpc(ah_mount *m, const json_t *config, const ah_rpc_opts *o
     AH_LOG_E("plugins", "plugin %s: no stdio to serve on: %s", m->name, ah_strerror(rc));
     return rc;
   }
-  return ah_rpc_open(in, outs, &o, out);
+  rc = ah_rpc_open(in, outs, &o, out);
+  ah_recorder *rec = rc == 0 ? ah__host_recorder(m->host, m->name) : NULL;
+  if (rec) { /* the one connection of a stdio surface: "stdio" */
+    ah_recorder_mark(rec, "stdio", "open", NULL);
+    ah_rpc_observe(*out, observe_stdio, rec);
+  }
+  return rc;
 }
 
 void ah__stdio_release(ah_mount *m) {
   ah_host *h = m->host;
   if (h->stdio_owner != m || !h->stdio_in)
     return;
+  ah_recorder_mark(ah__host_recorder(h, m->name), "stdio", "close", NULL);
   /* Counted as the mount's pending closes: the module is unloaded only after both close callbacks ran. */
   ah__mount_hold(m, AH__HOLD_CLOSE);
   h->stdio_closing = 2;

@@ -100,6 +100,8 @@ enum {
 };
 
 extern const ah_store_backend ah__store_sqlite;
+/* The schema version this build writes (recordings' metadata). */
+int ah__store_schema_version(void);
 
 /* Open the store with `backend` (NULL = SQLite) and start its writer thread; `loop` receives the write
  * callbacks. Returns 0, or AH_EIO / AH_ECONFIG (corrupt file, newer schema, not a database) with *why. */

@@ -107,6 +107,10 @@ static const char *const migrations[] = {
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
 
+int ah__store_schema_version(void) {
+  return SCHEMA_VERSION;
+}
+
 /* ---- statements -------------------------------------------------------------------------------------- */
 
 #define SESSION_COLS                                                                                        \

@@ -268,11 +268,14 @@ static void sink_usage(void *ctx, const json_t *round) {
   if (t->ended || !json_is_object(round))
     return;
   const char *model = str(round, "model");
-  json_t *data = json_pack("{s:i, s:O}", "round", ++t->rounds, "usage", round);
+  json_t *data = json_pack("{s:i, s:o}", "round", ++t->rounds, "usage", json_deep_copy(round));
+  json_t *u = json_object_get(data, "usage");
+  if (!json_object_get(u, "requests")) /* one report is one round trip */
+    json_object_set_new(u, "requests", json_integer(1));
   if (t->requested_model[0])
     json_object_set_new(data, "requestedModel", json_string(t->requested_model));
   /* attributed to the model the server reported, never guessed from the one asked for */
-  json_t *acc = ah__usage_account(t->s, model, round, false);
+  json_t *acc = ah__usage_account(t->s, model, u, false);
   ah__write_ops(t->s, acc ? json_pack("[o]", acc) : NULL, "model/usage", t->id, NULL, data, NULL, NULL);
 }
 
