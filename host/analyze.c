@@ -685,7 +685,7 @@ static void on_observation(ah_analysis *a, const json_t *rec) {
   if (event) {
     if (strcmp(event, "open") == 0)
       c->opened = true;
-    else if (strcmp(event, "close") == 0)
+    else if (strcmp(event, "close") == 0 || strcmp(event, "end") == 0) /* end: the recording stops here */
       c->closed = true;
     else if (strcmp(event, "loss") == 0)
       c->losses++;

@@ -201,9 +201,9 @@ json_t *ah__host_describe(ah_host *h) {
     if (m->state == AH__MOUNT_ACTIVE)
       json_array_append_new(plugins, describe_mount(m));
   }
-  json_t *d = json_pack("{s:s, s:s, s:i, s:{s:i, s:i}, s:s, s:o}", "name", "agenthost", "version", AH_VERSION,
-                        "protocol", AH_PROTOCOL_VERSION, "abi", "major", AH_ABI_MAJOR, "minor", AH_ABI_MINOR,
-                        "mode", h->mode, "plugins", plugins);
+  json_t *d = json_pack("{s:s, s:s, s:i, s:{s:i, s:i}, s:s, s:s, s:o}", "name", "agenthost", "version",
+                        AH_VERSION, "protocol", AH_PROTOCOL_VERSION, "abi", "major", AH_ABI_MAJOR, "minor",
+                        AH_ABI_MINOR, "mode", h->mode, "runId", h->run_id, "plugins", plugins);
   if (store)
     json_object_set_new(d, "store", store);
   json_object_set_new(d, "hooks", ah__hooks_describe(h));

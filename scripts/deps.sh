@@ -32,6 +32,7 @@ PACKAGES=(
   libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
   libjs-marked           # the web UI renders the assistant's Markdown with marked
   node-dompurify         # ... sanitized by DOMPurify (both served by the browser plugin at /vendor/)
+  libjs-chart.js         # ... and draws the usage panel's chart with Chart.js (/vendor/chart.min.js)
   libcurl4-openssl-dev   # the core's HTTP client service (model providers, MCP over HTTP)
   ca-certificates        # the system CA store libcurl verifies TLS against
   openssl                # tests: a CA and a server certificate made at test time

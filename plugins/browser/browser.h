@@ -186,6 +186,7 @@ struct bp_state {
   int ui_fd;
   char *marked_js; /* the system's marked and DOMPurify, served at /vendor/ (static.c) */
   char *dompurify_js;
+  char *chartjs_js;
   /* token and discovery */
   uint8_t token[BF_TOKEN_BYTES];
   char *token_path; /* the token file (state_dir/token or token_file) */

@@ -808,6 +808,7 @@ static void state_free(bp_state *st) {
   free(st->ui_dir);
   free(st->marked_js);
   free(st->dompurify_js);
+  free(st->chartjs_js);
   if (st->ui_fd >= 0)
     close(st->ui_fd);
   free(st->serve_json);

@@ -39,8 +39,10 @@ static bool module_in_build_tree(void) {
 int bp_ui_open(bp_state *st, const json_t *config) {
   const char *mk = json_string_value(json_object_get(config, "marked_js"));
   const char *dp = json_string_value(json_object_get(config, "dompurify_js"));
+  const char *cj = json_string_value(json_object_get(config, "chartjs_js"));
   st->marked_js = strdup(mk && *mk ? mk : "/usr/share/javascript/marked/marked.min.js");
   st->dompurify_js = strdup(dp && *dp ? dp : "/usr/share/nodejs/dompurify/dist/purify.min.js");
+  st->chartjs_js = strdup(cj && *cj ? cj : "/usr/share/javascript/chart.js/chart.min.js");
   const char *dir = json_string_value(json_object_get(config, "ui_dir"));
   if (!dir || !*dir) {
 #if defined(BP_SOURCE_UI_DIR) && defined(BP_INSTALL_UI_DIR)
@@ -138,18 +140,22 @@ static int not_found(bp_state *st, bp_http *h, struct lws *wsi, const char *path
   return 0;
 }
 
-/* The UI's two libraries come from the system's packages, not from the UI directory: marked (Debian:
- * libjs-marked) and DOMPurify (node-dompurify), at /vendor/marked.min.js and /vendor/purify.min.js.
- * [plugin.browser] marked_js and dompurify_js name other files. Without them the UI shows model output as
- * plain text. */
+/* The UI's libraries come from the system's packages, not from the UI directory: marked (Debian:
+ * libjs-marked) and DOMPurify (node-dompurify), at /vendor/marked.min.js and /vendor/purify.min.js, and
+ * Chart.js (libjs-chart.js) at /vendor/chart.min.js. [plugin.browser] marked_js, dompurify_js and chartjs_js
+ * name other files. Without the first two the UI shows model output as plain text, without Chart.js the
+ * usage panel shows its table alone. */
 static int open_vendor(bp_state *st, const char *rel) {
-  const char *key = strcmp(rel, "vendor/marked.min.js") == 0   ? "marked_js"
-                    : strcmp(rel, "vendor/purify.min.js") == 0 ? "dompurify_js"
-                                                               : NULL;
-  if (!key)
-    return -2;
-  const char *path = key[0] == 'm' ? st->marked_js : st->dompurify_js;
-  return path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+  const struct {
+    const char *rel;
+    const char *path;
+  } vendor[] = {{"vendor/marked.min.js", st->marked_js},
+                {"vendor/purify.min.js", st->dompurify_js},
+                {"vendor/chart.min.js", st->chartjs_js}};
+  for (size_t i = 0; i < sizeof vendor / sizeof vendor[0]; i++)
+    if (strcmp(rel, vendor[i].rel) == 0)
+      return vendor[i].path ? open(vendor[i].path, O_RDONLY | O_CLOEXEC) : -1;
+  return -2;
 }
 
 int bp_static_serve(bp_state *st, bp_http *h, struct lws *wsi, const char *path) {

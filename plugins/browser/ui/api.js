@@ -124,10 +124,12 @@ export function parseServerResponse(body, rpcId) {
 }
 
 export class Api {
-  constructor({ token = null, base = "", fetchImpl = (...a) => globalThis.fetch(...a) } = {}) {
+  constructor({ token = null, base = "", fetchImpl = (...a) => globalThis.fetch(...a), recorder = null } = {}) {
     this.token = token;
     this.base = base;
     this.fetch = fetchImpl;
+    this.recorder = recorder; // this tab's recording (recorder.js): every POST body and its answer
+    this.httpSeq = 0;
   }
 
   headers(extra = {}) {
@@ -138,11 +140,14 @@ export class Api {
 
   async post(path, envelope, signal) {
     let res;
+    const sent = JSON.stringify(envelope);
+    const corr = "h" + ++this.httpSeq; // pairs the body with its answer in the recording
+    this.recorder?.message("sent", sent, { corr });
     try {
       res = await this.fetch(this.base + path, {
         method: "POST",
         headers: this.headers({ "Content-Type": "application/json" }),
-        body: JSON.stringify(envelope),
+        body: sent,
         credentials: "omit",
         cache: "no-store",
         signal,
@@ -157,6 +162,7 @@ export class Api {
     } catch {
       throw new ApiError("network", "the answer was cut off", { status: res.status, rpcId: envelope.rpcId });
     }
+    this.recorder?.message("received", text, { corr, status: res.status });
     let body = null;
     try {
       body = text ? JSON.parse(text) : null;

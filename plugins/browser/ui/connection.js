@@ -107,7 +107,9 @@ export class Connection {
     random = Math.random,
     WebSocketImpl = globalThis.WebSocket,
     logger = console,
+    recorder = null,
   }) {
+    this.recorder = recorder; // this tab's recording (recorder.js): every frame, opens and losses
     this.api = api;
     this.getAfter = getAfter;
     this.sink = sink;
@@ -215,6 +217,7 @@ export class Connection {
           }
         }
         if (this.current === finish) this.current = null;
+        this.recorder?.mark(this.stopped ? "close" : "loss", `generation ${gen}: ${reason}`);
         this.logger.info?.(`agenthost: generation ${gen} ended: ${reason}`);
         resolve({ reason, wasReady: ready, unauthorized });
       };
@@ -225,6 +228,8 @@ export class Connection {
         const both = open.mux && open.host;
         if (!ready && described && (both || guardPassed)) {
           ready = true;
+          this.recorder?.noteHost(describeValue);
+          this.recorder?.mark("open", `generation ${gen}${both ? "" : " (degraded)"}`);
           this.attempt = 0; // a successful handshake resets the backoff
           this.setState({ state: both ? "ready" : "degraded" });
           this.safe("onReady", { generation: gen, describe: describeValue, degraded: !both });
@@ -280,6 +285,7 @@ export class Connection {
   }
 
   pump(stream, data, gen) {
+    if (gen === this.generation) this.recorder?.message("received", typeof data === "string" ? data : "(a binary frame)");
     let frame;
     try {
       frame = parseFrame(data);

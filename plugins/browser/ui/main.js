@@ -1,6 +1,8 @@
 // The agenthost web UI: wires the API, the connection loop, the store and the views together.
 import { Api, ApiError, storeToken, takeToken } from "./api.js";
 import { Connection } from "./connection.js";
+import { Recorder } from "./recorder.js";
+import { UsagePanel } from "./usage.js";
 import { RemoteLink } from "./remote-transport.js";
 import { SessionSettings } from "./session-settings.js";
 import { Store } from "./store.js";
@@ -9,7 +11,8 @@ import { ConversationView, el, renderConnection, renderRequests, renderSessionLi
 const $ = (id) => document.getElementById(id);
 const CWD_KEY = "agenthost.lastCwd";
 
-const api = new Api({ token: takeToken() });
+const recorder = new Recorder();
+const api = new Api({ token: takeToken(), recorder });
 const store = new Store();
 const conversation = new ConversationView($("conversation"), $("conversation-scroll"));
 let selected = new URLSearchParams(location.hash.slice(1)).get("s");
@@ -292,7 +295,7 @@ function onState(s) {
   if (s.state === "unauthorized") showTokenBanner("The host refused the access token. Open the launch URL again (“agenthost url” prints it).");
 }
 
-const connection = new Connection({ api, getAfter: () => store.muxCursor, sink: { onFrame, onReady, onState }, logger });
+const connection = new Connection({ api, getAfter: () => store.muxCursor, sink: { onFrame, onReady, onState }, logger, recorder });
 
 setInterval(() => {
   if (connState.state === "waiting" || connState.state === "unauthorized") renderConnection($("conn"), connState);
@@ -327,6 +330,15 @@ function renderAll(change = null) {
     $("prompt").disabled = Boolean(s?.closed);
   }
   settings.render();
+  if (selected) {
+    // the host's totals are asked again whenever a turn of the shown session ended
+    const ended = usage.endedTurns(selected);
+    if (usageSeen.get(selected) !== ended) {
+      usageSeen.set(selected, ended);
+      refreshUsage();
+    }
+    usage.render();
+  }
   if (touches("requests") || touches("sessions"))
     renderRequests($("requests"), store, { selectedId: selected, sessionName, onAnswer: answer, onOpen: select });
 }
@@ -459,6 +471,42 @@ $("new-session").addEventListener("submit", async (e) => {
 });
 
 $("conn-retry").addEventListener("click", () => connection.reconnectNow());
+
+// ---- this tab's recording and the usage panel
+
+$("record").checked = recorder.enabled;
+$("record-download").disabled = !recorder.enabled;
+$("record").addEventListener("change", () => {
+  const was = recorder.enabled;
+  recorder.setEnabled($("record").checked);
+  $("record-download").disabled = !recorder.enabled;
+  if (recorder.enabled && !was) recorder.mark("open", "recording started");
+  else if (was && !recorder.enabled) recorder.lines.push(JSON.stringify({ ...recorder.head(), event: "end", detail: "recording stopped" }));
+});
+$("record-download").addEventListener("click", () => {
+  recorder.mark("end", "downloaded"); // the recording is whole up to here
+  for (const f of recorder.files()) {
+    const url = URL.createObjectURL(f.blob);
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = f.name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  }
+});
+
+const usage = new UsagePanel({ store, getSelected: () => selected, doc: document });
+const usageSeen = new Map(); // sessionId → its ended turns when its totals were last asked for
+let usageTimer = null;
+// The totals come from the host (session.get: usage, treeUsage, cost); per turn from the stored events.
+function refreshUsage() {
+  clearTimeout(usageTimer);
+  usageTimer = setTimeout(() => {
+    if (selected) fetchSession(selected);
+  }, 200);
+}
 
 // The sidebar is a panel of its own in a narrow window.
 function setSidebar(open) {
