@@ -76,6 +76,7 @@ typedef enum call_kind {
   CALL_NEW,       /* session.create for session/new */
   CALL_PROMPT,    /* session.prompt of a queue's head */
   CALL_FIRE,      /* session.cancel / request.respond: the result is only logged */
+  CALL_USAGE,     /* session.get at a turn's end: its cost, for the turn's usage_update */
   CALL_CLOSE,     /* session.close for session/close */
   CALL_GET,       /* session.get for session/load and session/resume */
   CALL_HISTORY,   /* session.history pages of a session/load */
@@ -103,6 +104,8 @@ typedef struct ccall {
   char *option;       /* CALL_OPTION: the option's id */
   const char *answer; /* CALL_OPTION: "options" (set_config_option), "mode" (set_mode) or "command" */
   json_t *init;       /* CALL_INIT: the initialize answer being completed */
+  json_t *update;     /* CALL_USAGE: the usage_update to send, and the turn/ended event after it */
+  json_t *ended;
 } ccall;
 
 /* One session/request_permission in flight. */
@@ -220,6 +223,8 @@ static void ccall_free(ccall *c) {
   free(c->cwd);
   json_decref(c->mcp);
   json_decref(c->options);
+  json_decref(c->update);
+  json_decref(c->ended);
   json_decref(c->init);
   free(c->option);
   free(c);
@@ -246,6 +251,7 @@ static int core(acp_agent *a, const char *method, json_t *params, ah_reply_fn cb
 }
 
 static void on_core_reply(const ah_outcome *o, void *arg);
+static void usage_reply(acp_agent *a, ccall *c, const ah_outcome *o);
 
 /* Fire-and-forget core call (session.cancel, request.respond): the outcome is logged. */
 static void fire(acp_agent *a, const char *method, json_t *params) {
@@ -838,6 +844,9 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
     prompt_reply(a, c, o);
     break;
   case CALL_FIRE:
+    break;
+  case CALL_USAGE:
+    usage_reply(a, c, o);
     break;
   case CALL_CLOSE: {
     asession *s = find_session(a, c->sid);
@@ -1859,6 +1868,38 @@ static void committed_after_deltas(acp_agent *a, asession *s, const json_t *ev) 
   }
 }
 
+static void turn_event_settled(acp_agent *a, asession *s, const json_t *ev);
+
+/* Start session.get for the cost of `update` (a usage_update) at the turn's end `ev`; false when it could
+ * not be asked (the update is then sent as it is). */
+static bool usage_with_cost(acp_agent *a, asession *s, const json_t *update, const json_t *ev) {
+  ccall *c = ccall_new(a, CALL_USAGE, NULL, s->id);
+  if (!c)
+    return false;
+  c->update = json_deep_copy(update);
+  c->ended = json_deep_copy(ev);
+  if (!c->update || !c->ended ||
+      core(a, "session.get", json_pack("{s:s}", "sessionId", s->id), on_core_reply, c)) {
+    ccall_free(c);
+    return false;
+  }
+  return true;
+}
+
+/* ACP's Cost is {amount: number, currency}: the core's exact decimal, as a JSON number at this edge only. */
+static void usage_reply(acp_agent *a, ccall *c, const ah_outcome *o) {
+  json_t *cost = o->status == 0 ? json_object_get(json_object_get(o->result, "session"), "cost") : NULL;
+  const char *amount = str_of(cost, "amount"), *currency = str_of(cost, "currency");
+  if (amount && currency && !json_object_get(cost, "unpricedItems"))
+    json_object_set_new(c->update, "cost",
+                        json_pack("{s:f, s:s}", "amount", strtod(amount, NULL), "currency", currency));
+  asession *s = find_session(a, c->sid);
+  if (!s)
+    return;
+  notify_update(a, s->id, json_incref(c->update));
+  turn_event_settled(a, s, c->ended);
+}
+
 static void on_session_event(acp_agent *a, const json_t *data) {
   asession *s = find_session(a, str_of(data, "sessionId"));
   json_t *ev = json_object_get(data, "event");
@@ -1868,7 +1909,6 @@ static void on_session_event(acp_agent *a, const json_t *data) {
   if (json_is_integer(seq) && json_integer_value(seq) <= s->min_seq)
     return;
   const char *kind = str_of(ev, "kind");
-  const char *mid = str_of(ev, "messageId");
   if (!kind)
     return;
   if (strcmp(kind, "message/committed") == 0 && a->stream_deltas) {
@@ -1879,10 +1919,26 @@ static void on_session_event(acp_agent *a, const json_t *data) {
       acp_codec_event(ev, false, true, &s->ctr, updates);
       size_t i = 0;
       json_t *u = NULL;
-      json_array_foreach(updates, i, u) notify_update(a, s->id, json_incref(u));
+      json_array_foreach(updates, i, u) {
+        /* The meter of a turn's end carries the session's cost, which the core computes (session.get):
+         * the update, and the turn's end after it, wait for that answer. */
+        if (strcmp(kind, "turn/ended") == 0 && strcmp(str_of(u, "sessionUpdate"), "usage_update") == 0 &&
+            usage_with_cost(a, s, u, ev)) {
+          json_decref(updates);
+          return;
+        }
+        notify_update(a, s->id, json_incref(u));
+      }
       json_decref(updates);
     }
   }
+  turn_event_settled(a, s, ev);
+}
+
+/* What an event means for the prompt queue, once its updates were sent. */
+static void turn_event_settled(acp_agent *a, asession *s, const json_t *ev) {
+  const char *kind = str_of(ev, "kind");
+  const char *mid = str_of(ev, "messageId");
   prompt *head = s->head;
   if (strcmp(kind, "turn/started") == 0 && head && head->cancel_requested && mid && head->message_id &&
       strcmp(mid, head->message_id) == 0) {

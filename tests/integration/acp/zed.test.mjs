@@ -50,6 +50,35 @@ test("ACP-OUTPUT-PERMISSION: Zed: the first prompt titles the session (session_i
   a.assertStdoutPure();
 });
 
+test("ACP-OUTPUT-PERMISSION: Zed: with a price table the meter carries the session's cost", TEST, async (t) => {
+  const fake = await startFakeModel(t);
+  await fake.script([{ sse: [textChunk("Priced."), finishChunk("stop"), usageChunk(120, 30), "[DONE]"] },
+    { sse: [textChunk("Again."), finishChunk("stop"), usageChunk(1000, 500), "[DONE]"] }]);
+  const s = scope(t);
+  const dir = await s.tempDir("ah-acp-zed-prices-");
+  const prices = join(dir, "prices.json");
+  await writeFile(prices, JSON.stringify({ version: 1, currency: "EUR", rates: [
+    { model: "fake-model-v2", from: "2026-01-01", input: "1", output: "2" }] }));
+  const conf = join(dir, "agenthost.ini");
+  await writeFile(conf, `[host]\ndefault_provider = fake\nprices = ${prices}\n[provider.fake]\ntype = openai\n` +
+    `base_url = ${fake.baseUrl}\nmodel = m1\ncontext_window = 8192\n`);
+  const a = await s.spawnAgent({ args: ["--config", conf] });
+  await a.initialize(1);
+  const sid = await a.newSession(await s.tempDir("ah-acp-zed-cwd-"));
+  assert.equal((await a.prompt(sid, "one", 30000)).stopReason, "end_turn");
+  let usage = updates(a, sid).filter((u) => u.sessionUpdate === "usage_update");
+  assert.equal(usage.length, 1, "sent before the prompt's answer");
+  // 120 × 1 + 30 × 2 = 180 per million tokens
+  assert.deepEqual(usage[0].cost, { amount: 0.00018, currency: "EUR" });
+  assert.equal((await a.prompt(sid, "two", 30000)).stopReason, "end_turn");
+  usage = updates(a, sid).filter((u) => u.sessionUpdate === "usage_update");
+  // cumulative: + 1000 × 1 + 500 × 2 = 2180 per million
+  assert.deepEqual(usage[1].cost, { amount: 0.00218, currency: "EUR" });
+  assert.deepEqual({ used: usage[1].used, size: usage[1].size }, { used: 1500, size: 8192 });
+  await a.assertSdkAccepted();
+  a.assertStdoutPure();
+});
+
 test("ACP-OUTPUT-PERMISSION: Zed: a write is a diff of the text before and after, with its location", TEST, async (t) => {
   const fake = await startFakeModel(t);
   const { a, cwd } = await start(t, fake);
