@@ -862,9 +862,9 @@ static json_t *span_json(span s) {
 
 /* Kinds whose data the analysis reads. */
 static bool data_wanted(span kind) {
-  static const char *const wanted[] = {"turn/started", "model/usage",       "turn/ended",     "tool/call",
-                                       "tool/result",  "tool/approval",     "question/asked", "question/answered",
-                                       "subagent/started"};
+  static const char *const wanted[] = {"turn/started",   "model/usage",       "turn/ended",
+                                       "tool/call",      "tool/result",       "tool/approval",
+                                       "question/asked", "question/answered", "subagent/started"};
   for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
     if (span_is(kind, wanted[i]))
       return true;
@@ -881,12 +881,14 @@ static json_t *event_of(span sp) {
   json_t *time = v[3].p ? span_str(v[3]) : json_null();
   json_t *turn = v[4].p ? span_str(v[4]) : json_null();
   json_t *data = data_wanted(v[2]) ? span_json(v[5]) : json_object();
-  if (!sid || !seq || !kind || !time || !turn || !data || (v[5].p && data_wanted(v[2]) && !json_is_object(data))) {
-    json_decref(sid), json_decref(seq), json_decref(kind), json_decref(time), json_decref(turn), json_decref(data);
+  if (!sid || !seq || !kind || !time || !turn || !data ||
+      (v[5].p && data_wanted(v[2]) && !json_is_object(data))) {
+    json_decref(sid), json_decref(seq), json_decref(kind), json_decref(time), json_decref(turn),
+        json_decref(data);
     return NULL;
   }
-  json_t *ev = json_pack("{s:o, s:o, s:o, s:o, s:o}", "sessionId", sid, "seq", seq, "kind", kind, "time", time,
-                         "data", data);
+  json_t *ev = json_pack("{s:o, s:o, s:o, s:o, s:o}", "sessionId", sid, "seq", seq, "kind", kind, "time",
+                         time, "data", data);
   if (!json_is_null(turn))
     json_object_set_new(ev, "turnId", turn);
   else
@@ -924,7 +926,8 @@ static json_t *payload_of(span sp) {
     if (!ev)
       return NULL;
     json_t *k = v[1].p ? span_str(v[1]) : NULL;
-    json_t *p = json_pack("{s:s, s:{s:o}}", "method", "session.event", v[2].p ? "payload" : "params", "event", ev);
+    json_t *p =
+        json_pack("{s:s, s:{s:o}}", "method", "session.event", v[2].p ? "payload" : "params", "event", ev);
     if (k)
       json_object_set_new(p, "kind", k);
     return p;
@@ -938,8 +941,8 @@ static json_t *payload_of(span sp) {
 
 /* Scan a line; 0 when it was handled, -1 when the full parser must read it. */
 static int fast_line(ah_analysis *a, const char *line, size_t len) {
-  static const char *const keys[] = {"source", "conn", "seq", "dir", "side", "corr", "wall", "event", "payload",
-                                     "sessionId", "kind"};
+  static const char *const keys[] = {"source", "conn",  "seq",     "dir",       "side", "corr",
+                                     "wall",   "event", "payload", "sessionId", "kind"};
   span v[11];
   if (scan(line, line + len, keys, 11, v) != 0)
     return -1;

@@ -34,10 +34,10 @@
  * Sections: [host] with state_dir, runtime_dir, plugin_dir, log_level, default_provider, synchronous
  * (the store's durability: off | normal | full, default normal), default_mode (ask | accept_edits |
  * read_only), prices (an absolute path of a price table, checked at load), record_dir, record_surfaces,
- * record_max_bytes, record_max_files (recordings of the surfaces' connections); [hook.NAME] with event, command,
- * args, env, match (lists: comma-separated, or a JSON array of strings), cwd, timeout_ms, on_error, enabled
- * (docs/hooks.md); event and command are required; [plugin.NAME] with enabled (bool), modes (comma list of
- * serve|sdk|acp), path (the module file, default plugin_dir/NAME.so) and the plugin's own keys;
+ * record_max_bytes, record_max_files (recordings of the surfaces' connections); [hook.NAME] with event,
+ * command, args, env, match (lists: comma-separated, or a JSON array of strings), cwd, timeout_ms, on_error,
+ * enabled (docs/hooks.md); event and command are required; [plugin.NAME] with enabled (bool), modes (comma
+ * list of serve|sdk|acp), path (the module file, default plugin_dir/NAME.so) and the plugin's own keys;
  * [provider.NAME] with type = echo or the name of the plugin that provides the type (acp, openai, …) and its
  * keys. Unknown [host] keys and unknown sections are warned about (logged), not fatal. A bad value (a bool
  * that is not true/false/yes/no/on/off/1/0, an unknown log level, a relative path where an absolute one is
@@ -52,8 +52,8 @@
 #define AGENTHOST_HOST_CONFIG_H
 
 #include <jansson.h>
-#include <stdint.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "log.h"
 

@@ -601,7 +601,8 @@ ah_recorder *ah__host_recorder(ah_host *h, const char *surface) {
     bool listed = false;
     size_t i;
     json_t *e;
-    json_array_foreach(cfg->record_surfaces, i, e) listed = listed || strcmp(json_string_value(e), surface) == 0;
+    json_array_foreach(cfg->record_surfaces, i, e) listed =
+        listed || strcmp(json_string_value(e), surface) == 0;
     if (!listed)
       return NULL;
   }

@@ -386,7 +386,7 @@ struct ah__host_rec {
 
 struct ah_host {
   uv_loop_t *loop;
-  char run_id[37]; /* this host run's id (a UUIDv7): in recordings' metadata and host.describe */
+  char run_id[37];           /* this host run's id (a UUIDv7): in recordings' metadata and host.describe */
   struct ah__host_rec *recs; /* the surfaces' recorders, opened on first use ([host] record_dir) */
   size_t nrecs;
   const ah_config *config;

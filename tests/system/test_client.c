@@ -595,3 +595,89 @@ Test(client, run_against_an_openai_compatible_server, .timeout = 90) {
   fixture_fini(&f);
   ts_fake_stop(&fake);
 }
+
+/* The run's usage (docs/usage.md): the root's own turns, and its subagent's counted once under it; the same
+ * figures as the host's; the connection recorded (client side) and read back by `agenthost analyze`. */
+Test(client, run_with_usage_counts_a_subagent_once_and_the_connection_is_recorded, .timeout = 60) {
+  fixture f;
+  fixture_init(&f);
+  char *rec = NULL;
+  cr_assert(asprintf(&rec, "%s/rec", f.dir) > 0);
+  ah_client_opts o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  o.binary = getenv("AH_TEST_AGENTHOST");
+  o.args = f.args;
+  o.record_dir = rec;
+  ah_client *c = NULL;
+  cr_assert_eq(ah_client_new(&o, &c), 0);
+  init_client(c, &f, false);
+  ah_client_run_result r;
+  memset(&r, 0, sizeof r);
+  ah_client_run_usage u;
+  memset(&u, 0, sizeof u);
+  u.struct_size = sizeof u;
+  ah_client_error err;
+  memset(&err, 0, sizeof err);
+  int rc = ah_client_run_with_usage(c, "/subagent count me", NULL, 30000, &r, &u, &err);
+  cr_assert_eq(rc, 0, "run: %s (%s)", ah_err_name(rc), err.message ? err.message : "");
+  cr_assert_eq(json_array_size(u.turns), 2, "the root's turn and its subagent's");
+  json_int_t root_in = 0, child_in = 0;
+  const char *child = NULL;
+  size_t i;
+  json_t *t;
+  json_array_foreach(u.turns, i, t) {
+    json_int_t in = json_integer_value(json_object_get(json_object_get(t, "usage"), "inputTokens"));
+    cr_assert_gt(in, 0);
+    if (strcmp(json_string_value(json_object_get(t, "sessionId")), r.session_id) == 0) {
+      root_in += in;
+    } else {
+      child_in += in;
+      child = json_string_value(json_object_get(t, "sessionId"));
+      cr_assert_str_eq(json_string_value(json_object_get(t, "parent")), r.session_id);
+    }
+  }
+  cr_assert(child);
+  cr_assert_eq(json_integer_value(json_object_get(u.usage, "inputTokens")), root_in);
+  cr_assert_eq(json_integer_value(json_object_get(u.usage, "turns")), 1);
+  cr_assert_eq(r.input_tokens, root_in, "the run's own sum agrees");
+  cr_assert_eq(json_integer_value(json_object_get(u.tree_usage, "inputTokens")), root_in + child_in);
+  cr_assert_eq(json_integer_value(json_object_get(u.tree_usage, "sessions")), 2);
+  cr_assert_eq(json_integer_value(json_object_get(u.tree_usage, "turns")), 2);
+  char *sid = strdup(r.session_id);
+  ah_client_run_result_clear(&r);
+  json_int_t tree_in = json_integer_value(json_object_get(u.tree_usage, "inputTokens"));
+  ah_client_run_usage_clear(&u);
+  client_done(c);
+  /* the recording: analysed offline, the same usage */
+  char cmd[2000];
+  snprintf(cmd, sizeof cmd, "'%s' analyze --json %s/*.jsonl", getenv("AH_TEST_AGENTHOST"), rec);
+  FILE *p = popen(cmd, "r");
+  cr_assert(p);
+  json_error_t je;
+  json_t *rep = json_loadf(p, 0, &je);
+  cr_assert_eq(pclose(p), 0);
+  cr_assert(rep, "analyze's JSON: %s", je.text);
+  json_t *s = NULL, *e;
+  json_array_foreach(json_object_get(rep, "sessions"), i,
+                     e) if (strcmp(json_string_value(json_object_get(e, "id")), sid) == 0) s = e;
+  cr_assert(s, "the root session is in the recording's analysis");
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(s, "usage"), "inputTokens")), root_in);
+  cr_assert_eq(json_integer_value(json_object_get(json_object_get(s, "treeUsage"), "inputTokens")), tree_in);
+  cr_assert(json_is_true(json_object_get(json_object_get(rep, "coverage"), "complete")), "%s",
+            json_dumps(json_object_get(rep, "coverage"), 0));
+  json_t *in0 = json_array_get(json_object_get(rep, "inputs"), 0);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(in0, "metadata"), "source")),
+                   "client:c");
+  json_decref(rep);
+  free(sid);
+  /* A caller built before record_dir (its struct ends before it) records nothing. */
+  ts_rmtree(rec);
+  o.struct_size = offsetof(ah_client_opts, record_dir);
+  cr_assert_eq(ah_client_new(&o, &c), 0);
+  init_client(c, &f, false);
+  client_done(c);
+  cr_assert_neq(access(rec, F_OK), 0, "no recording for an older caller");
+  free(rec);
+  fixture_fini(&f);
+}

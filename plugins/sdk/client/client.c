@@ -20,6 +20,8 @@
 #include <uv.h>
 
 #include "jsonrpc.h" /* the peer library (agenthost-jsonrpc) */
+#include "record.h"  /* recordings (the same library) */
+#include "usage.h"   /* the usage arithmetic (the same library) */
 
 extern char **environ;
 
@@ -92,6 +94,7 @@ typedef enum close_step {
 } close_step;
 
 struct ah_client {
+  ah_recorder *recorder; /* opts.record_dir: this connection's recording (written on the client thread) */
   /* Options (copied, immutable after new). */
   char *binary;
   char **args;
@@ -477,6 +480,7 @@ static void peer_closed(ah_rpc_peer *peer, void *arg) {
 static void disconnect(ah_client *c) {
   if (c->peer && !c->peer_closing) {
     c->peer_closing = true;
+    ah_recorder_mark(c->recorder, "stdio", "close", NULL);
     ah_rpc_close(c->peer, peer_closed, c);
   }
   if (!c->to_child_closed) {
@@ -493,8 +497,14 @@ static void peer_log(ah_rpc_peer *peer, const char *msg, void *data) {
 
 static void peer_eof(ah_rpc_peer *peer, int status, void *data) {
   (void)peer;
-  (void)status;
+  ah_client *c = data;
+  if (status != 0 && !c->peer_closing)
+    ah_recorder_mark(c->recorder, "stdio", "loss", "the child's output broke");
   disconnect(data);
+}
+
+static void observe_line(void *arg, bool sent, const char *line, size_t len) {
+  ah_recorder_message(((ah_client *)arg)->recorder, "stdio", sent, line, len, NULL);
 }
 
 /* The child is gone and its stderr read (or the grace passed): every broken call is a TRANSPORT error. */
@@ -669,6 +679,10 @@ static int ensure_spawned(ah_client *c) {
   ro.on_log = c->on_diagnostic ? peer_log : NULL;
   ro.data = c;
   rc = ah_rpc_open((uv_stream_t *)&c->from_child, (uv_stream_t *)&c->to_child, &ro, &c->peer);
+  if (rc == 0 && c->recorder) {
+    ah_recorder_mark(c->recorder, "stdio", "open", c->binary);
+    ah_rpc_observe(c->peer, observe_line, c);
+  }
   if (rc) {
     c->peer = NULL;
     c->peer_closed = true;
@@ -908,6 +922,7 @@ static void *thread_main(void *arg) {
  */
 
 static void client_free_memory(ah_client *c) {
+  ah_recorder_close(c->recorder);
   free(c->binary);
   freev(c->args);
   free(c->cwd);
@@ -969,6 +984,20 @@ int ah_client_new(const ah_client_opts *opts, ah_client **out) {
   if (!c->binary || !c->args || !c->env || (o.cwd && !c->cwd)) {
     client_free_memory(c);
     return AH_ENOMEM;
+  }
+  const char *record_dir =
+      o.struct_size >= offsetof(ah_client_opts, record_dir) + sizeof o.record_dir ? o.record_dir : NULL;
+  if (record_dir) {
+    json_t *meta = json_pack("{s:i, s:s}", "protocol", AH_CLIENT_PROTOCOL_VERSION, "binary", c->binary);
+    ah_recorder_opts ro = {.dir = record_dir, .source = "client:c", .side = "client", .meta = meta};
+    char why[400] = "";
+    int rrc = ah_recorder_open(&ro, &c->recorder, why, sizeof why);
+    json_decref(meta);
+    if (rrc != 0) {
+      fprintf(stderr, "agenthost client: %s\n", why);
+      client_free_memory(c);
+      return AH_EIO;
+    }
   }
   if (uv_loop_init(&c->loop) != 0) {
     client_free_memory(c);
@@ -1329,12 +1358,147 @@ typedef struct run_state {
   bool done;
   bool proto_error;
   ah_client_run_result *out;
+  /* ah_client_run_usage: every session's turns seen in the run, and the parent links */
+  bool want_usage;
+  json_t *turns; /* "sid\x1fturnId" → {sessionId, turnId, rounds:[usage], end?, model?, requestedModel?} */
+  json_t *order; /* the keys, in the order the turns ended */
+  json_t *parents; /* sessionId → parent sessionId (subagent/started) */
 } run_state;
+
+/* A turn's usage from its events (docs/usage.md): what the usage arithmetic needs to hold. */
+static void run_usage_event(run_state *r, const char *sid, const json_t *ev) {
+  const char *kind = json_string_value(json_object_get(ev, "kind"));
+  const char *turn = json_string_value(json_object_get(ev, "turnId"));
+  const json_t *d = json_object_get(ev, "data");
+  if (!kind)
+    return;
+  if (strcmp(kind, "subagent/started") == 0 && json_is_string(json_object_get(d, "sessionId"))) {
+    json_object_set_new(r->parents, json_string_value(json_object_get(d, "sessionId")), json_string(sid));
+    return;
+  }
+  bool round = strcmp(kind, "model/usage") == 0, end = strcmp(kind, "turn/ended") == 0;
+  if (!turn || !(round || end || strcmp(kind, "turn/started") == 0))
+    return;
+  char key[300];
+  snprintf(key, sizeof key, "%.140s\x1f%.140s", sid, turn);
+  json_t *t = json_object_get(r->turns, key);
+  if (!t) {
+    t = json_pack("{s:s, s:s, s:[]}", "sessionId", sid, "turnId", turn, "rounds");
+    json_object_set_new(r->turns, key, t);
+  }
+  if (round) {
+    json_array_append(json_object_get(t, "rounds"), json_object_get(d, "usage"));
+  } else if (end) {
+    json_object_set(t, "end", json_object_get(d, "usage"));
+    json_array_append_new(r->order, json_string(key));
+  }
+  const char *asked = json_string_value(json_object_get(d, end || round ? "requestedModel" : "model"));
+  if (asked)
+    json_object_set_new(t, "requestedModel", json_string(asked));
+}
+
+/* Whether `sid` is the root or below it (by the subagent/started links seen). */
+static bool run_in_tree(run_state *r, const char *sid) {
+  const char *cur = sid;
+  for (size_t step = 0; step <= json_object_size(r->parents) && cur; step++) {
+    if (strcmp(cur, r->sid) == 0)
+      return true;
+    cur = json_string_value(json_object_get(r->parents, cur));
+  }
+  return false;
+}
+
+/* The run's usage: per turn (its round trips, else its end), the root's own, and the tree's. */
+static void run_usage_fill(run_state *r, ah_client_run_usage *u) {
+  size_t n = json_object_size(r->turns) + 1;
+  json_t *sessions = json_object(); /* sid → tokens index */
+  const char **ids = calloc(n, sizeof *ids), **parents = calloc(n, sizeof *parents);
+  ah_tokens *own = calloc(n, sizeof *own);
+  int64_t *turns_of = calloc(n, sizeof *turns_of);
+  size_t ns = 0;
+  u->turns = json_array();
+  if (!sessions || !ids || !parents || !own || !turns_of || !u->turns)
+    goto out;
+  size_t i;
+  json_t *k;
+  json_array_foreach(r->order, i, k) {
+    json_t *t = json_object_get(r->turns, json_string_value(k));
+    const char *sid = json_string_value(json_object_get(t, "sessionId"));
+    if (!run_in_tree(r, sid))
+      continue; /* another prompt's, another client's */
+    ah_tokens use = {0}, one;
+    char err[120];
+    size_t nr = json_array_size(json_object_get(t, "rounds"));
+    const char *model = NULL;
+    if (nr) {
+      size_t j;
+      json_t *ru;
+      json_array_foreach(json_object_get(t, "rounds"), j, ru) {
+        if (ah__tokens_from_json(ru, &one, err, sizeof err) == 0) {
+          if (!json_object_get(ru, "requests"))
+            one.requests = 1;
+          ah__tokens_add(&use, &one);
+        }
+        model = json_string_value(json_object_get(ru, "model"));
+      }
+    } else if (ah__tokens_from_json(json_object_get(t, "end"), &one, err, sizeof err) == 0) {
+      use = one;
+      model = json_array_size(json_object_get(json_object_get(t, "end"), "models")) > 1
+                  ? NULL
+                  : json_string_value(json_object_get(json_object_get(t, "end"), "model"));
+    }
+    json_t *ix = json_object_get(sessions, sid);
+    if (!ix) {
+      ix = json_integer((json_int_t)ns);
+      json_object_set_new(sessions, sid, ix);
+      ids[ns] = sid;
+      parents[ns] = json_string_value(json_object_get(r->parents, sid));
+      ns++;
+    }
+    ah__tokens_add(&own[json_integer_value(ix)], &use);
+    turns_of[json_integer_value(ix)]++;
+    json_t *to =
+        json_pack("{s:s, s:s?, s:O, s:o, s:i}", "sessionId", sid, "parent",
+                  json_string_value(json_object_get(r->parents, sid)), "turnId", json_object_get(t, "turnId"),
+                  "usage", ah__tokens_json(&use), "roundTrips", (int)nr);
+    if (model)
+      json_object_set_new(to, "model", json_string(model));
+    if (json_object_get(t, "requestedModel"))
+      json_object_set(to, "requestedModel", json_object_get(t, "requestedModel"));
+    json_array_append_new(u->turns, to);
+  }
+  {
+    ah_tokens root = {0}, tree;
+    int64_t root_turns = 0, tree_turns = 0;
+    json_t *rix = json_object_get(sessions, r->sid);
+    if (rix) {
+      root = own[json_integer_value(rix)];
+      root_turns = turns_of[json_integer_value(rix)];
+    }
+    size_t counted = ah__usage_tree(ids, parents, own, ns, r->sid, &tree);
+    for (size_t s = 0; s < ns; s++)
+      tree_turns += turns_of[s];
+    u->usage = ah__tokens_json(&root);
+    json_object_set_new(u->usage, "turns", json_integer(root_turns));
+    u->tree_usage = ah__tokens_json(&tree);
+    json_object_set_new(u->tree_usage, "turns", json_integer(tree_turns));
+    json_object_set_new(u->tree_usage, "sessions", json_integer((json_int_t)(counted ? counted : 1)));
+  }
+out:
+  json_decref(sessions);
+  free(ids);
+  free(parents);
+  free(own);
+  free(turns_of);
+}
 
 static void run_process(run_state *r, const char *method, json_t *params) {
   if (r->done)
     return;
   const char *sid = json_string_value(json_object_get(params, "sessionId"));
+  if (r->want_usage && sid && strcmp(method, "session.event") == 0 &&
+      (r->started || strcmp(sid, r->sid) != 0))
+    run_usage_event(r, sid, json_object_get(params, "event"));
   if (!sid || strcmp(sid, r->sid) != 0)
     return; /* another session (a subagent's, another prompt's): not part of this run's summary */
   if (strcmp(method, "session.event") == 0) {
@@ -1409,13 +1573,29 @@ static uint64_t mono_ms(void) {
   return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+void ah_client_run_usage_clear(ah_client_run_usage *u) {
+  if (!u)
+    return;
+  json_decref(u->usage);
+  json_decref(u->tree_usage);
+  json_decref(u->turns);
+  u->usage = u->tree_usage = u->turns = NULL;
+}
+
 int ah_client_run(ah_client *c, const char *text, const char *session_id, uint64_t timeout_ms,
                   ah_client_run_result *out, ah_client_error *err) {
+  return ah_client_run_with_usage(c, text, session_id, timeout_ms, out, NULL, err);
+}
+
+int ah_client_run_with_usage(ah_client *c, const char *text, const char *session_id, uint64_t timeout_ms,
+                             ah_client_run_result *out, ah_client_run_usage *usage, ah_client_error *err) {
   if (err)
     ah_client_error_clear(err);
-  if (!c || !text || !out)
+  if (!c || !text || !out || (usage && usage->struct_size < sizeof *usage))
     return AH_EINVAL;
   ah_client_run_result_clear(out);
+  if (usage)
+    ah_client_run_usage_clear(usage);
   if (on_client_thread(c))
     return AH_ESTATE;
   out->events = json_array();
@@ -1423,8 +1603,15 @@ int ah_client_run(ah_client *c, const char *text, const char *session_id, uint64
   memset(&r, 0, sizeof r);
   r.out = out;
   r.buffered = json_array();
-  if (!out->events || !r.buffered) {
+  r.want_usage = usage != NULL;
+  r.turns = json_object();
+  r.order = json_array();
+  r.parents = json_object();
+  if (!out->events || !r.buffered || !r.turns || !r.order || !r.parents) {
     json_decref(r.buffered);
+    json_decref(r.turns);
+    json_decref(r.order);
+    json_decref(r.parents);
     return AH_ENOMEM;
   }
   pthread_mutex_init(&r.mu, NULL);
@@ -1496,9 +1683,14 @@ int ah_client_run(ah_client *c, const char *text, const char *session_id, uint64
     err->message = fmt("run() did not reach idle within %llu ms: the run goes on in the server",
                        (unsigned long long)timeout_ms);
   }
+  if (usage && r.sid)
+    run_usage_fill(&r, usage);
   free(sid);
   free(mid);
   json_decref(r.buffered);
+  json_decref(r.turns);
+  json_decref(r.order);
+  json_decref(r.parents);
   pthread_mutex_destroy(&r.mu);
   pthread_cond_destroy(&r.cond);
   return rc;

@@ -101,6 +101,11 @@ typedef struct ah_client_opts {
   /* Passed to on_stderr, on_diagnostic and returned by ah_client_data(). */
   void *data;
   void *reserved[8];
+  /* Since 0.2 (after the reserved slots; the library reads it only when struct_size covers it): record this
+   * connection — every line sent and received, with its sequence and times — as observation JSONL with its
+   * metadata document in this directory (created 0700; `agenthost analyze` reads it). NULL: no recording.
+   * The child's environment and arguments are never recorded; credential values are redacted by name. */
+  const char *record_dir;
 } ah_client_opts;
 
 typedef enum ah_client_error_kind {
@@ -252,6 +257,27 @@ typedef struct ah_client_run_result {
 } ah_client_run_result;
 
 AH_CLIENT_API void ah_client_run_result_clear(ah_client_run_result *r);
+
+/* What a run cost, in tokens (docs/usage.md): filled by ah_client_run_with_usage() when the caller passes it.
+ * Each usage object is {inputTokens, cachedInputTokens, outputTokens, reasoningTokens, requests} (cached is
+ * part of input, reasoning part of output); per turn, its model round trips (model/usage) when the provider
+ * reported them, else its turn/ended usage — never both. Release with ah_client_run_usage_clear(). */
+typedef struct ah_client_run_usage {
+  uint32_t struct_size; /* sizeof(ah_client_run_usage), set by the caller */
+  json_t *usage;        /* the root session's own work in the run, + {turns} (owned) */
+  json_t *tree_usage;   /* + every session below it that worked in the run, each counted once, + {turns,
+                         * sessions} (owned) */
+  json_t *turns; /* [{sessionId, parent, turnId, usage, model?, requestedModel?, roundTrips}] of the root
+                  * and the sessions below it, in the order their turns ended (owned) */
+} ah_client_run_usage;
+
+AH_CLIENT_API void ah_client_run_usage_clear(ah_client_run_usage *u);
+
+/* ah_client_run(), and the run's usage into *usage (cleared first; its struct_size must be set). The
+ * sessions below the root are those its turns started (subagent/started), and theirs. Same returns. */
+AH_CLIENT_API int ah_client_run_with_usage(ah_client *client, const char *text, const char *session_id,
+                                           uint64_t timeout_ms, ah_client_run_result *out,
+                                           ah_client_run_usage *usage, ah_client_error *err);
 
 /* Run one prompt to the root session's next idle: subscribe first, send session/prompt (`session_id` NULL:
  * a new session), drop every event before the inbox/received carrying the receipt's messageId, collect the
