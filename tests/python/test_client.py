@@ -203,6 +203,41 @@ class RealHostTest(TmpDirCase):
         child = {e["sessionId"] for e in r.events} - {r.session_id}
         self.assertEqual(len(child), 1, "the child's events are part of the run")
 
+    def test_run_usage_counts_the_subagent_once_and_agrees_with_analyze_of_the_recording(self) -> None:
+        """The run's usage (the client's arithmetic) equals `agenthost analyze` of this connection's own
+        recording (the host's arithmetic): the two implementations tested against each other."""
+        from agenthost import analyze
+        rec = os.path.join(self.tmp, "rec")
+        c = self.client(record_dir=rec)
+        s = c.session()
+        r = s.run("/subagent count me", timeout=20)
+        r2 = s.run("and once more", timeout=20)
+        self.assertEqual(len(r.turns), 2, r.turns)
+        child = [t for t in r.turns if t["sessionId"] != r.session_id]
+        self.assertEqual(len(child), 1)
+        self.assertEqual(child[0]["parent"], r.session_id)
+        self.assertEqual(r.total_usage["turns"], 1)
+        self.assertEqual(r.tree_usage["sessions"], 2)
+        self.assertEqual(r.tree_usage["inputTokens"],
+                         r.total_usage["inputTokens"] + child[0]["usage"]["inputTokens"])
+        self.assertEqual(r.total_usage["inputTokens"], r.usage["inputTokens"], "echo reports no round trips")
+        c.close()
+        files = [os.path.join(rec, f) for f in os.listdir(rec) if f.endswith(".jsonl")]
+        self.assertEqual(len(files), 1)
+        with open(files[0].replace(".jsonl", ".meta.json")) as f:
+            meta = json.load(f)
+        self.assertEqual(meta["source"], "client:python")
+        rep = analyze(files, binary=AGENTHOST)
+        self.assertEqual(rep["coverage"], {"complete": True, "issues": []})
+        root = next(x for x in rep["sessions"] if x["id"] == r.session_id)
+        own = dict(r.total_usage)
+        own.pop("turns")
+        both = dict(r2.total_usage)
+        both.pop("turns")
+        self.assertEqual(root["usage"], {k: own[k] + both[k] for k in own}, "the same arithmetic, two runs")
+        self.assertEqual(root["treeUsage"]["sessions"], 2)
+        self.assertEqual(len(root["turns"]), 2)
+
     def test_cancel_during_sleep(self) -> None:
         c = self.client()
         s = c.session()

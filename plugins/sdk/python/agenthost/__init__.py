@@ -14,11 +14,13 @@ __version__ = "0.1.0"
 
 from .client import (PROTOCOL_VERSION, Client, InitializeResult, LateResponse, Notification,  # noqa: E402
                      PromptReceipt, RunResult, ServerRequest, Session, Subscription)
+from .recording import Recorder, analyze  # noqa: E402
 from .errors import (AgentHostError, AlreadyResponded, ConnectionLost, ProtocolError,  # noqa: E402
                      RpcError, TransportError, UnknownOutcome)
 
 __all__ = [
     "__version__", "PROTOCOL_VERSION", "Client", "Session", "Subscription", "Notification", "ServerRequest",
     "InitializeResult", "PromptReceipt", "RunResult", "LateResponse", "AgentHostError", "RpcError",
-    "TransportError", "UnknownOutcome", "ConnectionLost", "ProtocolError", "AlreadyResponded",
+    "TransportError", "UnknownOutcome", "ConnectionLost", "ProtocolError", "AlreadyResponded", "Recorder",
+    "analyze",
 ]

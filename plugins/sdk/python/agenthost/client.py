@@ -30,6 +30,7 @@ from typing import (Any, Callable, Deque, Dict, Iterator, List, Mapping, Optiona
 
 from .errors import (AlreadyResponded, ConnectionLost, ProtocolError, RequestId, RpcError,
                      TransportError, UnknownOutcome)
+from .recording import Recorder
 
 __all__ = [
     "Client", "Session", "Subscription", "Notification", "ServerRequest", "InitializeResult",
@@ -135,7 +136,12 @@ class RunResult:
       (``end``, ``max-tokens``, ``cancelled``, ``error``, ``refusal``);
     - ``usage``: that event's ``data.usage``;
     - ``events``: every stored event of the session and its subagents in the interval, in arrival order
-      (unknown kinds are kept as they are).
+      (unknown kinds are kept as they are);
+    - ``turns``: each turn of the session and its subagents that ended in the interval,
+      ``{sessionId, parent, turnId, usage, model?, roundTrips}`` — a turn's usage is its model round
+      trips (``model/usage``) when the provider reported them, else its ``turn/ended`` usage, never both;
+    - ``total_usage``: the session's own turns summed, with ``turns``; ``tree_usage``: with its
+      subagents' too, each session counted once, with ``turns`` and ``sessions``.
     """
 
     final_response: Optional[str]
@@ -145,6 +151,74 @@ class RunResult:
     events: List[Dict[str, Any]] = field(default_factory=list)
     session_id: str = ""
     error: Optional[str] = None
+    turns: List[Dict[str, Any]] = field(default_factory=list)
+    total_usage: Dict[str, int] = field(default_factory=dict)
+    tree_usage: Dict[str, int] = field(default_factory=dict)
+
+
+_TOKEN_KEYS = ("inputTokens", "cachedInputTokens", "outputTokens", "reasoningTokens", "requests")
+
+
+def _tokens(u: Any, round_trip: bool = False) -> Dict[str, int]:
+    u = u if isinstance(u, dict) else {}
+    out = {k: (u[k] if isinstance(u.get(k), int) and u[k] >= 0 else 0) for k in _TOKEN_KEYS}
+    if round_trip and "requests" not in u:
+        out["requests"] = 1
+    return out
+
+
+def _add(a: Dict[str, int], b: Mapping[str, int]) -> None:
+    for k in _TOKEN_KEYS:
+        a[k] = a.get(k, 0) + b.get(k, 0)
+
+
+def run_usage(events: Sequence[Mapping[str, Any]], root: str,
+              parents: Mapping[str, str]) -> Tuple[List[Dict[str, Any]], Dict[str, int], Dict[str, int]]:
+    """Per turn, the root's own and the tree's usage of a run's events (the rule of docs/usage.md)."""
+    turns: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    order: List[Tuple[str, str]] = []
+    for ev in events:
+        sid, turn, kind = ev.get("sessionId"), ev.get("turnId"), ev.get("kind")
+        if not isinstance(sid, str) or not isinstance(turn, str):
+            continue
+        data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
+        t = turns.setdefault((sid, turn), {"rounds": [], "end": None})
+        if kind == "model/usage":
+            t["rounds"].append(data.get("usage"))
+        elif kind == "turn/ended":
+            t["end"] = data.get("usage")
+            order.append((sid, turn))
+    out: List[Dict[str, Any]] = []
+    own: Dict[str, int] = {k: 0 for k in _TOKEN_KEYS}
+    tree: Dict[str, int] = {k: 0 for k in _TOKEN_KEYS}
+    sessions: Set[str] = set()
+    own_turns = 0
+    for sid, turn in order:
+        t = turns[(sid, turn)]
+        use = {k: 0 for k in _TOKEN_KEYS}
+        model = None
+        if t["rounds"]:
+            for r in t["rounds"]:
+                _add(use, _tokens(r, round_trip=True))
+                model = r.get("model") if isinstance(r, dict) else model
+        else:
+            use = _tokens(t["end"])
+            end = t["end"] if isinstance(t["end"], dict) else {}
+            model = None if len(end.get("models") or []) > 1 else end.get("model")
+        item: Dict[str, Any] = {"sessionId": sid, "parent": parents.get(sid), "turnId": turn, "usage": use,
+                                "roundTrips": len(t["rounds"])}
+        if isinstance(model, str):
+            item["model"] = model
+        out.append(item)
+        _add(tree, use)
+        sessions.add(sid)
+        if sid == root:
+            _add(own, use)
+            own_turns += 1
+    own["turns"] = own_turns
+    tree["turns"] = len(out)
+    tree["sessions"] = max(len(sessions), 1)
+    return out, own, tree
 
 
 @dataclass(frozen=True)
@@ -281,7 +355,8 @@ class Client:
 
     def __init__(self, binary: Optional[str] = None, args: Sequence[str] = (), cwd: Optional[str] = None,
                  env: Optional[Mapping[str, Optional[str]]] = None, env_replace: bool = False,
-                 timeout: Optional[float] = 30.0, stderr_lines: int = 400, command: str = "sdk") -> None:
+                 timeout: Optional[float] = 30.0, stderr_lines: int = 400, command: str = "sdk",
+                 record_dir: Optional[str] = None) -> None:
         self.binary = binary or os.environ.get("AGENTHOST_BIN") or "agenthost"
         self.args = list(args)
         self.command = command
@@ -307,6 +382,9 @@ class Client:
         self._closed = False
         self.close_stage: Optional[str] = None
         self.initialize_result: Optional[InitializeResult] = None
+        #: this connection's recording (``record_dir``): every line sent and received
+        self.recorder: Optional[Recorder] = (
+            Recorder(record_dir, meta={"protocol": PROTOCOL_VERSION, "binary": self.binary}) if record_dir else None)
 
     # ---- process -----------------------------------------------------------------------------------
 
@@ -336,6 +414,8 @@ class Client:
             except OSError as exc:
                 raise TransportError(f"cannot start {argv[0]!r}: {exc}") from exc
             _live_clients.add(self)
+            if self.recorder is not None:
+                self.recorder.mark("open", self.binary)
             self._reader = threading.Thread(target=self._read_stdout, name="agenthost-reader", daemon=True)
             self._stderr_reader = threading.Thread(target=self._read_stderr, name="agenthost-stderr",
                                                    daemon=True)
@@ -384,6 +464,8 @@ class Client:
         text = raw.strip()
         if not text:
             return
+        if self.recorder is not None:
+            self.recorder.message(False, text)
         try:
             msg = json.loads(text.decode("utf-8", "replace"))
         except ValueError:
@@ -430,6 +512,9 @@ class Client:
                 status = None
             self._join_stderr()
         err = TransportError("the agenthost process closed its output", status, list(self._stderr))
+        if self.recorder is not None:
+            self.recorder.mark("close" if self._closing else "loss", "the agenthost process closed its output")
+            self.recorder.close()
         with self._lock:
             self._transport_error = err
             waiters = list(self._pending.values())
@@ -454,6 +539,8 @@ class Client:
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         with self._write_lock:
+            if self.recorder is not None:
+                self.recorder.message(True, line[:-1])
             try:
                 proc.stdin.write(line)
                 proc.stdin.flush()
@@ -817,6 +904,7 @@ class Session:
                  settle_timeout: float) -> RunResult:
         sid, mid = receipt.session_id, receipt.message_id
         tree: Set[str] = {sid}
+        parents: Dict[str, str] = {}
         started = False
         idle = False
         idle_at = 0.0
@@ -851,6 +939,7 @@ class Session:
             if note.method == "subagent.started" and params.get("parentSessionId") in tree:
                 if isinstance(params.get("sessionId"), str):
                     tree.add(params["sessionId"])
+                    parents[params["sessionId"]] = params["parentSessionId"]
                 continue
             if note.method == "session.status":
                 if started and params.get("sessionId") == sid:
@@ -873,6 +962,7 @@ class Session:
             data = ev.get("data") if isinstance(ev.get("data"), dict) else {}
             if kind == "subagent/started" and isinstance(data.get("sessionId"), str):
                 tree.add(data["sessionId"])
+                parents[data["sessionId"]] = ev_sid
             if ev_sid != sid:
                 continue
             turn = ev.get("turnId")
@@ -895,8 +985,10 @@ class Session:
             raise ProtocolError(f"session {sid}: turn/ended without a string reason: {last_end!r}")
         usage = end_data.get("usage") if isinstance(end_data.get("usage"), dict) else None
         error = end_data.get("error") if isinstance(end_data.get("error"), str) else None
+        turns, own, tree_usage = run_usage(events, sid, parents)
         return RunResult(final_response=last_text, message_id=mid, finish_reason=reason, usage=usage,
-                         events=events, session_id=sid, error=error)
+                         events=events, session_id=sid, error=error, turns=turns, total_usage=own,
+                         tree_usage=tree_usage)
 
 
 def _version() -> str:
