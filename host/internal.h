@@ -216,7 +216,8 @@ struct ah_mount {
   ah__link procs;
   ah__link tokens; /* tokens made with token_new */
   ah__link posts;
-  size_t closing; /* host handles of this mount whose close callback is pending */
+  ah__link records; /* connection recordings open (record_open, ABI 1.9) */
+  size_t closing;   /* host handles of this mount whose close callback is pending */
   /* Set by the withdraw machine (mount.c): called after every release (holds.c), so that the files that
    * count work never call into it. */
   void (*on_release)(ah_mount *m, int kind);
@@ -465,6 +466,8 @@ enum {
   AH__HOLD_CLOSE,    /* a host handle of the mount whose close callback is pending (closing) */
 };
 void ah__mount_hold(ah_mount *m, int kind);
+/* Close the recordings a plugin left open (services.c). */
+void ah__records_close_all(ah_mount *m);
 void ah__mount_release(ah_mount *m, int kind); /* then m->on_release, when set */
 bool ah__mount_in_module(const ah_mount *m, const void *addr);
 /* Record the address ranges of `dl` and of the objects that appeared since `before` (a JSON array of

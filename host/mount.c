@@ -51,6 +51,7 @@ static ah_mount *mount_new(ah_host *h) {
   ah__list_init(&m->procs);
   ah__list_init(&m->tokens);
   ah__list_init(&m->posts);
+  ah__list_init(&m->records);
   ah__list_init(&m->waiters);
   ah__list_init(&m->link);
   m->token = ah__cancel_new(h->token);
@@ -66,6 +67,7 @@ static ah_mount *mount_new(ah_host *h) {
 }
 
 void ah__mount_free(ah_mount *m) {
+  ah__records_close_all(m);
   /* The mount's two timers must be closed already (UNMAP closes them). */
   ah__cancel_free(m->token);
   json_decref(m->config);

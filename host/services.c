@@ -696,6 +696,48 @@ static int parse_max_line(const json_t *v, size_t *out) {
   return 0;
 }
 
+/* ---- recordings of a plugin's connections (ABI 1.9) ---- */
+
+struct ah_record {
+  ah__link link;
+  ah_recorder *rec;
+  char *conn;
+};
+
+static ah_record *api_record_open(ah_mount *m, const char *conn) {
+  ah_recorder *rec = m && conn && *conn ? ah__host_recorder(m->host, m->name) : NULL;
+  if (!rec)
+    return NULL;
+  ah_record *r = calloc(1, sizeof *r);
+  if (!r || !(r->conn = strdup(conn))) {
+    free(r);
+    return NULL;
+  }
+  r->rec = rec;
+  ah__list_push(&m->records, &r->link);
+  ah_recorder_mark(rec, conn, "open", NULL);
+  return r;
+}
+
+static void api_record(ah_record *r, bool sent, const char *data, size_t len, const char *corr) {
+  if (r)
+    ah_recorder_message(r->rec, r->conn, sent, data, len, corr);
+}
+
+static void api_record_close(ah_record *r, bool lost) {
+  if (!r)
+    return;
+  ah_recorder_mark(r->rec, r->conn, lost ? "loss" : "close", NULL);
+  ah__list_remove(&r->link);
+  free(r->conn);
+  free(r);
+}
+
+void ah__records_close_all(ah_mount *m) {
+  while (!ah__list_empty(&m->records))
+    api_record_close(AH__CONTAINER(m->records.next, ah_record, link), false);
+}
+
 static void observe_stdio(void *arg, bool sent, const char *line, size_t len) {
   ah_recorder_message(arg, "stdio", sent, line, len, NULL);
 }
@@ -872,6 +914,9 @@ ah_host_api ah__api_table = {
     .register_tool = api_register_tool,
     .register_tool_source = api_register_tool_source,
     .register_hook = api_register_hook,
+    .record_open = api_record_open,
+    .record = api_record,
+    .record_close = api_record_close,
     .tools_changed = api_tools_changed,
     .call_progress = api_call_progress,
     .rpc = NULL, /* set by ah__host_new (ah_rpc_api_get() is not a constant expression) */

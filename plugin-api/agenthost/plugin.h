@@ -51,7 +51,7 @@ extern "C" {
 /* ABI version: major in the high 16 bits, minor in the low 16. The host accepts a plugin built for the
  * same major and a minor ≤ its own. */
 #define AH_ABI_MAJOR 1
-#define AH_ABI_MINOR 8
+#define AH_ABI_MINOR 9
 #define AH_ABI_MAKE(major, minor) ((uint32_t)(((uint32_t)(major) << 16) | ((uint32_t)(minor)&0xffffu)))
 #define AH_ABI_VERSION AH_ABI_MAKE(AH_ABI_MAJOR, AH_ABI_MINOR)
 #define AH_ABI_MAJOR_OF(v) ((uint32_t)(v) >> 16)
@@ -74,6 +74,7 @@ typedef struct ah_cancel_watch ah_cancel_watch;
 typedef struct ah_sub ah_sub;         /* an event subscription */
 typedef struct ah_timer ah_timer;     /* a host timer */
 typedef struct ah_process ah_process; /* a child process */
+typedef struct ah_record ah_record;   /* a connection's recording (ABI 1.9) */
 typedef struct ah_host_api ah_host_api;
 typedef struct ah_provider ah_provider; /* agenthost/provider.h */
 typedef struct ah_session ah_session;   /* a session looked up for a remote descriptor */
@@ -612,6 +613,18 @@ struct ah_host_api {
    * has, AH_EINVAL (logged with the field) for a bad definition. Withdraw removes the hooks; a call in
    * flight is answered `cancelled` and counts as the hook's error. */
   int (*register_hook)(ah_mount *m, const ah_hook_def *def);
+
+  /* Recordings of a surface's connections (ABI 1.9; docs/usage.md "Recordings"), for surfaces that do
+   * their own I/O (the host records the stdio surfaces itself). record_open: a handle for one connection
+   * `conn` (a label unique within this host run, e.g. "ws-17"), or NULL when recording is off or does not
+   * include this plugin ([host] record_dir, record_surfaces): check once per connection and do no work
+   * otherwise. record: one message as sent to the client (sent = true) or received from it — its bytes, kept
+   * parsed when they are JSON, credentials redacted by name; `corr` (may be NULL) pairs a request with its
+   * answer where the protocol has no ids (HTTP). record_close: the connection ended (`lost`: without a
+   * clean close); the handle is freed. Handles still open at withdraw are closed by the host. Loop thread. */
+  ah_record *(*record_open)(ah_mount *m, const char *conn);
+  void (*record)(ah_record *r, bool sent, const char *data, size_t len, const char *corr);
+  void (*record_close)(ah_record *r, bool lost);
 };
 
 /* The one exported entry of a plugin. */

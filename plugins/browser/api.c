@@ -115,6 +115,8 @@ bp_req *bp_req_new(bp_state *st, bp_http *h, struct lws *wsi, bp_req_kind kind) 
 static void respond(bp_req *r, int status, json_t *body) {
   char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
   json_decref(body);
+  if (r->http && r->http->rec && text)
+    r->st->api->record(r->http->rec, true, text, strlen(text), r->corr);
   if (r->wsi && r->http) {
     if (!text)
       status = 500;
@@ -186,6 +188,8 @@ static void respond_value(bp_req *r, const json_t *value) {
                            st->last_value_text) < 0)
     text = NULL;
   free(id_text);
+  if (r->http && r->http->rec && text)
+    st->api->record(r->http->rec, true, text, strlen(text), r->corr);
   if (r->wsi && r->http &&
       bp_build_response(r->wsi, &r->http->out, text ? 200 : 500, "application/json", NULL, text ? text : "{}",
                         text ? strlen(text) : 2, true, false) == 0)
@@ -400,6 +404,16 @@ int bp_api_body_done(bp_state *st, bp_http *h, struct lws *wsi) {
   bp_req *r = h->req;
   if (r->dispatched)
     return 0;
+  /* The recording ([host] record_dir): the body as received, its answer (respond) with the same corr. */
+  if (!h->rec && AH_HAS(st->api, ah_host_api, record_open)) {
+    char label[40];
+    snprintf(label, sizeof label, "http-%llu", (unsigned long long)h->conn_id);
+    h->rec = st->api->record_open(st->m, label);
+  }
+  if (h->rec) {
+    snprintf(r->corr, sizeof r->corr, "r%llu", (unsigned long long)++st->recorded_requests);
+    st->api->record(h->rec, false, (const char *)r->body, r->got, r->corr);
+  }
   r->starts_post = r->got >= 6 && memcmp(r->body, "POST /", 6) == 0;
   lws_set_timeout(wsi, NO_PENDING_TIMEOUT, 0);
   /* Every answer from here on is written later (bp_send_later), which resumes reading. */

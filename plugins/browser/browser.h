@@ -50,7 +50,8 @@ typedef struct bp_out {
 struct bp_http {
   bp_state *st;
   uint64_t conn_id;
-  bp_req *req; /* the request of this transaction (body being read or call in flight) */
+  ah_record *rec; /* this connection's recording ([host] record_dir), opened at its first POST */
+  bp_req *req;    /* the request of this transaction (body being read or call in flight) */
   bp_out out;
   /* Reading is held from the moment an answer is awaited until it is written: a pipelined request waits in
    * libwebsockets' buffer and the end of a half-closed connection in the kernel (read, either would end the
@@ -86,6 +87,7 @@ struct bp_req {
   bool starts_post; /* the body begins with "POST /" (see envelope_read) */
   size_t got;
   char *rpc_id;
+  char corr[24]; /* pairs the body and its answer in the recording */
   ah_cancel *token;
   bool dispatched;
   ah_timer *timer; /* the body deadline */
@@ -114,6 +116,7 @@ typedef struct bp_conn {
 struct bp_ws {
   uint32_t magic;
   bp_state *st;
+  ah_record *rec;  /* this socket's recording ([host] record_dir) */
   struct lws *wsi; /* NULL once closed */
   bp_ws_kind kind;
   uint64_t id;
@@ -204,7 +207,8 @@ struct bp_state {
   ah_sub *sub;
   bp_ws *ws;
   size_t nws;
-  ah_timer *trim_timer; /* the heap trim after the last WebSocket closed (ws.c) */
+  uint64_t recorded_requests; /* the corr of the last recorded request */
+  ah_timer *trim_timer;       /* the heap trim after the last WebSocket closed (ws.c) */
   bp_req *reqs;
   uint64_t next_conn;
   uint64_t next_frame;

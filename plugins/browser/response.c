@@ -232,6 +232,9 @@ int bp_http_writeable(bp_http *h, struct lws *wsi) {
 }
 
 void bp_http_closed(bp_http *h) {
+  if (h->rec && AH_HAS(h->st->api, ah_host_api, record_close))
+    h->st->api->record_close(h->rec, false);
+  h->rec = NULL;
   if (h->flush)
     h->st->api->timer_stop(h->flush);
   h->flush = NULL;

@@ -90,6 +90,9 @@ static void schedule_trim(bp_state *st) {
 
 static void ws_unlink(bp_ws *w) {
   bp_state *st = w->st;
+  if (w->rec)
+    st->api->record_close(w->rec, false);
+  w->rec = NULL;
   if (!w->linked)
     return;
   if (w->prev)
@@ -439,6 +442,12 @@ static int on_established(bp_state *st, struct lws *wsi) {
   w->wsi = wsi;
   w->established = true;
   w->linked = true;
+  if (AH_HAS(st->api, ah_host_api, record_open)) {
+    char label[48];
+    snprintf(label, sizeof label, "ws-%llu-%s", (unsigned long long)w->id,
+             w->kind == BP_WS_MUX ? "mux" : "host");
+    w->rec = st->api->record_open(st->m, label);
+  }
   w->next = st->ws;
   if (st->ws)
     st->ws->prev = w;
@@ -493,6 +502,8 @@ int bp_ws_callback(bp_state *st, struct lws *wsi, enum lws_callback_reasons reas
       w->tail = NULL;
     w->queued -= f->len;
     int n = lws_write(wsi, f->data + LWS_PRE, f->len, LWS_WRITE_TEXT);
+    if (n >= 0 && w->rec)
+      st->api->record(w->rec, true, (const char *)f->data + LWS_PRE, f->len, NULL);
     free(f);
     if (n < 0)
       return -1;

@@ -1496,3 +1496,24 @@ Test(sessions, a_tree_shows_each_child_once_under_its_parent_and_costs_come_from
   json_decref(w.cfg.providers);
   free(prices);
 }
+
+/* A provider built for ABI 1.8 (before the recordings API) reports its round trips on today's host. */
+Test(sessions, usage_of_a_provider_built_for_abi_1_8_is_counted_from_its_round_trips) {
+  world w;
+  world_up(&w);
+  w.cfg.providers = json_pack("{s:{s:s}}", "fx", "type", "fixture");
+  cr_assert_eq(th_load(w.h, "abi-1-8", NULL), 0);
+  char *id = fixture_session(&w, NULL);
+  free(prompt(&w, id, "hi"));
+  wait_for(&w, id, "turn/ended", 1);
+  json_t *ev = history(&w, id);
+  cr_assert(find_kind(ev, "model/usage", 0), "round trips reported");
+  json_decref(ev);
+  json_t *s = session_of(&w, id);
+  cr_assert_eq(uget(json_object_get(s, "usage"), "inputTokens"), 8);
+  cr_assert_eq(uget(json_object_get(s, "usage"), "requests"), 2);
+  json_decref(s);
+  free(id);
+  world_down(&w);
+  json_decref(w.cfg.providers);
+}

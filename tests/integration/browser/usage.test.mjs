@@ -37,9 +37,11 @@ before(async () => {
   ctx.dirs.push(pdir);
   ctx.prices = join(pdir, "prices.json");
   await writeFile(ctx.prices, JSON.stringify(PRICES));
+  ctx.hostRec = join(pdir, "host-recordings");
   await openSessionPage(ctx, {
     prefix: "ah-browser-usage",
-    conf: `[host]\ndefault_provider = fake\nprices = ${ctx.prices}\n[provider.fake]\ntype = openai\n` +
+    conf: `[host]\ndefault_provider = fake\nprices = ${ctx.prices}\nrecord_dir = ${ctx.hostRec}\n` +
+      `[provider.fake]\ntype = openai\n` +
       `base_url = ${ctx.fake.baseUrl}\nmodel = m1\n`,
   });
 });
@@ -155,6 +157,27 @@ test("two tabs record one session, the second answers the approval, analyze read
   assert.ok(rep.inputs.every((i) => i.malformed === 0 && i.records > 0));
   // The two tabs saw the same events: each counted once.
   assert.ok(rep.inputs.reduce((n, i) => n + i.duplicates, 0) > 0, "the second recording's copies were dropped");
+
+  // The host's own recording of the browser surface ([host] record_dir): the same facts from the other side,
+  // the answer on one of tab b's HTTP connections.
+  const { readdir } = await import("node:fs/promises");
+  const hostFiles = (await readdir(ctx.hostRec)).filter((f) => f.endsWith(".jsonl")).map((f) => join(ctx.hostRec, f));
+  assert.equal(hostFiles.length, 1, hostFiles.join(" "));
+  assert.match(hostFiles[0], /host-browser-/);
+  const hostText = await readFile(hostFiles[0], "utf8");
+  assert.ok(!hostText.includes(token), "the host's recording holds no token");
+  const hrep = await analyze("--prices", ctx.prices, hostFiles[0]);
+  assert.deepEqual(hrep.coverage, { complete: true, issues: [] });
+  const hs = hrep.sessions.find((x) => x.id === sessionId);
+  assert.deepEqual(hs.usage, s.usage);
+  assert.equal(hs.cost.amount, "0.007");
+  assert.equal(hs.requests[0].state, "granted");
+  assert.equal(hs.requests[0].answeredBy.source, "host:browser");
+  assert.match(hs.requests[0].answeredBy.conn, /^http-\d+$/);
+  assert.ok(hrep.connections.some((c) => /^ws-\d+-mux$/.test(c.conn)) && hrep.connections.some((c) => /^ws-\d+-host$/.test(c.conn)));
+  const hmeta = JSON.parse(await readFile(hostFiles[0].replace(/\.jsonl$/, ".meta.json"), "utf8"));
+  assert.equal(hmeta.hostRunId, JSON.parse(await readFile(recA.replace(/\.jsonl$/, ".meta.json"), "utf8")).hostRunId,
+    "the tab's recording names the host run it talked to");
 
   // The same recording with lines removed: the gaps are reported.
   const lines = (await readFile(recA, "utf8")).split("\n").filter(Boolean);
