@@ -397,7 +397,8 @@ static void on_event(ah_analysis *a, const json_t *ev) {
   const char *sid = sget(ev, "sessionId"), *kind = sget(ev, "kind"), *time = sget(ev, "time");
   const json_t *seqv = json_object_get(ev, "seq");
   input_a *in = cur_input(a);
-  if (!sid || !kind || !json_is_integer(seqv)) {
+  const json_t *dv = json_object_get(ev, "data");
+  if (!sid || !kind || !json_is_integer(seqv) || (dv && !json_is_object(dv))) {
     in->malformed++;
     return;
   }
@@ -836,7 +837,10 @@ static int scan(const char *p, const char *e, const char *const *keys, size_t nk
 static json_t *span_str(span s) {
   if (!s.p || s.n < 2 || s.p[0] != '"' || memchr(s.p, '\\', s.n))
     return NULL;
-  return json_stringn(s.p + 1, s.n - 2);
+  for (size_t i = 1; i + 1 < s.n; i++)
+    if ((unsigned char)s.p[i] < 0x20) /* a raw control byte is not JSON: the parser refuses the line */
+      return NULL;
+  return json_stringn(s.p + 1, s.n - 2); /* NULL when not UTF-8 */
 }
 
 static json_t *span_int(span s) {
@@ -875,7 +879,7 @@ static bool data_wanted(span kind) {
 static json_t *event_of(span sp) {
   static const char *const keys[] = {"sessionId", "seq", "kind", "time", "turnId", "data"};
   span v[6];
-  if (scan(sp.p, sp.p + sp.n, keys, 6, v) != 0)
+  if (scan(sp.p, sp.p + sp.n, keys, 6, v) != 0 || (v[5].p && v[5].p[0] != '{'))
     return NULL;
   json_t *sid = span_str(v[0]), *seq = span_int(v[1]), *kind = span_str(v[2]);
   json_t *time = v[3].p ? span_str(v[3]) : json_null();
@@ -998,7 +1002,7 @@ void ah__analysis_line(ah_analysis *a, const char *line, size_t len) {
   if (fast_line(a, line, len) == 0)
     return;
   json_error_t je;
-  json_t *o = json_loadb(line, len, JSON_ALLOW_NUL, &je);
+  json_t *o = json_loadb(line, len, JSON_REJECT_DUPLICATES, &je);
   if (!json_is_object(o)) {
     in->malformed++;
     json_decref(o);
@@ -1077,7 +1081,9 @@ static int cmp_str(const void *x, const void *y) {
   return strcmp(*(const char *const *)x, *(const char *const *)y);
 }
 
-json_t *ah__analysis_report(ah_analysis *a) {
+/* The report; with `with_turns` false each session's "turns" is left out (the streaming writer emits them
+ * one by one, so that a large report is never whole in memory). */
+static json_t *report_build(ah_analysis *a, bool with_turns) {
   json_t *issues = json_array();
   json_t *sessions = json_array();
   size_t n = a->nsessions;
@@ -1096,10 +1102,14 @@ json_t *ah__analysis_report(ah_analysis *a) {
     session_a *s = &a->sessions[i];
     ids[i] = s->id;
     parents[i] = s->parent;
-    json_t *turns = json_array();
+    json_t *turns = with_turns ? json_array() : NULL;
     for (size_t k = 0; k < s->nturns; k++) {
       ah_tokens u;
-      json_array_append_new(turns, turn_report(a, s, &s->turns[k], &u, &costs[i]));
+      json_t *t = turn_report(a, s, &s->turns[k], &u, &costs[i]);
+      if (turns)
+        json_array_append_new(turns, t);
+      else
+        json_decref(t);
       ah__tokens_add(&own[i], &u);
     }
     json_t *cov = json_object();
@@ -1153,7 +1163,7 @@ json_t *ah__analysis_report(ah_analysis *a) {
       json_array_append_new(reqs, qo);
     }
     json_t *so =
-        json_pack("{s:s, s:s?, s:O, s:o, s:o, s:O, s:o, s:o, s:o}", "id", s->id, "parent", s->parent,
+        json_pack("{s:s, s:s?, s:O, s:o*, s:o, s:O, s:o, s:o, s:o}", "id", s->id, "parent", s->parent,
                   "children", s->children, "turns", turns, "usage", ah__tokens_json(&own[i]), "toolFailures",
                   s->failures, "repeatedCalls", repeated, "requests", reqs, "coverage", cov);
     if (a->o.prices)
@@ -1274,6 +1284,64 @@ json_t *ah__analysis_report(ah_analysis *a) {
   free(costs);
   free(order);
   return rep;
+}
+
+json_t *ah__analysis_report(ah_analysis *a) {
+  return report_build(a, true);
+}
+
+/* The JSON report written compact, each session's turns emitted one at a time. */
+static int write_json(ah_analysis *a, FILE *out) {
+  json_t *rep = report_build(a, false);
+  const char *k;
+  json_t *v;
+  bool first = true;
+  fputc('{', out);
+  json_object_foreach(rep, k, v) {
+    json_t *key = json_string(k);
+    if (!first)
+      fputc(',', out);
+    first = false;
+    json_dumpf(key, out, JSON_ENCODE_ANY);
+    json_decref(key);
+    fputc(':', out);
+    if (strcmp(k, "sessions") != 0) {
+      json_dumpf(v, out, JSON_COMPACT | JSON_ENCODE_ANY);
+      continue;
+    }
+    fputc('[', out);
+    size_t i;
+    json_t *so;
+    json_array_foreach(v, i, so) {
+      char *text = json_dumps(so, JSON_COMPACT);
+      size_t n = text ? strlen(text) : 0;
+      if (n < 2) {
+        free(text);
+        json_decref(rep);
+        return -1;
+      }
+      if (i)
+        fputc(',', out);
+      fwrite(text, 1, n - 1, out); /* without its closing brace: the turns follow */
+      free(text);
+      fputs(",\"turns\":[", out);
+      session_a *s = &a->sessions[json_integer_value(json_object_get(a->session_index, sget(so, "id")))];
+      ah_cost sink = {0};
+      for (size_t t = 0; t < s->nturns; t++) {
+        ah_tokens u;
+        json_t *tj = turn_report(a, s, &s->turns[t], &u, &sink);
+        if (t)
+          fputc(',', out);
+        json_dumpf(tj, out, JSON_COMPACT);
+        json_decref(tj);
+      }
+      fputs("]}", out);
+    }
+    fputc(']', out);
+  }
+  fputs("}\n", out);
+  json_decref(rep);
+  return ferror(out) ? -1 : 0;
 }
 
 /* ---- text -----------------------------------------------------------------------------------------------
@@ -1502,14 +1570,14 @@ int ah__cmd_analyze(int argc, char **argv) {
     if (read_file(a, argv[i]) != 0)
       rc = 2;
   if (rc == 0) {
-    json_t *rep = ah__analysis_report(a);
     if (as_json) {
-      json_dumpf(rep, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-      fputc('\n', stdout);
+      if (write_json(a, stdout) != 0)
+        rc = 2;
     } else {
+      json_t *rep = ah__analysis_report(a);
       ah__analysis_print(rep, stdout);
+      json_decref(rep);
     }
-    json_decref(rep);
   }
   ah__analysis_free(a);
   ah__prices_free(prices);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "analyze.h"
 #include "record.h"
@@ -384,6 +385,93 @@ Test(analyze, the_recorder_rotates_parts_and_keeps_at_most_max_files) {
   ah_recorder_close(r);
   cr_assert_eq(count_files(dir, ".jsonl"), 3, "older parts were removed");
   cr_assert_eq(count_files(dir, ".meta.json"), 3);
+  ts_rmtree(dir);
+  free(dir);
+}
+
+/* Hostile and broken lines: counted as malformed (or read as what they are), never a crash, never a wrong
+ * number; the shallow scanner and the full parser agree (escaped keys take the full parser). */
+Test(analyze, hostile_lines_are_reported_and_the_scanner_agrees_with_the_parser) {
+  ah_analysis *a = ah__analysis_new(NULL);
+  ah__analysis_input(a, "hostile", NULL);
+  size_t depth = 5000;
+  char *deep = malloc(depth * 2 + 200);
+  size_t n = (size_t)sprintf(
+      deep, "{\"v\":1,\"source\":\"s\",\"conn\":\"c\",\"seq\":1,\"dir\":\"received\",\"payload\":");
+  for (size_t i = 0; i < depth; i++)
+    deep[n++] = '[';
+  for (size_t i = 0; i < depth; i++)
+    deep[n++] = ']';
+  deep[n++] = '}';
+  ah__analysis_line(a, deep, n); /* nesting deeper than any parser takes */
+  free(deep);
+  const char *bad[] = {
+      "{\"sessionId\":\"s\",\"seq\":1,\"kind\":\"turn/started\",\"data\":{}",          /* truncated */
+      "{\"sessionId\":\"s\",\"seq\":\"1\",\"kind\":\"turn/started\",\"data\":{}}",     /* seq not a number */
+      "{\"sessionId\":\"s\",\"seq\":99999999999999999999,\"kind\":\"k\",\"data\":{}}", /* overflows */
+      "{\"source\":\"s\",\"conn\":\"c\",\"seq\":1.5,\"dir\":\"received\",\"payload\":{}}",
+      "{\"source\":\"s\",\"source\":\"t\",\"conn\":\"c\",\"seq\":2,\"dir\":\"received\",\"payload\":{}}",
+      "[1,2,3]",
+      "\"just a string\"",
+      "{\"source\":\"s\",\"conn\":\"c\",\"seq\":3,\"dir\":\"received\",\"payload\":{\"method\":\"session."
+      "event\","
+      "\"params\":{\"event\":{\"sessionId\":\"s\",\"seq\":1,\"kind\":\"turn/started\",\"data\":[]}}}}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+    ah__analysis_line(a, bad[i], strlen(bad[i]));
+  ah__analysis_line(a, "{\"a\":\"\xff\xfe\"}", 10); /* not UTF-8 */
+  const char nul[] = "{\"sessionId\":\"s\0x\",\"seq\":5,\"kind\":\"k\"}";
+  ah__analysis_line(a, nul, sizeof nul - 1);
+  /* an escaped key and value: the full parser reads it, as the same event */
+  const char *esc =
+      "{\"sessionId\":\"s\",\"seq\":7,\"kind\":\"turn/sta\\u0072ted\",\"time\":\"2026-01-01T00:00:00.000Z\","
+      "\"turnId\":\"t\\u0031\",\"data\":{\"provider\":\"p\"}}";
+  ah__analysis_line(a, esc, strlen(esc));
+  json_t *rep = ah__analysis_report(a);
+  const json_t *in = json_array_get(json_object_get(rep, "inputs"), 0);
+  cr_assert_eq(iget(in, "malformed"), 11, "%lld", (long long)iget(in, "malformed"));
+  const json_t *s = session_in(rep, "s");
+  const json_t *t = json_array_get(json_object_get(s, "turns"), 0);
+  cr_assert_str_eq(sget(t, "turnId"), "t1");
+  cr_assert_str_eq(sget(t, "provider"), "p");
+  json_decref(rep);
+  ah__analysis_free(a);
+}
+
+/* A line longer than 64 MiB is one malformed line; the lines after it are read. */
+Test(analyze, an_oversized_line_is_skipped_and_reading_goes_on, .timeout = 60) {
+  char *dir = ts_mkdtemp();
+  char path[600];
+  snprintf(path, sizeof path, "%s/big.jsonl", dir);
+  FILE *f = fopen(path, "w");
+  cr_assert(f);
+  fputs("{\"sessionId\":\"s\",\"seq\":1,\"kind\":\"k\",\"data\":{\"x\":\"", f);
+  static char chunk[1 << 20];
+  memset(chunk, 'a', sizeof chunk);
+  for (int i = 0; i < 65; i++)
+    fwrite(chunk, 1, sizeof chunk, f);
+  fputs("\"}}\n{\"sessionId\":\"s\",\"seq\":2,\"kind\":\"turn/started\",\"turnId\":\"t\",\"data\":{}}\n", f);
+  fclose(f);
+  char out[600];
+  snprintf(out, sizeof out, "%s/out.json", dir);
+  fflush(stdout);
+  int saved = dup(1);
+  FILE *o = fopen(out, "w");
+  dup2(fileno(o), 1);
+  char *argv[] = {"--json", path};
+  int rc = ah__cmd_analyze(2, argv);
+  fflush(stdout);
+  dup2(saved, 1);
+  close(saved);
+  fclose(o);
+  cr_assert_eq(rc, 0);
+  json_t *rep = json_load_file(out, 0, NULL);
+  cr_assert(rep);
+  const json_t *in = json_array_get(json_object_get(rep, "inputs"), 0);
+  cr_assert_eq(iget(in, "lines"), 2);
+  cr_assert_eq(iget(in, "malformed"), 1);
+  cr_assert_eq(iget(in, "events"), 1);
+  json_decref(rep);
   ts_rmtree(dir);
   free(dir);
 }
