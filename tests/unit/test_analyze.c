@@ -475,3 +475,30 @@ Test(analyze, an_oversized_line_is_skipped_and_reading_goes_on, .timeout = 60) {
   ts_rmtree(dir);
   free(dir);
 }
+
+/* agenthost has no fork; the prefix a client sees again — a reconnect replaying the mux from an earlier
+ * cursor, a second tab, the same export read twice — is the same events by session and seq: never charged
+ * again, while the new work after it is. */
+Test(analyze, a_prefix_seen_again_is_not_charged_again) {
+  ah_prices *p = prices();
+  ah_analysis_opts o = {.prices = p};
+  ah_analysis *a = ah__analysis_new(&o);
+  ah__analysis_input(a, "first connection", NULL);
+  one_turn(a, "s", 1, "t1", "2026-02-01", false);
+  ah__analysis_input(a, "after a reconnect from cursor 0", NULL);
+  one_turn(a, "s", 1, "t1", "2026-02-01", false); /* the replayed prefix */
+  one_turn(a, "s", 5, "t2", "2026-02-01", false); /* new work */
+  ah__analysis_input(a, "the export", NULL);
+  one_turn(a, "s", 1, "t1", "2026-02-01", false);
+  one_turn(a, "s", 5, "t2", "2026-02-01", false);
+  json_t *rep = ah__analysis_report(a);
+  const json_t *s = session_in(rep, "s");
+  cr_assert_eq(json_array_size(json_object_get(s, "turns")), 2);
+  cr_assert_eq(iget(json_object_get(s, "usage"), "inputTokens"), 6000, "two turns, each once");
+  cr_assert_str_eq(sget(json_object_get(s, "cost"), "amount"), "0.00768"); /* 2 × 0.00384 */
+  cr_assert_eq(iget(json_array_get(json_object_get(rep, "inputs"), 1), "duplicates"), 4);
+  cr_assert_eq(iget(json_array_get(json_object_get(rep, "inputs"), 2), "duplicates"), 8);
+  json_decref(rep);
+  ah__analysis_free(a);
+  ah__prices_free(p);
+}
