@@ -169,17 +169,36 @@ struct ah_analysis {
   size_t ninputs;
 };
 
-#define GROW(arr, n, cap)                              \
-  do {                                                 \
-    if ((n) == (cap)) {                                \
-      size_t nc_ = (cap) ? (cap)*2 : 16;               \
-      void *np_ = realloc((arr), nc_ * sizeof *(arr)); \
-      if (!np_)                                        \
-        abort();                                       \
-      (arr) = np_;                                     \
-      (cap) = nc_;                                     \
-    }                                                  \
-  } while (0)
+/* The element of `key` in an array of `size`-byte elements that `index` maps (key → position); when absent,
+ * a new zeroed one at the end (*created). SLOT keeps the array's type. */
+static void *slot(json_t *index, const char *key, void **arr, size_t *n, size_t *cap, size_t size,
+                  bool *created) {
+  json_t *ix = json_object_get(index, key);
+  *created = !ix;
+  if (ix)
+    return (char *)*arr + (size_t)json_integer_value(ix) * size;
+  if (*n == *cap) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *np = realloc(*arr, nc * size);
+    if (!np)
+      abort();
+    *arr = np;
+    *cap = nc;
+  }
+  void *e = (char *)*arr + *n * size;
+  memset(e, 0, size);
+  json_object_set_new(index, key, json_integer((json_int_t)*n));
+  (*n)++;
+  return e;
+}
+
+#define SLOT(index, key, arr, n, cap, created)                                    \
+  __extension__({                                                                 \
+    void *p_ = (arr);                                                             \
+    void *e_ = slot((index), (key), &p_, &(n), &(cap), sizeof *(arr), (created)); \
+    (arr) = p_;                                                                   \
+    (__typeof__(arr))e_;                                                          \
+  })
 
 static char *dup_or_null(const char *s) {
   return s ? strdup(s) : NULL;
@@ -296,46 +315,36 @@ static input_a *cur_input(ah_analysis *a) {
 }
 
 static session_a *session_get(ah_analysis *a, const char *id) {
-  json_t *ix = json_object_get(a->session_index, id);
-  if (ix)
-    return &a->sessions[json_integer_value(ix)];
-  GROW(a->sessions, a->nsessions, a->scap);
-  session_a *s = &a->sessions[a->nsessions];
-  memset(s, 0, sizeof *s);
-  s->id = strdup(id);
-  s->children = json_array();
-  s->unknown_kinds = json_object();
-  s->turn_index = json_object();
-  s->calls = json_object();
-  s->failures = json_array();
-  s->call_names = json_object();
-  json_object_set_new(a->session_index, id, json_integer((json_int_t)a->nsessions));
-  return &a->sessions[a->nsessions++];
+  bool created;
+  session_a *s = SLOT(a->session_index, id, a->sessions, a->nsessions, a->scap, &created);
+  if (created) {
+    s->id = strdup(id);
+    s->children = json_array();
+    s->unknown_kinds = json_object();
+    s->turn_index = json_object();
+    s->calls = json_object();
+    s->failures = json_array();
+    s->call_names = json_object();
+  }
+  return s;
 }
 
 static turn_a *turn_get(session_a *s, const char *id) {
-  json_t *ix = json_object_get(s->turn_index, id);
-  if (ix)
-    return &s->turns[json_integer_value(ix)];
-  GROW(s->turns, s->nturns, s->cap);
-  turn_a *t = &s->turns[s->nturns];
-  memset(t, 0, sizeof *t);
-  t->id = strdup(id);
-  json_object_set_new(s->turn_index, id, json_integer((json_int_t)s->nturns));
-  return &s->turns[s->nturns++];
+  bool created;
+  turn_a *t = SLOT(s->turn_index, id, s->turns, s->nturns, s->cap, &created);
+  if (created)
+    t->id = strdup(id);
+  return t;
 }
 
 static request_a *request_get(ah_analysis *a, const char *id) {
-  json_t *ix = json_object_get(a->request_index, id);
-  if (ix)
-    return &a->requests[json_integer_value(ix)];
-  GROW(a->requests, a->nrequests, a->rcap);
-  request_a *r = &a->requests[a->nrequests];
-  memset(r, 0, sizeof *r);
-  r->id = strdup(id);
-  r->state = strdup("pending");
-  json_object_set_new(a->request_index, id, json_integer((json_int_t)a->nrequests));
-  return &a->requests[a->nrequests++];
+  bool created;
+  request_a *r = SLOT(a->request_index, id, a->requests, a->nrequests, a->rcap, &created);
+  if (created) {
+    r->id = strdup(id);
+    r->state = strdup("pending");
+  }
+  return r;
 }
 
 static conn_a *conn_find(ah_analysis *a, const char *source, const char *conn);
@@ -352,19 +361,16 @@ static conn_a *conn_get(ah_analysis *a, const char *source, const char *conn) {
 static conn_a *conn_find(ah_analysis *a, const char *source, const char *conn) {
   char key[600];
   snprintf(key, sizeof key, "%.290s\x1f%.290s", source, conn);
-  json_t *ix = json_object_get(a->conn_index, key);
-  if (ix)
-    return &a->conns[json_integer_value(ix)];
-  GROW(a->conns, a->nconns, a->ccap);
-  conn_a *c = &a->conns[a->nconns];
-  memset(c, 0, sizeof *c);
-  c->source = strdup(source);
-  c->conn = strdup(conn);
-  c->outstanding = json_object();
-  c->unknown_methods = json_object();
-  c->answers = json_object();
-  json_object_set_new(a->conn_index, key, json_integer((json_int_t)a->nconns));
-  return &a->conns[a->nconns++];
+  bool created;
+  conn_a *c = SLOT(a->conn_index, key, a->conns, a->nconns, a->ccap, &created);
+  if (created) {
+    c->source = strdup(source);
+    c->conn = strdup(conn);
+    c->outstanding = json_object();
+    c->unknown_methods = json_object();
+    c->answers = json_object();
+  }
+  return c;
 }
 
 static void count(json_t *map, const char *key) {
