@@ -1,6 +1,8 @@
 /* agenthost — offline analysis of recordings and exports (analyze.h). */
 #include "analyze.h"
 
+#include "jsonscan.h"
+
 #include <errno.h>
 #include <getopt.h>
 #include <stdint.h>
@@ -726,171 +728,27 @@ static void on_observation(ah_analysis *a, const json_t *rec) {
  * A line the scanner cannot read plainly (a wanted string with an escape, an unexpected shape) goes through
  * the full parser instead, so the result never depends on the path. */
 
-typedef struct span {
-  const char *p;
-  size_t n;
-} span;
-
-static const char *skip_ws(const char *p, const char *e) {
-  while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
-    p++;
-  return p;
-}
-
-/* The end of the string starting at p ('"'), or NULL. *esc: it holds a backslash. */
-static const char *skip_string(const char *p, const char *e, bool *esc) {
-  p++;
-  while (p < e) {
-    const char *q = memchr(p, '"', (size_t)(e - p));
-    if (!q)
-      return NULL;
-    /* count the backslashes before the quote */
-    const char *b = q;
-    while (b > p && b[-1] == '\\')
-      b--;
-    if (memchr(p, '\\', (size_t)(q - p)) && esc)
-      *esc = true;
-    if (((q - b) & 1) == 0)
-      return q + 1;
-    p = q + 1;
-  }
-  return NULL;
-}
-
-static const char *skip_value(const char *p, const char *e) {
-  if (p >= e)
-    return NULL;
-  if (*p == '"')
-    return skip_string(p, e, NULL);
-  if (*p == '{' || *p == '[') {
-    int depth = 0;
-    while (p < e) {
-      char c = *p;
-      if (c == '"') {
-        p = skip_string(p, e, NULL);
-        if (!p)
-          return NULL;
-        continue;
-      }
-      if (c == '{' || c == '[') {
-        if (++depth > 2048)
-          return NULL;
-      } else if (c == '}' || c == ']') {
-        if (--depth == 0)
-          return p + 1;
-      }
-      p++;
-    }
-    return NULL;
-  }
-  const char *q = p;
-  while (q < e && *q != ',' && *q != '}' && *q != ']' && *q != ' ' && *q != '\t' && *q != '\r' && *q != '\n')
-    q++;
-  return q > p ? q : NULL;
-}
-
-/* Find the values of `keys` at the top level of the object in [p, e). Returns 0, or -1 when it is not a
- * plain object (or a wanted key is repeated). */
-static int scan(const char *p, const char *e, const char *const *keys, size_t nk, span *out) {
-  size_t kls[16];
-  if (nk > 16)
-    return -1;
-  for (size_t i = 0; i < nk; i++) {
-    out[i].p = NULL, out[i].n = 0;
-    kls[i] = strlen(keys[i]);
-  }
-  p = skip_ws(p, e);
-  if (p >= e || *p != '{')
-    return -1;
-  p = skip_ws(p + 1, e);
-  if (p < e && *p == '}')
-    return skip_ws(p + 1, e) == e ? 0 : -1;
-  for (;;) {
-    if (p >= e || *p != '"')
-      return -1;
-    bool esc = false;
-    const char *ke = skip_string(p, e, &esc);
-    if (!ke || esc)
-      return -1;
-    const char *k = p + 1;
-    size_t kl = (size_t)(ke - 1 - k);
-    p = skip_ws(ke, e);
-    if (p >= e || *p != ':')
-      return -1;
-    p = skip_ws(p + 1, e);
-    const char *ve = skip_value(p, e);
-    if (!ve)
-      return -1;
-    for (size_t i = 0; i < nk; i++)
-      if (kls[i] == kl && memcmp(keys[i], k, kl) == 0) {
-        if (out[i].p)
-          return -1;
-        out[i].p = p;
-        out[i].n = (size_t)(ve - p);
-      }
-    p = skip_ws(ve, e);
-    if (p < e && *p == ',') {
-      p = skip_ws(p + 1, e);
-      continue;
-    }
-    if (p < e && *p == '}')
-      return 0;
-    return -1;
-  }
-}
-
-/* A plain string value (no escapes) as a JSON string, or NULL. */
-static json_t *span_str(span s) {
-  if (!s.p || s.n < 2 || s.p[0] != '"' || memchr(s.p, '\\', s.n))
-    return NULL;
-  for (size_t i = 1; i + 1 < s.n; i++)
-    if ((unsigned char)s.p[i] < 0x20) /* a raw control byte is not JSON: the parser refuses the line */
-      return NULL;
-  return json_stringn(s.p + 1, s.n - 2); /* NULL when not UTF-8 */
-}
-
-static json_t *span_int(span s) {
-  if (!s.p || !s.n || s.n > 19)
-    return NULL;
-  char buf[24];
-  memcpy(buf, s.p, s.n);
-  buf[s.n] = '\0';
-  char *end = NULL;
-  errno = 0;
-  long long v = strtoll(buf, &end, 10);
-  return errno || *end ? NULL : json_integer(v);
-}
-
-static bool span_is(span s, const char *lit) {
-  size_t n = strlen(lit);
-  return s.p && s.n == n + 2 && s.p[0] == '"' && memcmp(s.p + 1, lit, n) == 0;
-}
-
-static json_t *span_json(span s) {
-  return s.p ? json_loadb(s.p, s.n, JSON_DECODE_ANY, NULL) : NULL;
-}
-
 /* Kinds whose data the analysis reads. */
-static bool data_wanted(span kind) {
+static bool data_wanted(ah_span kind) {
   static const char *const wanted[] = {"turn/started",   "model/usage",       "turn/ended",
                                        "tool/call",      "tool/result",       "tool/approval",
                                        "question/asked", "question/answered", "subagent/started"};
   for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
-    if (span_is(kind, wanted[i]))
+    if (ah__span_is(kind, wanted[i]))
       return true;
   return false;
 }
 
 /* A stored event, scanned: only its head and, when read, its data are parsed. NULL: use the full parser. */
-static json_t *event_of(span sp) {
+static json_t *event_of(ah_span sp) {
   static const char *const keys[] = {"sessionId", "seq", "kind", "time", "turnId", "data"};
-  span v[6];
-  if (scan(sp.p, sp.p + sp.n, keys, 6, v) != 0 || (v[5].p && v[5].p[0] != '{'))
+  ah_span v[6];
+  if (ah__json_scan(sp.p, sp.p + sp.n, keys, 6, v) != 0 || (v[5].p && v[5].p[0] != '{'))
     return NULL;
-  json_t *sid = span_str(v[0]), *seq = span_int(v[1]), *kind = span_str(v[2]);
-  json_t *time = v[3].p ? span_str(v[3]) : json_null();
-  json_t *turn = v[4].p ? span_str(v[4]) : json_null();
-  json_t *data = data_wanted(v[2]) ? span_json(v[5]) : json_object();
+  json_t *sid = ah__span_str(v[0]), *seq = ah__span_int(v[1]), *kind = ah__span_str(v[2]);
+  json_t *time = v[3].p ? ah__span_str(v[3]) : json_null();
+  json_t *turn = v[4].p ? ah__span_str(v[4]) : json_null();
+  json_t *data = data_wanted(v[2]) ? ah__span_json(v[5]) : json_object();
   if (!sid || !seq || !kind || !time || !turn || !data ||
       (v[5].p && data_wanted(v[2]) && !json_is_object(data))) {
     json_decref(sid), json_decref(seq), json_decref(kind), json_decref(time), json_decref(turn),
@@ -909,33 +767,33 @@ static json_t *event_of(span sp) {
 }
 
 /* Pushes whose bodies the analysis does not read. */
-static bool body_unread(span method) {
+static bool body_unread(ah_span method) {
   static const char *const unread[] = {"session.delta",  "session.reasoning", "session.progress",
                                        "session.status", "session.options",   "session.updated",
                                        "tools.changed",  "plugin.mounted",    "plugin.withdrawn"};
   for (size_t i = 0; i < sizeof unread / sizeof unread[0]; i++)
-    if (span_is(method, unread[i]))
+    if (ah__span_is(method, unread[i]))
       return true;
   return false;
 }
 
 /* The payload as the analysis needs it: parsed whole, or reduced (a session.event to its event's head, an
  * unread push to its method). NULL: use the full parser. */
-static json_t *payload_of(span sp) {
+static json_t *payload_of(ah_span sp) {
   static const char *const keys[] = {"method", "kind", "payload", "params"};
-  span v[4];
-  if (scan(sp.p, sp.p + sp.n, keys, 4, v) != 0)
+  ah_span v[4];
+  if (ah__json_scan(sp.p, sp.p + sp.n, keys, 4, v) != 0)
     return NULL;
-  if (span_is(v[0], "session.event")) {
-    span body = v[2].p ? v[2] : v[3];
+  if (ah__span_is(v[0], "session.event")) {
+    ah_span body = v[2].p ? v[2] : v[3];
     static const char *const bk[] = {"event"};
-    span e;
-    if (!body.p || scan(body.p, body.p + body.n, bk, 1, &e) != 0 || !e.p)
+    ah_span e;
+    if (!body.p || ah__json_scan(body.p, body.p + body.n, bk, 1, &e) != 0 || !e.p)
       return NULL;
     json_t *ev = event_of(e);
     if (!ev)
       return NULL;
-    json_t *k = v[1].p ? span_str(v[1]) : NULL;
+    json_t *k = v[1].p ? ah__span_str(v[1]) : NULL;
     json_t *p =
         json_pack("{s:s, s:{s:o}}", "method", "session.event", v[2].p ? "payload" : "params", "event", ev);
     if (k)
@@ -943,23 +801,23 @@ static json_t *payload_of(span sp) {
     return p;
   }
   if (body_unread(v[0])) {
-    json_t *m = span_str(v[0]);
+    json_t *m = ah__span_str(v[0]);
     return m ? json_pack("{s:o}", "method", m) : NULL;
   }
-  return span_json(sp);
+  return ah__span_json(sp);
 }
 
 /* Scan a line; 0 when it was handled, -1 when the full parser must read it. */
 static int fast_line(ah_analysis *a, const char *line, size_t len) {
   static const char *const keys[] = {"source", "conn",  "seq",     "dir",       "side", "corr",
                                      "wall",   "event", "payload", "sessionId", "kind"};
-  span v[11];
-  if (scan(line, line + len, keys, 11, v) != 0)
+  ah_span v[11];
+  if (ah__json_scan(line, line + len, keys, 11, v) != 0)
     return -1;
   if (!v[0].p || !v[1].p) {
     if (!v[9].p || !v[10].p)
       return -1;
-    json_t *ev = event_of((span){line, len});
+    json_t *ev = event_of((ah_span){line, len});
     if (!ev)
       return -1;
     on_event(a, ev);
@@ -972,21 +830,21 @@ static int fast_line(ah_analysis *a, const char *line, size_t len) {
   for (size_t i = 0; i < 7; i++) {
     if (!v[str_ix[i]].p)
       continue;
-    json_t *x = span_str(v[str_ix[i]]);
+    json_t *x = ah__span_str(v[str_ix[i]]);
     if (!x) {
       json_decref(rec);
       return -1;
     }
     json_object_set_new(rec, str_keys[i], x);
   }
-  json_t *seq = span_int(v[2]);
+  json_t *seq = ah__span_int(v[2]);
   if (!seq) {
     json_decref(rec);
     return -1;
   }
   json_object_set_new(rec, "seq", seq);
   if (v[8].p) {
-    json_t *p = v[8].p[0] == '{' ? payload_of(v[8]) : span_json(v[8]);
+    json_t *p = v[8].p[0] == '{' ? payload_of(v[8]) : ah__span_json(v[8]);
     if (!p) {
       json_decref(rec);
       return -1;
