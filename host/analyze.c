@@ -132,6 +132,7 @@ typedef struct session_a {
   json_t *turn_index; /* turnId → index */
   json_t *calls;      /* name#hash → {name, count, firstSeq} */
   json_t *failures;   /* [{turnId, callId, name, error}] */
+  json_t *hooks;      /* [{seq, turnId?, hook, event, source, plugin?, outcome, durationMs, …}] */
   json_t *call_names; /* callId → name */
   int64_t events;
 } session_a;
@@ -263,6 +264,7 @@ void ah__analysis_free(ah_analysis *a) {
     json_decref(s->turn_index);
     json_decref(s->calls);
     json_decref(s->failures);
+    json_decref(s->hooks);
     json_decref(s->call_names);
   }
   free(a->sessions);
@@ -326,6 +328,7 @@ static session_a *session_get(ah_analysis *a, const char *id) {
     s->turn_index = json_object();
     s->calls = json_object();
     s->failures = json_array();
+    s->hooks = json_array();
     s->call_names = json_object();
   }
   return s;
@@ -489,6 +492,26 @@ static void on_event(ah_analysis *a, const json_t *ev) {
     json_array_append_new(s->failures, json_pack("{s:s?, s:s?, s:s?, s:s?, s:I}", "turnId", tid, "callId",
                                                  sget(d, "callId"), "name", sget(d, "name"), "error", msg,
                                                  "seq", (json_int_t)json_integer_value(seqv)));
+  } else if (strcmp(kind, "hook/ran") == 0) {
+    /* a hook's run as the host stored it; only what names and judges it is kept (never a document) */
+    json_t *run = json_object();
+    static const char *const keep[] = {"hook",   "event", "source",  "plugin", "outcome",
+                                       "reason", "error", "onError", "tool",   "callId"};
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; i++)
+      if (sget(d, keep[i]))
+        json_object_set_new(run, keep[i], json_string(sget(d, keep[i])));
+    if (!json_object_get(run, "hook") || !json_object_get(run, "outcome")) {
+      json_decref(run);
+      in->malformed++;
+      return;
+    }
+    const json_t *ms = json_object_get(d, "durationMs");
+    if (json_is_integer(ms) && json_integer_value(ms) >= 0)
+      json_object_set_new(run, "durationMs", json_integer(json_integer_value(ms)));
+    json_object_set_new(run, "seq", json_integer(json_integer_value(seqv)));
+    if (tid)
+      json_object_set_new(run, "turnId", json_string(tid));
+    json_array_append_new(s->hooks, run);
   } else if (strcmp(kind, "tool/approval") == 0 || strcmp(kind, "question/answered") == 0) {
     const char *rid = sget(d, "requestId");
     if (!rid)
@@ -730,9 +753,9 @@ static void on_observation(ah_analysis *a, const json_t *rec) {
 
 /* Kinds whose data the analysis reads. */
 static bool data_wanted(ah_span kind) {
-  static const char *const wanted[] = {"turn/started",   "model/usage",       "turn/ended",
-                                       "tool/call",      "tool/result",       "tool/approval",
-                                       "question/asked", "question/answered", "subagent/started"};
+  static const char *const wanted[] = {
+      "turn/started",  "model/usage",    "turn/ended",        "tool/call",        "tool/result",
+      "tool/approval", "question/asked", "question/answered", "subagent/started", "hook/ran"};
   for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
     if (ah__span_is(kind, wanted[i]))
       return true;
@@ -1026,10 +1049,10 @@ static json_t *report_build(ah_analysis *a, bool with_turns) {
                             json_pack("{s:s, s:s}", "source", q->by_source, "conn", q->by_conn));
       json_array_append_new(reqs, qo);
     }
-    json_t *so =
-        json_pack("{s:s, s:s?, s:O, s:o*, s:o, s:O, s:o, s:o, s:o}", "id", s->id, "parent", s->parent,
-                  "children", s->children, "turns", turns, "usage", ah__tokens_json(&own[i]), "toolFailures",
-                  s->failures, "repeatedCalls", repeated, "requests", reqs, "coverage", cov);
+    json_t *so = json_pack("{s:s, s:s?, s:O, s:o*, s:o, s:O, s:o, s:o, s:O, s:o}", "id", s->id, "parent",
+                           s->parent, "children", s->children, "turns", turns, "usage",
+                           ah__tokens_json(&own[i]), "toolFailures", s->failures, "repeatedCalls", repeated,
+                           "requests", reqs, "hookRuns", s->hooks, "coverage", cov);
     if (a->o.prices)
       json_object_set_new(so, "cost", ah__cost_json(&costs[i], a->o.prices));
     json_object_set_new(reports, s->id, so);
@@ -1229,6 +1252,52 @@ static void print_cost(FILE *out, const json_t *c) {
             (long long)json_integer_value(json_object_get(c, "unpricedItems")), sget(c, "unpricedWhy"));
 }
 
+/* Hook runs: one line per hook and point (runs, outcomes, the longest), then each run that denied, failed
+ * or was cancelled with its reason. */
+static void print_hooks(FILE *out, const json_t *runs) {
+  json_t *by = json_object(); /* "hook (event)" → {runs, outcomes{}, maxMs} */
+  size_t i;
+  json_t *r;
+  json_array_foreach(runs, i, r) {
+    char key[300];
+    snprintf(key, sizeof key, "%.200s (%.60s)", sget(r, "hook"), sget(r, "event") ? sget(r, "event") : "?");
+    json_t *h = json_object_get(by, key);
+    if (!h) {
+      h = json_pack("{s:i, s:{}, s:i}", "runs", 0, "outcomes", "maxMs", 0);
+      json_object_set_new(by, key, h);
+    }
+    json_object_set_new(h, "runs", json_integer(json_integer_value(json_object_get(h, "runs")) + 1));
+    count(json_object_get(h, "outcomes"), sget(r, "outcome"));
+    json_int_t ms = json_integer_value(json_object_get(r, "durationMs"));
+    if (ms > json_integer_value(json_object_get(h, "maxMs")))
+      json_object_set_new(h, "maxMs", json_integer(ms));
+  }
+  const char *k;
+  json_t *h;
+  json_object_foreach(by, k, h) {
+    fprintf(out, "  hook %s: %lld run(s)", k, (long long)json_integer_value(json_object_get(h, "runs")));
+    const char *ok;
+    json_t *ov;
+    json_object_foreach(json_object_get(h, "outcomes"), ok, ov)
+        fprintf(out, ", %s %lld", ok, (long long)json_integer_value(ov));
+    fprintf(out, ", longest %lld ms\n", (long long)json_integer_value(json_object_get(h, "maxMs")));
+  }
+  json_decref(by);
+  json_array_foreach(runs, i, r) {
+    const char *o = sget(r, "outcome");
+    if (strcmp(o, "deny") != 0 && strcmp(o, "error") != 0 && strcmp(o, "cancelled") != 0)
+      continue;
+    fprintf(out, "  hook %s %s%s%s: %s", sget(r, "hook"), o, sget(r, "tool") ? " on " : "",
+            sget(r, "tool") ? sget(r, "tool") : "",
+            sget(r, "reason")  ? sget(r, "reason")
+            : sget(r, "error") ? sget(r, "error")
+                               : "no reason given");
+    if (sget(r, "onError"))
+      fprintf(out, " (on_error = %s)", sget(r, "onError"));
+    fputc('\n', out);
+  }
+}
+
 void ah__analysis_print(const json_t *rep, FILE *out) {
   size_t i;
   json_t *s;
@@ -1279,6 +1348,7 @@ void ah__analysis_print(const json_t *rep, FILE *out) {
       fprintf(out, "  repeated call: %s × %lld (identical arguments)\n", sget(t, "name"),
               (long long)json_integer_value(json_object_get(t, "count")));
     }
+    print_hooks(out, json_object_get(s, "hookRuns"));
   }
   const json_t *cov = json_object_get(rep, "coverage");
   fprintf(out, "\ncoverage: %s\n",

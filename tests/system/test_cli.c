@@ -1018,6 +1018,24 @@ Test(cli, hooks_list_shows_the_configurations_then_the_daemons_hooks_without_sec
             "%s", out);
   free(out);
   free(err);
+  /* and in the offline report of its export: the hook, its error and what on_error made of it */
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "export", id, NULL), 0, "%s", err);
+  char exp[4200];
+  snprintf(exp, sizeof exp, "%s/export.jsonl", test_dir());
+  FILE *ef = fopen(exp, "w");
+  cr_assert_not_null(ef);
+  fputs(out, ef);
+  fclose(ef);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "analyze", exp, NULL), 0, "%s", err);
+  cr_expect(strstr(out, "hook guard (before_tool): 1 run(s), error 1") &&
+                strstr(out, "hook guard error on run_command: cannot run") &&
+                strstr(out, "(on_error = deny)"),
+            "%s", out);
+  cr_expect_null(strstr(out, "s3cret"), "%s", out);
+  free(out);
+  free(err);
   free(id);
   write_hooks_config(&e, "[hook.guard]\nevent = before_tool\ncommand = /usr/local/bin/guard\n"
                          "[hook.audit]\nevent = turn_end\ncommand = /usr/local/bin/audit\n");

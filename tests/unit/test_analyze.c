@@ -278,6 +278,55 @@ Test(analyze, tool_failures_and_repeated_identical_calls_are_reported_with_a_thr
   ah__analysis_free(a);
 }
 
+/* #19's hook runs: every stored `hook/ran` is in the report, with who ran, what it decided and why; the text
+ * output sums each hook and names each denial and failure. */
+Test(analyze, hook_runs_are_reported_with_their_outcome_reason_and_duration) {
+  ah_analysis *a = ah__analysis_new(NULL);
+  feed(a, ev("s", 1, "hook/ran", "2026-02-01T00:00:01.000Z", NULL,
+             "{\"hook\":\"audit\",\"event\":\"session_start\",\"source\":\"config\",\"outcome\":"
+             "\"allow\",\"durationMs\":4}"));
+  feed(a, ev("s", 2, "hook/ran", "2026-02-01T00:00:02.000Z", "t",
+             "{\"hook\":\"no-rm\",\"event\":\"before_tool\",\"source\":\"config\",\"outcome\":"
+             "\"deny\",\"durationMs\":12,\"reason\":\"rm -rf outside the workspace\",\"tool\":"
+             "\"run_command\",\"callId\":\"c1\"}"));
+  /* a plugin hook that timed out, its message with escapes */
+  feed(a, ev("s", 3, "hook/ran", "2026-02-01T00:00:03.000Z", "t",
+             "{\"hook\":\"fmt\",\"event\":\"after_tool\",\"source\":\"plugin\",\"plugin\":\"toolsrc\","
+             "\"outcome\":\"error\",\"durationMs\":30001,\"error\":\"timed out \\\"30000 ms\\\"\","
+             "\"onError\":\"allow\",\"tool\":\"write_file\",\"callId\":\"c2\"}"));
+  feed(a, ev("s", 4, "hook/ran", "2026-02-01T00:00:04.000Z", "t", "{\"event\":\"turn_end\"}")); /* no hook */
+  json_t *rep = ah__analysis_report(a);
+  const json_t *runs = json_object_get(session_in(rep, "s"), "hookRuns");
+  cr_assert_eq(json_array_size(runs), 3);
+  const json_t *deny = json_array_get(runs, 1);
+  cr_assert_str_eq(sget(deny, "outcome"), "deny");
+  cr_assert_str_eq(sget(deny, "reason"), "rm -rf outside the workspace");
+  cr_assert_str_eq(sget(deny, "tool"), "run_command");
+  cr_assert_str_eq(sget(deny, "turnId"), "t");
+  cr_assert_eq(iget(deny, "durationMs"), 12);
+  cr_assert_eq(iget(deny, "seq"), 2);
+  const json_t *err = json_array_get(runs, 2);
+  cr_assert_str_eq(sget(err, "error"), "timed out \"30000 ms\"");
+  cr_assert_str_eq(sget(err, "plugin"), "toolsrc");
+  cr_assert_str_eq(sget(err, "onError"), "allow");
+  cr_assert_null(json_object_get(json_array_get(runs, 0), "turnId"));
+  cr_assert_eq(iget(json_array_get(json_object_get(rep, "inputs"), 0), "malformed"), 1);
+  char *text = NULL;
+  size_t tn = 0;
+  FILE *out = open_memstream(&text, &tn);
+  ah__analysis_print(rep, out);
+  fclose(out);
+  cr_assert(strstr(text, "hook no-rm (before_tool): 1 run(s), deny 1, longest 12 ms"), "%s", text);
+  cr_assert(strstr(text, "hook audit (session_start): 1 run(s), allow 1, longest 4 ms"), "%s", text);
+  cr_assert(strstr(text, "hook no-rm deny on run_command: rm -rf outside the workspace"), "%s", text);
+  cr_assert(strstr(text, "hook fmt error on write_file: timed out \"30000 ms\" (on_error = allow)"), "%s",
+            text);
+  cr_assert_null(strstr(text, "hook audit allow"), "%s", text);
+  free(text);
+  json_decref(rep);
+  ah__analysis_free(a);
+}
+
 /* ---- the recorder ---- */
 
 static json_t *read_lines(const char *path) {
