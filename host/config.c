@@ -531,6 +531,17 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         cfg->record_max_bytes = n;
       else
         cfg->record_max_files = (int)n;
+    } else if (strcmp(key, "idle_unload_s") == 0) {
+      /* seconds, a fraction allowed ("0.5"); 0 = never */
+      char *end = NULL;
+      errno = 0;
+      double v = strtod(value, &end);
+      if (errno || *end || !value[0] || !(v >= 0) || v > 31536000.0 || (v > 0 && v < 0.001)) {
+        fail(L, "%s: must be a number of seconds from 0.001 to 31536000, or 0 (never)%s", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      cfg->idle_unload_ms = v == 0 ? UINT64_MAX : (uint64_t)(v * 1000.0 + 0.5);
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,

@@ -84,6 +84,9 @@ typedef struct ah_config {
   json_t *record_surfaces;
   uint64_t record_max_bytes;
   int record_max_files;
+  /* [host] idle_unload_s: how long a live session with nothing going on stays in memory (ms); 0: the
+   * default (15 minutes); UINT64_MAX: never (idle_unload_s = 0). */
+  uint64_t idle_unload_ms;
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */

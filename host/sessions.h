@@ -76,7 +76,8 @@ int ah__session_update(ah_session *s, const json_t *fields);
 /* For tests and benchmarks. */
 ah_store *ah__sessions_store(ah_sessions *s);
 size_t ah__sessions_live(ah_sessions *s);
-size_t ah__sessions_loads(ah_sessions *s); /* cold resumes performed (coalesced ones count once) */
+size_t ah__sessions_loads(ah_sessions *s);   /* cold resumes performed (coalesced ones count once) */
+size_t ah__sessions_unloads(ah_sessions *s); /* idle sessions that left memory ([host] idle_unload_s) */
 const char *ah__sessions_owner(ah_sessions *s);
 /* The store's health as host.describe shows it: {"health": "ok"|"full"|"damaged", "detail"?}; NULL while a
  * lazily opened store was not opened yet. */

@@ -13,16 +13,20 @@
 #include "session.h"
 
 static void stop_here(session *s, int status);
+static void follows_end(session *s);
+
+/* The loop's monotonic clock (ms): idle times never jump with the wall clock. */
+static uint64_t mono_ms(const ah_sessions *m) {
+  return uv_now(ah__host_loop(m->host));
+}
 static void retry_tick(ah_timer *t, void *arg);
 static void recover_after_load(session *s);
 
 session *ah__live_find(ah_sessions *m, const char *id) {
-  AH__LIST_EACH(it, &m->sessions) {
-    session *s = AH__CONTAINER(it, session, link);
-    if (strcmp(s->id, id) == 0)
-      return s;
-  }
-  return NULL;
+  session *s = NULL;
+  if (id)
+    HASH_FIND_STR(m->by_id, id, s);
+  return s;
 }
 
 /* Forget the prompts queued in memory (their inbox rows stay in the store). */
@@ -106,11 +110,18 @@ static session *session_new(ah_sessions *m, const char *id, json_t *row) {
   s->m = m;
   s->id = strdup(id);
   s->row = row;
+  if (!s->id) {
+    free(s);
+    return NULL;
+  }
   s->seq = json_integer_value(json_object_get(row, "lastSeq"));
+  s->active_ms = mono_ms(m);
   ah__list_init(&s->queue);
   ah__list_init(&s->waiters);
   ah__list_init(&s->close_waiters);
+  ah__list_init(&s->follows);
   ah__list_push(&m->sessions, &s->link);
+  HASH_ADD_KEYPTR(hh, m->by_id, s->id, strlen(s->id), s);
   m->nlive++;
   return s;
 }
@@ -124,13 +135,81 @@ void ah__live_wake(session *s, int status) {
   }
 }
 
+/* ---- follows (session.follow) -------------------------------------------------------------------------- */
+
+typedef struct follow {
+  session *s;
+  ah_call *call;
+  ah_cancel_watch *watch;
+  ah__link link;
+} follow;
+
+static void follow_end(follow *f, int status, const char *why) {
+  ah__list_remove(&f->link);
+  f->s->nfollows--;
+  f->s->active_ms = mono_ms(f->s->m); /* the idle time counts from the end of the last follow */
+  if (f->watch)
+    ah__cancel_unwatch(f->watch);
+  if (status)
+    ah__call_error(f->call, status, why, NULL);
+  else
+    ah__call_reply(f->call, json_pack("{s:s, s:b}", "sessionId", f->s->id, "closed", 1));
+  free(f);
+}
+
+static void follow_tripped(ah_cancel *t, void *arg) {
+  (void)t;
+  follow *f = arg;
+  f->watch = NULL; /* a fired watch is gone; the host answered the caller `cancelled` */
+  follow_end(f, AH_ECANCELED, "cancelled");
+}
+
+/* The session leaves memory (closed, lost, broken, the host stops): its follows end, answered. */
+static void follows_end(session *s) {
+  while (!ah__list_empty(&s->follows)) {
+    follow *f = AH__CONTAINER(s->follows.next, follow, link);
+    if (s->closing)
+      follow_end(f, 0, NULL);
+    else
+      follow_end(f, s->m->stopping ? AH_ESTATE : AH_ECLOSED,
+                 s->m->stopping ? "the host is stopping" : "the session no longer runs here");
+  }
+}
+
+int ah__live_follow(session *s, ah_call *call) {
+  ah_cancel *token = ah__call_cancel_token(call);
+  follow *f = calloc(1, sizeof *f);
+  if (!f || !token)
+    return (free(f), AH_ENOMEM);
+  f->s = s;
+  f->call = call;
+  ah__list_init(&f->link);
+  ah__list_push(&s->follows, &f->link);
+  s->nfollows++;
+  int rc = ah__cancel_watch(token, follow_tripped, f, &f->watch);
+  if (rc == AH_ECANCELED) { /* already tripped: the follow ends at once */
+    f->watch = NULL;
+    follow_end(f, AH_ECANCELED, "cancelled");
+    return 0;
+  }
+  if (rc) {
+    ah__list_remove(&f->link);
+    s->nfollows--;
+    free(f);
+    return rc;
+  }
+  return 0;
+}
+
 /* Drop a live session from the manager (after its lease is released or was never taken). */
 static void session_dispose(session *s) {
   if (s->disposed)
     return;
   ah__live_wake(s, AH_ECLOSED); /* nobody waits on a session that is going away */
   s->disposed = true;
+  follows_end(s);
   ah__list_remove(&s->link);
+  HASH_DEL(s->m->by_id, s);
   s->m->nlive--;
   ah__live_free_if_unused(s);
 }
@@ -309,6 +388,7 @@ void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
   }
   session *s = ah__live_find(m, id);
   if (s && (s->ready || s->closing)) {
+    s->active_ms = mono_ms(m);
     cb(s->closing ? AH_ECLOSED : 0, s->closing ? NULL : s, arg);
     return;
   }
@@ -319,7 +399,7 @@ void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
   }
   w->cb = cb;
   w->arg = arg;
-  if (s) { /* a load is in progress: coalesce */
+  if (s) { /* a load (or an idle unload, after which it is loaded again) is in progress: coalesce */
     ah__list_push(&s->waiters, &w->link);
     return;
   }
@@ -596,4 +676,100 @@ void ah__live_release(session *s) {
   s->ready = false;
   ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "lease.release", "id", s->id, "owner", s->m->owner),
                 NULL, NULL, NULL, NULL, release_written, NULL);
+}
+
+/* ---- idle unload ([host] idle_unload_s) -----------------------------------------------------------------
+ *
+ * A session with nothing going on — no turn, no queued prompt, no write in flight, no hold (a remote call,
+ * an observing hook chain), no follow, nobody waiting on it — for idle_unload_s leaves memory: its lease is
+ * released and the next call loads it again as any cold session (coalesced, fenced). The sweep looks at
+ * every live session once a period (a quarter of the idle time, from 50 ms to 5 s); a busy session's idle
+ * time starts again at the sweep that finds it busy. */
+
+#define IDLE_DEFAULT_MS (15u * 60u * 1000u)
+
+static uint64_t idle_ms(ah_sessions *m) {
+  const ah_config *cfg = ah__host_config(m->host);
+  uint64_t v = cfg ? cfg->idle_unload_ms : 0;
+  return v == 0 ? IDLE_DEFAULT_MS : v; /* UINT64_MAX: never */
+}
+
+static bool busy(const session *s) {
+  return !s->ready || s->closing || s->disposed || s->lost || s->broken || s->running || s->turn ||
+         s->end_unwritten || s->parent_turn || s->pending_writes > 0 || s->holds > 0 || s->nfollows > 0 ||
+         !ah__list_empty(&s->queue) || !ah__list_empty(&s->waiters) || !ah__list_empty(&s->close_waiters);
+}
+
+static void unload_written(session *s, int status, const json_t *event, void *arg) {
+  (void)event;
+  (void)arg;
+  ah_sessions *m = s->m;
+  if (status)
+    AH_LOG_W(LOG, "session %s: its lease could not be released (%s); it expires", s->id, ah_strerror(status));
+  /* Callers that came while the lease was released wait for a fresh load, not for this session. */
+  ah__link again;
+  ah__list_take_all(&again, &s->waiters);
+  char *id = strdup(s->id);
+  s->unloading = false;
+  session_dispose(s);
+  m->unloads++;
+  while (!ah__list_empty(&again)) {
+    waiter *w = AH__CONTAINER(again.next, waiter, link);
+    ah__list_remove(&w->link);
+    if (id)
+      ah__live_lookup(m, id, w->cb, w->arg); /* the first loads it, the others coalesce */
+    else
+      w->cb(AH_ENOMEM, NULL, w->arg);
+    free(w);
+  }
+  free(id);
+}
+
+static void unload(session *s) {
+  AH_LOG_D(LOG, "session %s: idle, leaves memory", s->id);
+  s->ready = false;
+  s->unloading = true;
+  ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "lease.release", "id", s->id, "owner", s->m->owner),
+                NULL, NULL, NULL, NULL, unload_written, NULL);
+}
+
+static void idle_tick(ah_timer *t, void *arg);
+
+static void idle_arm(ah_sessions *m) {
+  uint64_t idle = idle_ms(m);
+  uint64_t period = idle == UINT64_MAX ? 5000 : idle / 4 < 50 ? 50 : idle / 4 > 5000 ? 5000 : idle / 4;
+  if (m->idle_timer && period == m->idle_period)
+    return;
+  if (m->idle_timer)
+    ah__services_timer_stop(m->idle_timer);
+  m->idle_timer = NULL;
+  m->idle_period = period;
+  ah__services_timer_start(m->core, period, period, idle_tick, m, &m->idle_timer);
+}
+
+static void idle_tick(ah_timer *t, void *arg) {
+  (void)t;
+  ah_sessions *m = arg;
+  if (m->stopping)
+    return;
+  uint64_t idle = idle_ms(m), now = mono_ms(m);
+  for (ah__link *it = m->sessions.next; it != &m->sessions;) {
+    session *s = AH__CONTAINER(it, session, link);
+    it = it->next; /* unload() may dispose `s` before it returns (a failed write) */
+    if (busy(s))
+      s->active_ms = now;
+    else if (idle != UINT64_MAX && now - s->active_ms >= idle)
+      unload(s);
+  }
+  idle_arm(m); /* the configured time may have changed (SIGHUP) */
+}
+
+void ah__live_idle_start(ah_sessions *m) {
+  idle_arm(m);
+}
+
+void ah__live_idle_stop(ah_sessions *m) {
+  if (m->idle_timer)
+    ah__services_timer_stop(m->idle_timer);
+  m->idle_timer = NULL;
 }

@@ -109,6 +109,7 @@ void ah__sessions_start(ah_sessions *m, ah_mount *core) {
   m->core = core;
   ah__services_timer_start(core, m->lease_ttl / 3, m->lease_ttl / 3, ah__live_renew_leases, m,
                            &m->lease_timer);
+  ah__live_idle_start(m);
   if (m->recover_on_start)
     recover(m);
 }
@@ -161,6 +162,7 @@ void ah__sm_check_stopped(ah_sessions *m) {
   if (releasing || !ah__list_empty(&m->sessions))
     return;
   m->stop_finishing = true;
+  ah__live_idle_stop(m);
   if (m->lease_timer) {
     ah__services_timer_stop(m->lease_timer);
     m->lease_timer = NULL;
@@ -233,6 +235,9 @@ size_t ah__sessions_live(ah_sessions *m) {
 size_t ah__sessions_loads(ah_sessions *m) {
   return m->loads;
 }
+size_t ah__sessions_unloads(ah_sessions *m) {
+  return m->unloads;
+}
 int ah__sessions_store_state(ah_sessions *m) {
   if (!m->store && !m->store_failed)
     return -1;
@@ -281,12 +286,10 @@ json_t *ah__session_info(ah_session *s) {
     return NULL;
   json_t *r = ah__sm_public_row(s->row, status_of(s));
   json_t *pending = json_array();
-  AH__LIST_EACH(it, &s->m->requests) {
-    request *q = AH__CONTAINER(it, request, link);
-    if (strcmp(q->session_id, s->id) == 0)
-      json_array_append_new(pending,
-                            json_pack("{s:s, s:s, s:s?}", "id", q->id, "kind", q->kind, "tool", q->tool));
-  }
+  const request *q = s->turn ? s->turn->pending : NULL; /* a turn waits on one request at a time */
+  if (q)
+    json_array_append_new(pending,
+                          json_pack("{s:s, s:s, s:s?}", "id", q->id, "kind", q->kind, "tool", q->tool));
   json_object_set_new(r, "pending", pending);
   json_object_set_new(r, "options", ah__session_options(s));
   return r;

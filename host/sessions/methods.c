@@ -616,6 +616,31 @@ static void m_set_editor(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, editor_found, c);
 }
 
+/* session.follow {sessionId} → {sessionId, closed: true}, answered only when the follow ends: a surface that
+ * follows a session (an editor connection that has it, a browser tab that shows it) keeps it in memory while
+ * the call runs — it is not unloaded when idle ([host] idle_unload_s). The follow ends when the call is
+ * cancelled (its token, or the caller's connection, ends: answered `cancelled`), when the session is closed
+ * (the answer above) or when it stops running here (an error). */
+static void follow_found(int status, session *s, void *arg) {
+  ah_call *call = arg;
+  if (status) {
+    ah__call_error(call, status, status == AH_ENOENT ? "no such session" : ah_strerror(status), NULL);
+    return;
+  }
+  int rc = ah__live_follow(s, call);
+  if (rc)
+    ah__call_error(call, rc, ah_strerror(rc), NULL);
+}
+
+static void m_follow(ah_call *call, const json_t *p, void *data) {
+  const char *id = str(p, "sessionId");
+  if (!id) {
+    ah__call_error(call, AH_EINVAL, "params: sessionId is required", NULL);
+    return;
+  }
+  ah__live_lookup(SM(data), id, follow_found, call);
+}
+
 /* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
  * the session's next turn would offer, each with the policy that applies to it (the tool sources are asked
  * as at a turn's start: host-wide MCP servers start at this first use). */
@@ -854,6 +879,7 @@ int ah__sessions_register(ah_sessions *m, ah_mount *core) {
       {"session.options", m_options, AH_METHOD_PUBLIC},
       {"session.set-option", m_set_option, AH_METHOD_PRIVILEGED},
       {"session.set-editor", m_set_editor, AH_METHOD_PRIVILEGED},
+      {"session.follow", m_follow, AH_METHOD_PRIVILEGED | AH_METHOD_CANCELLABLE},
       {"request.list", m_request_list, AH_METHOD_PUBLIC},
       {"request.respond", m_request_respond, AH_METHOD_PUBLIC},
       {"provider.list", m_provider_list, AH_METHOD_PUBLIC},

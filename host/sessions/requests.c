@@ -31,6 +31,7 @@ request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *opti
   r->t = t;
   t->pending = r;
   ah__list_push(&m->requests, &r->link);
+  HASH_ADD_STR(m->requests_by_id, id, r);
   char now[32];
   ah__time_rfc3339(now);
   json_t *row = ah__request_json(r);
@@ -43,6 +44,7 @@ request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *opti
 
 void ah__request_free(request *r) {
   ah__list_remove(&r->link);
+  HASH_DEL(r->m->requests_by_id, r);
   free(r->session_id);
   free(r->turn_id);
   free(r->kind);
@@ -55,12 +57,10 @@ void ah__request_free(request *r) {
 }
 
 request *ah__request_find(ah_sessions *m, const char *id) {
-  AH__LIST_EACH(it, &m->requests) {
-    request *r = AH__CONTAINER(it, request, link);
-    if (strcmp(r->id, id) == 0)
-      return r;
-  }
-  return NULL;
+  request *r = NULL;
+  if (id)
+    HASH_FIND_STR(m->requests_by_id, id, r);
+  return r;
 }
 
 static void remember_resolution(ah_sessions *m, const char *id, const char *state, const ah_caller *by) {

@@ -19,6 +19,11 @@
 #include <stdbool.h>
 #include <string.h>
 
+/* uthash: the tables by id (live sessions, pending requests). Out of memory in a table is fatal, as an
+ * allocation the loop cannot go on without. */
+#define uthash_fatal(msg) abort()
+#include <uthash.h>
+
 #include "../internal.h"
 #include "../providers/echo.h"
 #include "../sessions.h"
@@ -53,14 +58,20 @@ struct ah_sessions {
   bool stopping;
   char owner[160];
   char hostname[64];
-  ah__link sessions; /* live (loaded or loading) */
+  ah__link sessions; /* live (loaded or loading), in load order */
+  session *by_id;    /* the same, by id (uthash) */
   size_t nlive;
   size_t loads;
+  size_t unloads; /* idle sessions that left memory */
+  /* Idle unload ([host] idle_unload_s): the sweep's timer and period (ms); 0: not running */
+  ah_timer *idle_timer;
+  uint64_t idle_period;
   ah_provider *echo;
   ah_timer *lease_timer;
-  ah__link requests; /* pending server requests */
-  ah__link turns;    /* every turn not yet freed (also ended ones waiting for their posted free) */
-  json_t *resolved;  /* request id → {state, by}: the recent resolutions, for late-answer receipts */
+  ah__link requests; /* pending server requests, in creation order */
+  request *requests_by_id;
+  ah__link turns;   /* every turn not yet freed (also ended ones waiting for their posted free) */
+  json_t *resolved; /* request id → {state, by}: the recent resolutions, for late-answer receipts */
   json_t *resolved_order;
   void (*stop_cb)(void *arg);
   void *stop_arg;
@@ -104,12 +115,19 @@ struct ah_session {
    * the conversation (the provider's history) has every earlier turn's messages. */
   bool end_unwritten;
   bool close_hooked; /* the session_close hooks ran (or are running) */
+  /* Idle unload: when it was last busy or asked for (ms, the loop's clock); `unloading` while its lease is
+   * released (callers meanwhile wait and load it again); the follows (session.follow) keeping it live. */
+  uint64_t active_ms;
+  bool unloading;
+  ah__link follows;
+  int nfollows;
   /* The client's editor (session.set-editor): the methods read_file and write_file go through; live only,
    * set again by the surface whenever it attaches. */
   struct {
     char *read, *write, *run;
   } editor;
   ah__link link;
+  UT_hash_handle hh;
 };
 
 struct turn {
@@ -161,6 +179,7 @@ struct request {
   char *tool;
   json_t *args;
   ah__link link;
+  UT_hash_handle hh;
 };
 
 typedef void (*written_fn)(session *s, int status, const json_t *event, void *arg);
@@ -218,6 +237,12 @@ void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, cha
 void ah__live_finish_close(session *s);
 void ah__live_close(session *s, ah_call *call);
 void ah__live_release(session *s);
+/* The idle sweep ([host] idle_unload_s): started with the manager, it re-arms itself when the configured
+ * time changes (SIGHUP). */
+void ah__live_idle_start(ah_sessions *m);
+void ah__live_idle_stop(ah_sessions *m);
+/* session.follow: `call` (cancellable) keeps `s` live until its token trips or the session stops here. */
+int ah__live_follow(session *s, ah_call *call);
 
 /* writes.c */
 void ah__write_ops(session *s, json_t *ops, const char *kind, const char *turn_id, const char *message_id,
