@@ -78,6 +78,9 @@ ah_store *ah__sessions_store(ah_sessions *s);
 size_t ah__sessions_live(ah_sessions *s);
 size_t ah__sessions_loads(ah_sessions *s);   /* cold resumes performed (coalesced ones count once) */
 size_t ah__sessions_unloads(ah_sessions *s); /* idle sessions that left memory ([host] idle_unload_s) */
+/* Unload now every live session idle for `idle_ms` or longer (UINT64_MAX: none); the number unloaded. The
+ * sweep [host] idle_unload_s runs on a timer, callable at once by tests. */
+size_t ah__sessions_idle_sweep(ah_sessions *s, uint64_t idle_ms);
 const char *ah__sessions_owner(ah_sessions *s);
 /* The store's health as host.describe shows it: {"health": "ok"|"full"|"damaged", "detail"?}; NULL while a
  * lazily opened store was not opened yet. */

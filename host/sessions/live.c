@@ -747,21 +747,30 @@ static void idle_arm(ah_sessions *m) {
   ah__services_timer_start(m->core, period, period, idle_tick, m, &m->idle_timer);
 }
 
-static void idle_tick(ah_timer *t, void *arg) {
-  (void)t;
-  ah_sessions *m = arg;
+size_t ah__sessions_idle_sweep(ah_sessions *m, uint64_t idle) {
+  size_t n = 0;
+  uint64_t now = mono_ms(m);
   if (m->stopping)
-    return;
-  uint64_t idle = idle_ms(m), now = mono_ms(m);
+    return 0;
   for (ah__link *it = m->sessions.next; it != &m->sessions;) {
     session *s = AH__CONTAINER(it, session, link);
     it = it->next; /* unload() may dispose `s` before it returns (a failed write) */
-    if (busy(s))
+    if (busy(s)) {
       s->active_ms = now;
-    else if (idle != UINT64_MAX && now - s->active_ms >= idle)
+    } else if (idle != UINT64_MAX && now - s->active_ms >= idle) {
       unload(s);
+      n++;
+    }
   }
-  idle_arm(m); /* the configured time may have changed (SIGHUP) */
+  return n;
+}
+
+static void idle_tick(ah_timer *t, void *arg) {
+  (void)t;
+  ah_sessions *m = arg;
+  ah__sessions_idle_sweep(m, idle_ms(m));
+  if (!m->stopping)
+    idle_arm(m); /* the configured time may have changed (SIGHUP) */
 }
 
 void ah__live_idle_start(ah_sessions *m) {

@@ -1080,6 +1080,36 @@ Test(config, default_mode) {
   file_error_case("[host]\ndefault_mode = yolo\n", "2: [host] default_mode: ", "unknown mode");
 }
 
+/* [host] idle_unload_s: seconds (a fraction allowed) after which an idle session leaves memory; 0 = never;
+ * unset = the default (0 in the configuration: the sessions apply 15 minutes). */
+Test(config, idle_unload_s) {
+  const struct {
+    const char *text;
+    uint64_t ms;
+  } ok[] = {{"0.2", 200}, {"900", 900000}, {"0.001", 1}, {"31536000", 31536000000ull}, {"0", UINT64_MAX}};
+  for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+    ah_config cfg;
+    char *err = NULL;
+    char text[96];
+    snprintf(text, sizeof text, "[host]\nidle_unload_s = %s\n", ok[i].text);
+    cr_assert_eq(load_text(&cfg, text, NULL, &err), 0, "%s: %s", ok[i].text, err ? err : "");
+    cr_expect_eq(cfg.idle_unload_ms, ok[i].ms, "%s → %llu", ok[i].text,
+                 (unsigned long long)cfg.idle_unload_ms);
+    ah__config_free(&cfg);
+  }
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[host]\n", NULL, &err), 0);
+  cr_expect_eq(cfg.idle_unload_ms, 0, "unset: the sessions' default");
+  ah__config_free(&cfg);
+  const char *bad[] = {"-1", "soon", "", "1e9", "0.0001", "nan", "inf", "12s", "0x10"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char text[96];
+    snprintf(text, sizeof text, "[host]\nidle_unload_s = %s\n", bad[i]);
+    file_error_case(text, "2: [host] idle_unload_s: ", "must be a number of seconds from 0.001 to 31536000");
+  }
+}
+
 /* [mcp.NAME] sections become the mcp plugin's `servers`, their values as written (the plugin checks them);
  * an unknown key is ignored with a warning that names only the key; a bad server name is an error. */
 Test(config, mcp_sections_become_the_mcp_plugins_servers) {
