@@ -536,7 +536,8 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
       char *end = NULL;
       errno = 0;
       double v = strtod(value, &end);
-      if (errno || *end || !value[0] || value[strspn(value, "0123456789.")] || !(v >= 0) || v > 31536000.0 || (v > 0 && v < 0.001)) {
+      if (errno || *end || !value[0] || value[strspn(value, "0123456789.")] || !(v >= 0) || v > 31536000.0 ||
+          (v > 0 && v < 0.001)) {
         fail(L, "%s: must be a number of seconds from 0.001 to 31536000, or 0 (never)%s", where,
              quote_value(q, sizeof q, key, value));
         return;

@@ -1,7 +1,9 @@
 /* The core's own mount: its methods (host.describe, plugin.*) and the eleven allowlisted events
  * (DECISIONS.md "Event allowlist"). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "sessions.h"
@@ -15,6 +17,34 @@ static const char *const core_events[] = {
 static void m_describe(ah_call *call, const json_t *params, void *data) {
   (void)params;
   ah__call_reply(call, ah__host_describe(data));
+}
+
+/* host.stats → {sessions: {live, loads, unloads, idleUnloadS}, memory: {rssKiB}}: what the daemon holds now —
+ * the sessions in memory, the cold loads and idle unloads since it started, the idle time after which a
+ * session leaves memory (null: never) and its resident memory. Not cached (host.describe is). */
+static long rss_kib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long size = 0, resident = -1;
+  if (f && fscanf(f, "%ld %ld", &size, &resident) != 2)
+    resident = -1;
+  if (f)
+    fclose(f);
+  return resident < 0 ? -1 : resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+static void m_stats(ah_call *call, const json_t *params, void *data) {
+  (void)params;
+  ah_sessions *sm = ah__host_sessions(data);
+  json_t *sessions = json_null();
+  if (sm) {
+    uint64_t idle = ah__sessions_idle_ms(sm);
+    sessions = json_pack("{s:I, s:I, s:I, s:o}", "live", (json_int_t)ah__sessions_live(sm), "loads",
+                         (json_int_t)ah__sessions_loads(sm), "unloads", (json_int_t)ah__sessions_unloads(sm),
+                         "idleUnloadS", idle == UINT64_MAX ? json_null() : json_real((double)idle / 1000.0));
+  }
+  long rss = rss_kib();
+  ah__call_reply(call, json_pack("{s:o, s:{s:o}}", "sessions", sessions, "memory", "rssKiB",
+                                 rss < 0 ? json_null() : json_integer(rss)));
 }
 
 /* session.events {after?, limit?} → {events, nextAfter?}: stored events of every session with a cursor
@@ -145,6 +175,7 @@ int ah__core_register(ah_host *h, ah_mount *m) {
     uint32_t flags;
   } methods[] = {
       {"host.describe", m_describe, AH_METHOD_PUBLIC},
+      {"host.stats", m_stats, AH_METHOD_PRIVILEGED},
       {"session.events", m_session_events, AH_METHOD_PUBLIC},
       {"plugin.list", m_plugin_list, AH_METHOD_PUBLIC},
       {"plugin.load", m_plugin_load, AH_METHOD_PRIVILEGED},

@@ -428,7 +428,12 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
     return code;
   json_t *store = json_object_get(result, "store");
   const char *health = ah__cli_jstr(store, "health");
+  /* What it holds now (host.stats): with --json under "stats". */
+  int stats_code = 0;
+  json_t *stats = daemon_call(cli, "status", "host.stats", NULL, &stats_code);
   if (as_json) {
+    if (stats)
+      json_object_set(result, "stats", stats);
     char *text = json_dumps(result, JSON_INDENT(2));
     puts(text ? text : "null");
     free(text);
@@ -443,6 +448,22 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
     printf("store: %s%s%s%s\n", health ? health : "unknown", detail[0] ? " (" : "", detail,
            detail[0] ? ")" : "");
     free(detail);
+    json_t *ss = json_object_get(stats, "sessions");
+    if (json_is_object(ss)) {
+      json_t *idle = json_object_get(ss, "idleUnloadS");
+      char after[64];
+      if (json_is_number(idle))
+        snprintf(after, sizeof after, "after %g s idle", json_number_value(idle));
+      else
+        snprintf(after, sizeof after, "never (idle_unload_s = 0)");
+      printf("sessions: %lld in memory (%lld loaded, %lld unloaded since start; idle ones leave %s)\n",
+             (long long)json_integer_value(json_object_get(ss, "live")),
+             (long long)json_integer_value(json_object_get(ss, "loads")),
+             (long long)json_integer_value(json_object_get(ss, "unloads")), after);
+    }
+    json_t *rss = json_object_get(json_object_get(stats, "memory"), "rssKiB");
+    if (json_is_integer(rss))
+      printf("memory: %lld KiB resident\n", (long long)json_integer_value(rss));
     size_t i = 0;
     json_t *p = NULL;
     printf("plugins:");
@@ -456,6 +477,7 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
     printf("\n");
   }
   code = health && strcmp(health, "ok") == 0 ? 0 : 3;
+  json_decref(stats);
   json_decref(result);
   return code;
 }

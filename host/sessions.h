@@ -81,6 +81,8 @@ size_t ah__sessions_unloads(ah_sessions *s); /* idle sessions that left memory (
 /* Unload now every live session idle for `idle_ms` or longer (UINT64_MAX: none); the number unloaded. The
  * sweep [host] idle_unload_s runs on a timer, callable at once by tests. */
 size_t ah__sessions_idle_sweep(ah_sessions *s, uint64_t idle_ms);
+/* The idle time after which a session leaves memory (ms; UINT64_MAX: never). */
+uint64_t ah__sessions_idle_ms(ah_sessions *s);
 const char *ah__sessions_owner(ah_sessions *s);
 /* The store's health as host.describe shows it: {"health": "ok"|"full"|"damaged", "detail"?}; NULL while a
  * lazily opened store was not opened yet. */

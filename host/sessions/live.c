@@ -3,6 +3,7 @@
  * creation, close and release, and what happens when it can no longer run here (lease lost, write failed).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -765,9 +766,21 @@ size_t ah__sessions_idle_sweep(ah_sessions *m, uint64_t idle) {
   return n;
 }
 
+uint64_t ah__sessions_idle_ms(ah_sessions *m) {
+  return idle_ms(m);
+}
+
+/* Memory freed by many unloads goes back to the system (malloc keeps freed pages otherwise): after a
+ * batch, or once nothing is live. */
+#define TRIM_AFTER_UNLOADS 256
+
 static void idle_tick(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
+  if (m->unloads - m->trimmed_at >= TRIM_AFTER_UNLOADS || (m->unloads > m->trimmed_at && m->nlive == 0)) {
+    malloc_trim(0);
+    m->trimmed_at = m->unloads;
+  }
   ah__sessions_idle_sweep(m, idle_ms(m));
   if (!m->stopping)
     idle_arm(m); /* the configured time may have changed (SIGHUP) */

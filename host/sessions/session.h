@@ -62,7 +62,8 @@ struct ah_sessions {
   session *by_id;    /* the same, by id (uthash) */
   size_t nlive;
   size_t loads;
-  size_t unloads; /* idle sessions that left memory */
+  size_t unloads;
+  size_t trimmed_at; /* unloads at the last malloc_trim */ /* idle sessions that left memory */
   /* Idle unload ([host] idle_unload_s): the sweep's timer and period (ms); 0: not running */
   ah_timer *idle_timer;
   uint64_t idle_period;

@@ -23,6 +23,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#define uthash_fatal(msg) abort()
+#include <uthash.h>
 
 #include "agent.h"
 
@@ -57,7 +59,6 @@ typedef struct prompt {
 
 /* A session this connection created, loaded or resumed. */
 struct asession {
-  asession *next;
   char *id;
   int64_t min_seq; /* live events up to this seq were replayed already */
   prompt *head;    /* head: given to the core; the others wait */
@@ -69,6 +70,8 @@ struct asession {
   char delta_turn[80];
   int stream_k;
   bool closing;
+  ah_cancel *follow; /* the session.follow that keeps it in the host's memory while tracked here */
+  UT_hash_handle hh;
 };
 
 typedef enum call_kind {
@@ -86,6 +89,7 @@ typedef enum call_kind {
   CALL_DELETE,    /* session.delete */
   CALL_INIT,      /* provider.list for initialize (authMethods) */
   CALL_OPTION,    /* session.set-option for session/set_config_option, session/set_mode or a command */
+  CALL_FOLLOW,    /* session.follow of a tracked session: answered when it ends or is tripped */
 } call_kind;
 
 /* One core call in flight. */
@@ -106,6 +110,7 @@ typedef struct ccall {
   json_t *init;       /* CALL_INIT: the initialize answer being completed */
   json_t *update;     /* CALL_USAGE: the usage_update to send, and the turn/ended event after it */
   json_t *ended;
+  ah_cancel *follow; /* CALL_FOLLOW: its token (the call's), freed with the answer */
 } ccall;
 
 /* One session/request_permission in flight. */
@@ -127,9 +132,10 @@ struct acp_agent {
   json_t *provider;       /* the default provider as provider.list shows it (initialize): its key */
   bool fs_read, fs_write; /* the client reads and writes its own buffers (clientCapabilities.fs) */
   bool terminal;          /* the client runs commands in its terminals (clientCapabilities.terminal) */
-  asession *sessions;
-  size_t outstanding;  /* core calls and permission requests whose callback has not run */
-  size_t client_calls; /* core calls answering a client request */
+  asession *sessions;     /* tracked sessions by id (uthash) */
+  json_t *roots;          /* subagent session id → the tracked session whose turns started it */
+  size_t outstanding;     /* core calls and permission requests whose callback has not run */
+  size_t client_calls;    /* core calls answering a client request */
   ah_timer *quiesce_timer;
   bool stopping;
   bool finished;
@@ -184,12 +190,10 @@ static void unknown_session(const acp_agent *a, ah_rpc_inbound *req) {
 }
 
 static asession *find_session(const acp_agent *a, const char *id) {
-  if (!id)
-    return NULL;
-  for (asession *s = a->sessions; s; s = s->next)
-    if (strcmp(s->id, id) == 0)
-      return s;
-  return NULL;
+  asession *s = NULL;
+  if (id)
+    HASH_FIND_STR(a->sessions, id, s);
+  return s;
 }
 
 /* The tracked session `id` belongs to: itself, or the one whose turns started it as a subagent. */
@@ -197,10 +201,7 @@ static asession *find_root(const acp_agent *a, const char *id) {
   asession *s = find_session(a, id);
   if (s || !id)
     return s;
-  for (s = a->sessions; s; s = s->next)
-    if (json_object_get(s->children, id))
-      return s;
-  return NULL;
+  return find_session(a, str_of(a->roots, id));
 }
 
 static ccall *ccall_new(acp_agent *a, call_kind kind, ah_rpc_inbound *req, const char *sid) {
@@ -232,7 +233,8 @@ static void ccall_free(ccall *c) {
 
 /* Dispatch a core method for this connection (authority stdio-owner, surface "acp"). `params` is stolen.
  * On error `c` is left to the caller. */
-static int core(acp_agent *a, const char *method, json_t *params, ah_reply_fn cb, ccall *c) {
+static int core_with(acp_agent *a, const char *method, json_t *params, ah_cancel *token, ah_reply_fn cb,
+                     ccall *c) {
   const ah_caller caller = {
       .struct_size = sizeof caller, .authority = AH_AUTH_STDIO_OWNER, .surface = "acp", .connection_id = 1};
   /* Counted before the dispatch: the host answers on a later loop turn, but may answer at once when it runs
@@ -241,13 +243,17 @@ static int core(acp_agent *a, const char *method, json_t *params, ah_reply_fn cb
   a->outstanding++;
   if (client)
     a->client_calls++;
-  int rc = a->api->dispatch(a->m, &caller, method, params, a->token, cb, c);
+  int rc = a->api->dispatch(a->m, &caller, method, params, token, cb, c);
   if (rc) {
     a->outstanding--;
     if (client)
       a->client_calls--;
   }
   return rc;
+}
+
+static int core(acp_agent *a, const char *method, json_t *params, ah_reply_fn cb, ccall *c) {
+  return core_with(a, method, params, a->token, cb, c);
 }
 
 static void on_core_reply(const ah_outcome *o, void *arg);
@@ -503,16 +509,52 @@ static void session_free(asession *s) {
   free(s);
 }
 
+/* ACP-owned sessions stay in the host's memory while this connection tracks them: their editor settings
+ * (session.set-editor) and the replay position live there. session.follow is answered when the session
+ * ends (closed elsewhere, lost) or when its token is tripped here (untracked, the connection ends). */
+static void follow(acp_agent *a, asession *s) {
+  if (a->stopping || a->phase == PHASE_CLOSED || s->follow)
+    return;
+  ccall *c = ccall_new(a, CALL_FOLLOW, NULL, s->id);
+  if (!c || a->api->token_new(a->m, a->token, &c->follow) != 0) {
+    if (c)
+      ccall_free(c);
+    a->api->log(a->m, AH_PLOG_WARN, "%s: not followed (out of memory); it may leave the host's memory",
+                s->id);
+    return;
+  }
+  ah_cancel *token = c->follow;
+  int rc = core_with(a, "session.follow", json_pack("{s:s}", "sessionId", s->id), token, on_core_reply, c);
+  if (rc) {
+    a->api->log(a->m, AH_PLOG_WARN, "%s: not followed (%s)", s->id, ah_strerror(rc));
+    a->api->token_free(token);
+    c->follow = NULL;
+    ccall_free(c);
+    return;
+  }
+  s->follow = token;
+}
+
+static void unfollow(acp_agent *a, asession *s) {
+  if (s->follow)
+    a->api->token_trip(s->follow); /* the call answers `cancelled` on a later turn; its token is freed then */
+  s->follow = NULL;
+}
+
+static void unfollow_all(acp_agent *a) {
+  for (asession *s = a->sessions; s; s = s->hh.next)
+    unfollow(a, s);
+}
+
 /* Stop tracking `s`: every prompt still pending is answered `cancelled`. */
 static void untrack(acp_agent *a, asession *s) {
   for (prompt *p = s->head; p; p = p->next)
     prompt_answer_stop(a, p, "cancelled");
-  for (asession **pp = &a->sessions; *pp; pp = &(*pp)->next) {
-    if (*pp == s) {
-      *pp = s->next;
-      break;
-    }
-  }
+  HASH_DEL(a->sessions, s);
+  const char *child;
+  json_t *v;
+  json_object_foreach(s->children, child, v) json_object_del(a->roots, child);
+  unfollow(a, s);
   session_free(s);
   maybe_quiesced(a);
 }
@@ -532,8 +574,8 @@ static asession *track(acp_agent *a, const char *id, int64_t min_seq) {
   }
   s->min_seq = min_seq;
   s->tail = &s->head;
-  s->next = a->sessions;
-  a->sessions = s;
+  HASH_ADD_KEYPTR(hh, a->sessions, s->id, strlen(s->id), s);
+  follow(a, s);
   return s;
 }
 
@@ -820,7 +862,8 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
   a->outstanding--;
   if (c->req && a->client_calls > 0)
     a->client_calls--;
-  if (o->status && !c->req && c->kind != CALL_PROMPT && !a->stopping)
+  if (o->status && !c->req && c->kind != CALL_PROMPT && !a->stopping &&
+      !(c->kind == CALL_FOLLOW && o->status == AH_ECANCELED))
     a->api->log(a->m, AH_PLOG_WARN, "%s failed: %s", c->sid ? c->sid : "core call",
                 o->message ? o->message : ah_strerror(o->status));
   switch (c->kind) {
@@ -926,6 +969,14 @@ static void on_core_reply(const ah_outcome *o, void *arg) {
   case CALL_OPTION:
     option_reply(a, c, o);
     break;
+  case CALL_FOLLOW: {
+    asession *s = find_session(a, c->sid);
+    if (s && s->follow == c->follow)
+      s->follow = NULL; /* the session ended or was lost: nothing keeps it followed now */
+    a->api->token_free(c->follow);
+    c->follow = NULL;
+    break;
+  }
   case CALL_INVALID:
     break;
   }
@@ -1968,8 +2019,10 @@ static void on_event(const char *name, const json_t *data, void *arg) {
   } else if (strcmp(name, "subagent.started") == 0) {
     asession *root = find_root(a, str_of(data, "parentSessionId"));
     const char *child = str_of(data, "sessionId");
-    if (root && child)
+    if (root && child && strcmp(child, root->id) != 0) {
       json_object_set_new(root->children, child, json_true());
+      json_object_set_new(a->roots, child, json_string(root->id));
+    }
   } else if (strcmp(name, "session.updated") == 0) {
     /* A title from the first prompt, or a rename from another surface: the editor's history list. */
     asession *s = find_session(a, str_of(data, "sessionId"));
@@ -2031,6 +2084,7 @@ static void close_peer(acp_agent *a) {
   a->phase = PHASE_CLOSED;
   stop_quiesce_timer(a);
   unsubscribe_all(a);
+  unfollow_all(a);
   if (!a->peer || a->api->rpc->close(a->peer, peer_closed, a) != 0) {
     a->peer_closed = true;
     a->peer = NULL;
@@ -2040,7 +2094,7 @@ static void close_peer(acp_agent *a) {
 }
 
 static bool prompts_pending(const acp_agent *a) {
-  for (const asession *s = a->sessions; s; s = s->next)
+  for (const asession *s = a->sessions; s; s = s->hh.next)
     for (const prompt *p = s->head; p; p = p->next)
       if (p->req)
         return true;
@@ -2054,7 +2108,7 @@ static void maybe_quiesced(acp_agent *a) {
 }
 
 static void answer_all_cancelled(acp_agent *a) {
-  for (asession *s = a->sessions; s; s = s->next)
+  for (asession *s = a->sessions; s; s = s->hh.next)
     for (prompt *p = s->head; p; p = p->next)
       prompt_answer_stop(a, p, "cancelled");
 }
@@ -2080,7 +2134,7 @@ static void on_eof(ah_rpc_peer *peer, int status, void *data) {
    * turn's end, `cancelled`), then close the peer and stop the host. Sessions of other surfaces are never
    * touched; this connection's sessions stay open in the store (session/load finds them again). */
   a->phase = PHASE_QUIESCING;
-  for (asession *s = a->sessions; s; s = s->next)
+  for (asession *s = a->sessions; s; s = s->hh.next)
     cancel_session(a, s);
   if (prompts_pending(a) || a->client_calls > 0) {
     if (a->api->timer_start(a->m, QUIESCE_WAIT_MS, 0, quiesce_deadline, a, &a->quiesce_timer) != 0) {
@@ -2099,12 +2153,12 @@ static void on_log(ah_rpc_peer *peer, const char *msg, void *data) {
 }
 
 static void agent_free(acp_agent *a) {
-  asession *s = a->sessions;
-  while (s) {
-    asession *next = s->next;
+  asession *s, *tmp;
+  HASH_ITER(hh, a->sessions, s, tmp) {
+    HASH_DEL(a->sessions, s);
     session_free(s);
-    s = next;
   }
+  json_decref(a->roots);
   json_decref(a->provider);
   free(a);
 }
@@ -2167,6 +2221,10 @@ int acp_agent_start(ah_mount *m, const ah_host_api *api, const json_t *config, a
   a->api = api;
   a->stream_deltas = stream_deltas;
   a->phase = PHASE_SERVING;
+  if (!(a->roots = json_object())) {
+    free(a);
+    return AH_ENOMEM;
+  }
   /* One subscription for everything: delivery is ordered per subscriber, so updates keep the order in which
    * the core emitted the events. */
   int rc = api->token_new(m, NULL, &a->token);

@@ -207,6 +207,8 @@ static void on_reply(const ah_outcome *o, void *arg) {
     return;
   }
   if (o->status == 0) {
+    if (r->session_id[0])
+      bp_follow_touch(r->st, r->session_id); /* the web UI is looking at it */
     if (r->kind == BP_REQ_RESPOND)
       respond(r, 200, json_deep_copy(o->result)); /* the receipt {accepted, reason?} */
     else
@@ -236,8 +238,21 @@ static void on_reply(const ah_outcome *o, void *arg) {
   respond(r, 200, error_body(r->rpc_id, ah_err_category(o->status), o->message, (json_t *)o->data));
 }
 
+/* The session a call is about (its params' sessionId), kept for bp_follow_touch; not for calls that end it.
+ */
+static void note_session(bp_req *r, const char *method, const json_t *params) {
+  const char *id = json_string_value(json_object_get(params, "sessionId"));
+  size_t n = id ? strlen(id) : 0;
+  r->session_id[0] = '\0';
+  if (n == 0 || n > BF_ID_MAX || strcmp(method, "session.close") == 0 ||
+      strcmp(method, "session.delete") == 0)
+    return;
+  memcpy(r->session_id, id, n + 1);
+}
+
 static void dispatch(bp_req *r, const char *method, json_t *params) {
   bp_state *st = r->st;
+  note_session(r, method, params);
   int rc = st->api->token_new(st->m, NULL, &r->token);
   ah_caller c;
   if (rc == 0)

@@ -6,6 +6,7 @@
  * api.c     POST /api/<method> and /api/respond: envelopes, bodies, dispatch
  * ws.c      the two downlink WebSockets, /api/ws/mux and /api/ws/host
  * static.c  the static UI and GET /api/sessions/<id>/export
+ * follow.c  the sessions the web UI is looking at stay in the host's memory (session.follow)
  *
  * Everything runs on the host's loop thread; all state hangs off one `bp_state` (no statics).
  */
@@ -29,6 +30,10 @@ typedef struct bp_state bp_state;
 typedef struct bp_http bp_http;
 typedef struct bp_req bp_req;
 typedef struct bp_ws bp_ws;
+typedef struct bp_follow bp_follow;
+
+/* The sessions followed at most (follow.c): the ones most recently used through the web UI. */
+#define BP_FOLLOW_MAX 64
 
 /* A queued downlink frame: LWS_PRE bytes of headroom, then `len` bytes of JSON text. */
 typedef struct bp_frame {
@@ -207,6 +212,11 @@ struct bp_state {
   ah_sub *sub;
   bp_ws *ws;
   size_t nws;
+  size_t nmux; /* established /api/ws/mux sockets */
+  /* follows (follow.c): session id → its session.follow, and the same from the most recent use */
+  bp_follow *follows;
+  bp_follow *follow_newest, *follow_oldest;
+  size_t nfollows;
   uint64_t recorded_requests; /* the corr of the last recorded request */
   ah_timer *trim_timer;       /* the heap trim after the last WebSocket closed (ws.c) */
   bp_req *reqs;
@@ -251,6 +261,12 @@ int bp_refuse_now(bp_state *st, struct lws *wsi, int status, const char *reason,
 bf_method_class bp_classify(const char *method, void *arg);
 void bp_refresh_methods(bp_state *st);
 const ah_caller *bp_caller(ah_caller *c, bool loopback, uint64_t conn_id);
+
+/* follow.c */
+/* A call about `session_id` succeeded: follow it while a mux socket is open (the most recent first). */
+void bp_follow_touch(bp_state *st, const char *session_id);
+/* The last mux socket closed, or the plugin is withdrawn: every follow ends. */
+void bp_follow_drop_all(bp_state *st);
 
 /* api.c */
 int bp_api_begin(bp_state *st, bp_http *h, struct lws *wsi, const bf_decision *d);

@@ -989,6 +989,7 @@ static void bp_withdraw(ah_mount *m, void *state, ah_withdraw_done_fn done) {
   for (bp_req *r = st->reqs; r; r = r->next)
     if (r->token)
       st->api->token_trip(r->token);
+  bp_follow_drop_all(st);
   stop_listening(st);
   bp_ws_close_all(st, 1001, "the server is going away");
   if (st->api->timer_start(st->m, 10, 10, wd_tick, st, &st->wd_timer) != 0) {

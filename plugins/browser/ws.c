@@ -104,6 +104,8 @@ static void ws_unlink(bp_ws *w) {
   w->prev = w->next = NULL;
   w->linked = false;
   st->nws--;
+  if (w->kind == BP_WS_MUX && --st->nmux == 0)
+    bp_follow_drop_all(st); /* no tab is open: nothing is shown */
   if (st->nws == 0)
     schedule_trim(st);
 }
@@ -453,6 +455,8 @@ static int on_established(bp_state *st, struct lws *wsi) {
     st->ws->prev = w;
   st->ws = w;
   st->nws++;
+  if (w->kind == BP_WS_MUX)
+    st->nmux++;
   ah_caller c;
   if (w->kind == BP_WS_MUX) {
     if (w->has_after) {

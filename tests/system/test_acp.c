@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -679,6 +680,65 @@ Test(acp_prompt, subagent_approval_and_question, .timeout = 60) {
       json_string_value(json_object_get(json_object_get(json_array_get(s.updates, 0), "content"), "text")),
       "what now?"));
   json_decref(s.updates);
+  host_kill(&h);
+}
+
+/* The lease of a session in the store (state_dir/agenthost.db, read-only): its owner, "" when released.
+ * `parent` selects the session by its parent instead (a subagent). */
+static void stored_lease(const acp_host *h, const char *id, bool by_parent, char *owner, size_t n) {
+  char *db = NULL;
+  cr_assert(asprintf(&db, "%s/agenthost.db", h->dir) > 0);
+  sqlite3 *c = NULL;
+  cr_assert_eq(sqlite3_open_v2(db, &c, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  sqlite3_busy_timeout(c, 2000);
+  sqlite3_stmt *st = NULL;
+  cr_assert_eq(sqlite3_prepare_v2(c,
+                                  by_parent ? "SELECT lease_owner FROM sessions WHERE parent = ?1"
+                                            : "SELECT lease_owner FROM sessions WHERE id = ?1",
+                                  -1, &st, NULL),
+               SQLITE_OK);
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  cr_assert_eq(sqlite3_step(st), SQLITE_ROW, "no stored session %s %s", by_parent ? "under" : "", id);
+  const unsigned char *o = sqlite3_column_text(st, 0);
+  snprintf(owner, n, "%s", o ? (const char *)o : "");
+  sqlite3_finalize(st);
+  sqlite3_close(c);
+  free(db);
+}
+
+/* An ACP connection follows its sessions (session.follow): with [host] idle_unload_s = 0.2 the session it
+ * created keeps its lease (it stays in the host's memory), while a subagent session its turn started —
+ * which the connection does not own — is unloaded once idle, its lease released. */
+Test(acp_prompt, sessions_the_connection_has_are_never_unloaded_while_idle, .timeout = 60) {
+  acp_host h;
+  host_start_env(&h, "AGENTHOST_HOST_IDLE_UNLOAD_S=0.2");
+  initialize(&h);
+  char sid[64];
+  new_session(&h, 2, sid, sizeof sid);
+  send_request(&h, 3, "session/prompt", text_prompt(sid, "/subagent hello"));
+  seen s = {.updates = json_array()};
+  expect_turn_end(&h, &s, NULL, NULL, "end_turn");
+  json_decref(s.updates);
+  char owner[128], child[128];
+  bool released = false;
+  for (int i = 0; i < 300 && !released; i++) {
+    stored_lease(&h, sid, true, child, sizeof child);
+    released = child[0] == '\0';
+    if (!released)
+      usleep(10000);
+  }
+  cr_assert(released, "the idle subagent session was not unloaded (lease %s)", child);
+  usleep(1000000); /* five idle times more */
+  stored_lease(&h, sid, false, owner, sizeof owner);
+  cr_assert_neq(owner[0], '\0', "the connection's session lost its lease: it was unloaded");
+  /* Still the same live session: a prompt runs at once on it. */
+  send_request(&h, 4, "session/prompt", text_prompt(sid, "again"));
+  s.updates = json_array();
+  expect_turn_end(&h, &s, NULL, NULL, "end_turn");
+  json_decref(s.updates);
+  char after[128];
+  stored_lease(&h, sid, false, after, sizeof after);
+  cr_assert_str_eq(after, owner);
   host_kill(&h);
 }
 

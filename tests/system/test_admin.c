@@ -1148,3 +1148,62 @@ Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .
   ts_rmtree(work);
   free(work);
 }
+
+static json_int_t stat_of(test_daemon *d, const char *key) {
+  json_t *s = d_call_ok(d, "host.stats", NULL);
+  json_int_t v = json_integer_value(json_object_get(json_object_get(s, "sessions"), key));
+  json_decref(s);
+  return v;
+}
+
+/* host.stats and `agenthost status` say how many sessions are in memory; a SIGHUP that shortens
+ * [host] idle_unload_s applies to the running daemon: its idle sessions leave memory (their leases
+ * released), and the next prompt loads one again. */
+Test(admin, idle_sessions_leave_memory_after_a_reload_shortens_idle_unload_s, .timeout = 60,
+     .fini = cleanup) {
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS "[host]\nidle_unload_s = 3600\n");
+  d_start(d);
+  char *work = ts_mkdtemp();
+  char sid[3][64];
+  for (int i = 0; i < 3; i++)
+    d_new_session(d, work, sid[i], sizeof sid[i]);
+  json_t *s = d_call_ok(d, "host.stats", NULL);
+  json_t *ss = json_object_get(s, "sessions");
+  cr_expect_eq(json_integer_value(json_object_get(ss, "live")), 3);
+  cr_expect_eq(json_integer_value(json_object_get(ss, "unloads")), 0);
+  cr_expect_eq(json_number_value(json_object_get(ss, "idleUnloadS")), 3600.0);
+  cr_expect_gt(json_integer_value(json_object_get(json_object_get(s, "memory"), "rssKiB")), 1000);
+  json_decref(s);
+  char *out = NULL, *err = NULL;
+  cr_assert_eq(d_cli(d, &out, &err, "status", NULL), 0, "%s", err);
+  cr_expect(
+      strstr(out,
+             "sessions: 3 in memory (0 loaded, 0 unloaded since start; idle ones leave after 3600 s idle)"),
+      "%s", out);
+  cr_expect(strstr(out, "memory: ") && strstr(out, " KiB resident"), "%s", out);
+  free(out);
+  free(err);
+  d_write_config(d, NO_DEFAULT_PLUGINS "[host]\nidle_unload_s = 0.2\n");
+  cr_assert_eq(kill(d->pid, SIGHUP), 0);
+  uint64_t deadline = ts_now_ms() + 15000;
+  while (stat_of(d, "unloads") < 3) {
+    cr_assert_lt(ts_now_ms(), deadline, "the idle sessions did not leave after the reload");
+    usleep(50 * 1000);
+  }
+  cr_expect_eq(stat_of(d, "live"), 0);
+  cr_assert_eq(d_cli(d, &out, &err, "status", "--json", NULL), 0, "%s", err);
+  json_t *j = json_loads(out, 0, NULL);
+  cr_assert_not_null(j, "%s", out);
+  cr_expect_eq(json_number_value(
+                   json_object_get(json_object_get(json_object_get(j, "stats"), "sessions"), "idleUnloadS")),
+               0.2);
+  json_decref(j);
+  free(out);
+  free(err);
+  /* The next prompt loads it again, as a cold session. */
+  json_decref(d_call_ok(d, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid[1], "text", "back")));
+  cr_expect_eq(stat_of(d, "loads"), 1);
+  assert_clean_exit(d, d_stop(d));
+  ts_rmtree(work);
+  free(work);
+}

@@ -981,6 +981,103 @@ Test(browser_http, unload_reload_load_in_a_running_host) {
   stop(&d);
 }
 
+/* Whether session.list says `id` is live (in the daemon's memory). session.list names no session: it never
+ * makes the plugin follow one. */
+static bool listed_live(daemon_t *d, const char *id) {
+  json_t *v = call(d, "session.list", "{\"limit\":500}");
+  bool live = false, found = false;
+  size_t i = 0;
+  json_t *s = NULL;
+  json_array_foreach(json_object_get(v, "sessions"), i, s) {
+    if (strcmp(json_string_value(json_object_get(s, "id")), id) == 0) {
+      found = true;
+      live = json_is_true(json_object_get(s, "live"));
+    }
+  }
+  json_decref(v);
+  cr_assert(found, "session %s is not listed", id);
+  return live;
+}
+
+/* Wait until `id` is live (want) or not, at most `ms`. */
+static bool wait_live(daemon_t *d, const char *id, bool want, int ms) {
+  for (int t = 0; t < ms; t += 20) {
+    if (listed_live(d, id) == want)
+      return true;
+    usleep(20000);
+  }
+  return false;
+}
+
+static void session_get(daemon_t *d, const char *id) {
+  char payload[160];
+  snprintf(payload, sizeof payload, "{\"sessionId\":\"%s\"}", id);
+  json_t *v = call(d, "session.get", payload);
+  cr_assert_str_eq(json_string_value(json_object_get(json_object_get(v, "session"), "id")), id);
+  json_decref(v);
+}
+
+/* A session the web UI looks at (a call about it succeeded while a mux socket is open) is followed: with
+ * [host] idle_unload_s = 0.2 it stays in memory while the tab is open, and leaves once the last mux socket
+ * closed. A session nobody looks at leaves at once; so does one looked at with no mux open. */
+Test(browser_http, a_session_the_web_ui_shows_stays_in_memory_while_a_mux_socket_is_open) {
+  daemon_t d;
+  start(&d, "[host]\nidle_unload_s = 0.2\n");
+  char *shown = create_session(&d);
+  char *other = create_session(&d);
+  char *before = create_session(&d);
+  session_get(&d, before); /* looked at with no mux open: not followed */
+  cr_assert(wait_live(&d, other, false, 3000), "an idle session nobody looks at was not unloaded");
+  cr_assert(wait_live(&d, before, false, 3000), "a session looked at without a mux was kept");
+  int mux = ws_open(&d, "/api/ws/mux", 0);
+  int mux2 = ws_open(&d, "/api/ws/mux", 0);
+  session_get(&d, shown); /* loads it (a cold session) and follows it */
+  cr_assert(wait_live(&d, shown, true, 3000), "the session looked at was not loaded by the follow");
+  usleep(1000000); /* five idle times */
+  cr_assert(listed_live(&d, shown), "the session the web UI shows was unloaded");
+  cr_assert_not(listed_live(&d, other));
+  /* One tab closes: another still shows it. */
+  cr_assert(tc_ws_send(mux2, 8, "\x03\xe8", 2));
+  close(mux2);
+  usleep(600000);
+  cr_assert(listed_live(&d, shown), "unloaded while a mux socket is still open");
+  /* The last tab closes: nothing is shown, the session is idle and leaves. */
+  cr_assert(tc_ws_send(mux, 8, "\x03\xe8", 2));
+  close(mux);
+  cr_assert(wait_live(&d, shown, false, 3000), "still in memory after the last mux socket closed");
+  /* It answers the next prompt as a cold session. */
+  prompt(&d, shown, "after");
+  json_decref(wait_turns(&d, 1));
+  free(shown);
+  free(other);
+  free(before);
+  stop(&d);
+}
+
+/* At most BP_FOLLOW_MAX (64) sessions are followed: the least recently used is let go first. */
+Test(browser_http, the_least_recently_shown_session_is_let_go_past_64, .timeout = 120) {
+  daemon_t d;
+  start(&d, "[host]\nidle_unload_s = 0.3\n");
+  enum { N = 66 };
+  char *ids[N];
+  for (int i = 0; i < N; i++)
+    ids[i] = create_session(&d);
+  int mux = ws_open(&d, "/api/ws/mux", 0);
+  for (int i = 0; i < N; i++)
+    session_get(&d, ids[i]);
+  session_get(&d, ids[2]); /* used again: the most recent now */
+  /* ids[0] and ids[1] (the two least recently used) are let go and leave; the others stay. */
+  cr_assert(wait_live(&d, ids[0], false, 5000), "the least recently used was not let go");
+  cr_assert(wait_live(&d, ids[1], false, 5000));
+  usleep(800000);
+  for (int i = 2; i < N; i++)
+    cr_assert(listed_live(&d, ids[i]), "session %d of %d was unloaded", i, N);
+  close(mux);
+  for (int i = 0; i < N; i++)
+    free(ids[i]);
+  stop(&d);
+}
+
 /* REMOTE-EVENT-FORWARD: the remote plugin's forwarded events reach the host stream as host/remote-event;
  * session.created also comes as itself. */
 Test(browser_http, host_stream_carries_lifecycle_and_remote_events) {
