@@ -384,6 +384,14 @@ int ah__store_health(ah_store *s, char *detail, size_t cap) {
   return s->be->health(s->impl, detail, cap);
 }
 
+int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg) {
+  if (!s || !s->impl)
+    return AH_EINVAL;
+  if (s->be->release_memory)
+    s->be->release_memory(s->impl);
+  return ah__store_write(s, json_pack("[{s:s}]", "op", "store.shrink"), cb, arg);
+}
+
 int ah__store_read_status(ah_store *s) {
   if (!s || !s->impl)
     return AH_EIO;

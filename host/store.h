@@ -91,6 +91,8 @@ typedef struct ah_store_backend {
   int (*health)(void *impl, char *detail, size_t cap);
   /* Loop thread: whether the last read failed (a NULL from a read is then an error, not "not found"). */
   bool (*read_failed)(void *impl);
+  /* Loop thread: the read connection's cache goes back to the heap (the writer's: the store.shrink op). */
+  void (*release_memory)(void *impl);
 } ah_store_backend;
 
 enum {
@@ -112,6 +114,9 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
  * with 0 and the results array (borrowed for the call), or a negative AH_E* code and NULL. */
 typedef void (*ah_store_write_fn)(int status, const json_t *results, void *arg);
 int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg);
+/* Give the store's caches back to the heap (the sessions left memory): the reader's now, the writer's in
+ * submission order; `cb` (may be NULL) runs once both are done. */
+int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg);
 
 /* Reads (loop thread). New references; NULL when not found (get_*) or on error. */
 json_t *ah__store_get_session(ah_store *s, const char *id);

@@ -103,6 +103,13 @@ static const char *const migrations[] = {
      * found by parent (a tree's usage). */
     "ALTER TABLE sessions ADD COLUMN usage TEXT NOT NULL DEFAULT '{}';"
     "CREATE INDEX sessions_parent ON sessions (parent);",
+    /* v5: each process's lease heartbeat. A session's lease (lease_owner, lease_until) is held while its
+     * lease_until or its owner's heartbeat is in the future: a process renews one row however many sessions
+     * it runs, instead of every session's row. */
+    "CREATE TABLE owners ("
+    "  owner TEXT PRIMARY KEY NOT NULL,"
+    "  until INTEGER NOT NULL"
+    ");",
 };
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
@@ -147,6 +154,10 @@ typedef enum stmt_id {
   W_LEASE,
   W_LEASE_RELEASE,
   W_FENCE,
+  W_OWNER_GET,
+  W_OWNER_PUT,
+  W_OWNER_PRUNE,
+  W_OWNER_END,
   /* reader */
   R_SESSION,
   R_SESSIONS,
@@ -201,10 +212,16 @@ static const char *const stmt_sql[STMT_COUNT] = {
     [W_REQUEST_EXISTS] = "SELECT state FROM requests WHERE id = ?1",
     [W_LEASE] =
         "UPDATE sessions SET lease_owner = ?2, lease_until = ?3 WHERE id = ?1 AND (lease_owner IS NULL "
-        "OR lease_owner = ?2 OR lease_until < ?4 OR lease_owner = ?5)",
+        "OR lease_owner = ?2 OR lease_owner = ?5 OR (lease_until < ?4 AND NOT EXISTS (SELECT 1 FROM "
+        "owners WHERE owner = sessions.lease_owner AND until >= ?4)))",
     [W_LEASE_RELEASE] =
         "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = ?1 AND lease_owner = ?2",
     [W_FENCE] = "SELECT lease_owner FROM sessions WHERE id = ?1",
+    [W_OWNER_GET] = "SELECT until FROM owners WHERE owner = ?1",
+    [W_OWNER_PUT] = "INSERT INTO owners (owner, until) VALUES (?1, ?2) "
+                    "ON CONFLICT (owner) DO UPDATE SET until = max(until, excluded.until)",
+    [W_OWNER_PRUNE] = "DELETE FROM owners WHERE until < ?1",
+    [W_OWNER_END] = "DELETE FROM owners WHERE owner = ?1",
     [R_SESSION] = "SELECT " SESSION_COLS " FROM sessions WHERE id = ?1",
     [R_SESSIONS] = "SELECT " SESSION_COLS " FROM sessions ORDER BY id LIMIT ?1",
     [R_SESSIONS_AFTER] = "SELECT " SESSION_COLS " FROM sessions WHERE id > ?2 ORDER BY id LIMIT ?1",
@@ -297,6 +314,12 @@ static int sq_health(void *impl, char *detail, size_t cap) {
 
 static bool sq_read_failed(void *impl) {
   return ((sq_store *)impl)->read_failed;
+}
+
+static void sq_release_memory(void *impl) {
+  sq_store *q = impl;
+  if (q->r.db)
+    sqlite3_db_release_memory(q->r.db);
 }
 
 static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1023,6 +1046,14 @@ static int op_request_state(sq_store *q, const json_t *op, json_t *res) {
   return rc;
 }
 
+static int owner_put(sq_store *q, const char *owner, json_int_t until) {
+  PREPARE(q, st, W_OWNER_PUT);
+  int rc = sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_int64(st, 2, until);
+  return step_write(q, st, rc);
+}
+
 static int op_lease(sq_store *q, const json_t *op, json_t *res) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
@@ -1045,8 +1076,70 @@ static int op_lease(sq_store *q, const json_t *op, json_t *res) {
   if (rc == SQLITE_OK)
     rc = bind_value(st, 5, steal);
   rc = step_write(q, st, rc);
+  bool taken = rc == 0 && sqlite3_changes(q->w.db) > 0;
+  if (taken) /* the owner's heartbeat keeps it from now on (lease.renew) */
+    rc = owner_put(q, owner, json_integer_value(until));
   if (rc == 0)
-    json_array_append_new(res, json_boolean(sqlite3_changes(q->w.db) > 0));
+    json_array_append_new(res, json_boolean(taken));
+  return rc;
+}
+
+/* lease.renew {owner, until, now} → {lapsed}: the process's heartbeat, one row for all its sessions. lapsed
+ * is true when the heartbeat had run out (or never existed) before this renewal: another process may have
+ * taken some of its sessions meanwhile, which the caller then checks. Heartbeats dead for a day are
+ * removed. */
+#define OWNER_PRUNE_MS (24ll * 3600 * 1000)
+
+static int op_lease_renew(sq_store *q, const json_t *op, json_t *res) {
+  const char *owner = get_str(op, "owner");
+  const json_t *until = json_object_get(op, "until");
+  const json_t *now = json_object_get(op, "now");
+  if (!owner || !json_is_integer(until) || !json_is_integer(now)) {
+    set_err(q, "lease.renew needs owner (a string), until and now (integers)");
+    return AH_EINVAL;
+  }
+  PREPARE(q, get, W_OWNER_GET);
+  int rc = sqlite3_bind_text(get, 1, owner, -1, SQLITE_STATIC);
+  if (rc == SQLITE_OK)
+    rc = sqlite3_step(get);
+  bool lapsed = rc != SQLITE_ROW || sqlite3_column_int64(get, 0) < json_integer_value(now);
+  if (rc == SQLITE_ROW || rc == SQLITE_DONE)
+    rc = SQLITE_OK;
+  else
+    set_err(q, "%s", sqlite3_errmsg(q->w.db));
+  done(get);
+  if (rc != SQLITE_OK)
+    return map_rc(rc);
+  int out = owner_put(q, owner, json_integer_value(until));
+  if (out == 0) {
+    PREPARE(q, prune, W_OWNER_PRUNE);
+    out = step_write(q, prune, sqlite3_bind_int64(prune, 1, json_integer_value(now) - OWNER_PRUNE_MS));
+  }
+  if (out == 0)
+    json_array_append_new(res, json_pack("{s:b}", "lapsed", lapsed));
+  return out;
+}
+
+/* store.shrink {}: the writer connection's page cache goes back to the heap (its own thread: connections
+ * are opened without a mutex). Asked when the sessions left memory (idle unload). */
+static int op_store_shrink(sq_store *q, const json_t *op, json_t *res) {
+  (void)op;
+  sqlite3_db_release_memory(q->w.db);
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+/* lease.end {owner}: the process stops; its heartbeat goes (its leases were released before). */
+static int op_lease_end(sq_store *q, const json_t *op, json_t *res) {
+  const char *owner = get_str(op, "owner");
+  if (!owner) {
+    set_err(q, "lease.end needs owner (a string)");
+    return AH_EINVAL;
+  }
+  PREPARE(q, st, W_OWNER_END);
+  int rc = step_write(q, st, sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC));
+  if (rc == 0)
+    json_array_append_new(res, json_null());
   return rc;
 }
 
@@ -1115,6 +1208,9 @@ static const struct {
     {"request.state", op_request_state},
     {"lease", op_lease},
     {"lease.release", op_lease_release},
+    {"lease.renew", op_lease_renew},
+    {"lease.end", op_lease_end},
+    {"store.shrink", op_store_shrink},
 };
 
 /* Apply every operation of one opset; stops at the first failure (the caller rolls the opset back). */
@@ -1357,6 +1453,7 @@ static void *ckpt_main(void *arg) {
     int done = 0;
     /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". */
     sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    sqlite3_db_release_memory(q->c.db); /* the pages it read are not read again: they need no cache */
     pthread_mutex_lock(&q->ckpt_mu);
   }
   pthread_mutex_unlock(&q->ckpt_mu);
@@ -1619,4 +1716,5 @@ const ah_store_backend ah__store_sqlite = {
     .session_tree = sq_session_tree,
     .health = sq_health,
     .read_failed = sq_read_failed,
+    .release_memory = sq_release_memory,
 };

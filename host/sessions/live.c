@@ -91,15 +91,46 @@ static json_t *lease_op(ah_sessions *m, const char *id, const json_t *row) {
   return op;
 }
 
+/* The heartbeat ran out before it was renewed (the process was stopped past the TTL): another process may
+ * have taken some of its sessions. Each live one is checked; one held by another owner is lost here. */
+static void check_leases(ah_sessions *m) {
+  ah_store *store = m->store;
+  for (ah__link *it = m->sessions.next; it != &m->sessions;) {
+    session *s = AH__CONTAINER(it, session, link);
+    it = it->next; /* a lost session may be disposed */
+    if (!s->ready || s->disposed || s->lost)
+      continue;
+    json_t *row = ah__store_get_session(store, s->id);
+    const char *holder = row ? str(row, "leaseOwner") : NULL;
+    if (row && (!holder || strcmp(holder, m->owner) != 0))
+      ah__live_lease_lost(s, "its lease ran out while this process was not running");
+    json_decref(row);
+  }
+}
+
+static void renewed(int status, const json_t *results, void *arg) {
+  ah_sessions *m = arg;
+  m->renewing = false;
+  if (status) {
+    AH_LOG_W(LOG, "the lease heartbeat could not be written (%s); retried at the next renewal",
+             ah_strerror(status));
+    return;
+  }
+  if (json_is_true(json_object_get(json_array_get(results, 0), "lapsed")) && m->nlive > 0 && !m->stopping)
+    check_leases(m);
+}
+
+/* One heartbeat for every session this process runs (the owners row): the cost of a renewal does not grow
+ * with the number of live sessions. */
 void ah__live_renew_leases(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
-  AH__LIST_EACH(it, &m->sessions) {
-    session *s = AH__CONTAINER(it, session, link);
-    if (!s->ready || s->disposed)
-      continue;
-    ah__write_ops(s, json_pack("[o]", lease_op(m, s->id, NULL)), NULL, NULL, NULL, NULL, NULL, NULL);
-  }
+  if (!m->store || m->renewing)
+    return; /* never opened: nothing is leased; or the last renewal is still being written */
+  uint64_t now = ah__time_ms();
+  json_t *ops = json_pack("[{s:s, s:s, s:I, s:I}]", "op", "lease.renew", "owner", m->owner, "until",
+                          (json_int_t)(now + m->lease_ttl), "now", (json_int_t)now);
+  m->renewing = ah__store_write(m->store, ops, renewed, m) == 0;
 }
 
 /* ---- live sessions: load (cold resume) with coalescing ------------------------------------------------- */
@@ -682,10 +713,10 @@ void ah__live_release(session *s) {
 /* ---- idle unload ([host] idle_unload_s) -----------------------------------------------------------------
  *
  * A session with nothing going on — no turn, no queued prompt, no write in flight, no hold (a remote call,
- * an observing hook chain), no follow, nobody waiting on it — for idle_unload_s leaves memory: its lease is
- * released and the next call loads it again as any cold session (coalesced, fenced). The sweep looks at
- * every live session once a period (a quarter of the idle time, from 50 ms to 5 s); a busy session's idle
- * time starts again at the sweep that finds it busy. */
+ * an observing hook chain), no follow, no editor routes, nobody waiting on it — for idle_unload_s leaves
+ * memory: its lease is released and the next call loads it again as any cold session (coalesced, fenced). The
+ * sweep looks at every live session once a period (a quarter of the idle time, from 50 ms to 5 s); a busy
+ * session's idle time starts again at the sweep that finds it busy. */
 
 #define IDLE_DEFAULT_MS (15u * 60u * 1000u)
 
@@ -698,7 +729,9 @@ static uint64_t idle_ms(ah_sessions *m) {
 static bool busy(const session *s) {
   return !s->ready || s->closing || s->disposed || s->lost || s->broken || s->running || s->turn ||
          s->end_unwritten || s->parent_turn || s->pending_writes > 0 || s->holds > 0 || s->nfollows > 0 ||
-         !ah__list_empty(&s->queue) || !ah__list_empty(&s->waiters) || !ah__list_empty(&s->close_waiters);
+         !ah__list_empty(&s->queue) || !ah__list_empty(&s->waiters) || !ah__list_empty(&s->close_waiters) ||
+         /* routed through an editor (live only): a reload would read and write the disk instead */
+         s->editor.read || s->editor.write || s->editor.run;
 }
 
 static void unload_written(session *s, int status, const json_t *event, void *arg) {
@@ -774,12 +807,21 @@ uint64_t ah__sessions_idle_ms(ah_sessions *m) {
  * batch, or once nothing is live. */
 #define TRIM_AFTER_UNLOADS 256
 
+static void shrunk(int status, const json_t *results, void *arg) {
+  (void)status;
+  (void)results;
+  (void)arg;
+  malloc_trim(0);
+}
+
 static void idle_tick(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
   if (m->unloads - m->trimmed_at >= TRIM_AFTER_UNLOADS || (m->unloads > m->trimmed_at && m->nlive == 0)) {
-    malloc_trim(0);
     m->trimmed_at = m->unloads;
+    /* Nothing is live: the store's page caches go too (they fill again as sessions come back). */
+    if (m->nlive > 0 || !m->store || ah__store_shrink(m->store, shrunk, NULL) != 0)
+      malloc_trim(0);
   }
   ah__sessions_idle_sweep(m, idle_ms(m));
   if (!m->stopping)

@@ -179,6 +179,8 @@ void ah__sm_check_stopped(ah_sessions *m) {
     store_closed(m); /* never opened (lazy) */
     return;
   }
+  /* Every lease was released: the heartbeat goes too (committed before the store closes). */
+  ah__store_write(m->store, json_pack("[{s:s, s:s}]", "op", "lease.end", "owner", m->owner), NULL, NULL);
   ah__store_close(m->store, store_closed, m);
 }
 

@@ -54,6 +54,7 @@ struct ah_sessions {
   ah_mount *core;
   ah_store *store; /* the configuration is read through the host: SIGHUP replaces it */
   uint64_t lease_ttl;
+  bool renewing; /* a lease.renew is being written */
   int max_depth;
   bool stopping;
   char owner[160];
@@ -62,8 +63,8 @@ struct ah_sessions {
   session *by_id;    /* the same, by id (uthash) */
   size_t nlive;
   size_t loads;
-  size_t unloads;
-  size_t trimmed_at; /* unloads at the last malloc_trim */ /* idle sessions that left memory */
+  size_t unloads;    /* idle sessions that left memory */
+  size_t trimmed_at; /* unloads at the last malloc_trim */
   /* Idle unload ([host] idle_unload_s): the sweep's timer and period (ms); 0: not running */
   ah_timer *idle_timer;
   uint64_t idle_period;

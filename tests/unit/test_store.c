@@ -309,13 +309,13 @@ Test(store, open_creates_wal_database_at_current_schema) {
   fx_init(&f);
   f.s = open_ok(&f, NULL);
   cr_expect(exists(f.path));
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 4);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 5);
   char *mode = raw_text(f.path, "PRAGMA journal_mode");
   cr_expect_str_eq(mode, "wal");
   free(mode);
   cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                               "('sessions', 'events', 'inbox', 'inbox_content', 'requests')"),
-               5);
+                               "('sessions', 'events', 'inbox', 'inbox_content', 'requests', 'owners')"),
+               6);
   cr_expect_eq(ah__store_commits(f.s), 0);
   cr_expect_eq(ah__store_opsets(f.s), 0);
   expect_json(ah__store_list_sessions(f.s, NULL, 0), "[]");
@@ -657,6 +657,58 @@ Test(store, sessions_to_recover) {
   cr_expect_str_eq(sget(json_array_get(r, 0), "id"), "a-running");
   cr_expect_str_eq(sget(json_array_get(r, 1), "id"), "b-inbox");
   json_decref(r);
+  fx_fini(&f);
+}
+
+/* lease.renew: one heartbeat row per owner keeps every session it leased, whatever their own lease_until;
+ * lapsed says whether it had run out before; a lapsed owner's sessions can be taken; lease.end removes it. */
+Test(store, one_heartbeat_per_owner_keeps_all_its_leases) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s,
+           "[{'op':'session.put','session':{'id':'s1'}},{'op':'session.put','session':{'id':'s2'}},"
+           "{'op':'session.put','session':{'id':'s3'}}]");
+  wres w;
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease.renew','owner':'A','until':500,'now':0},"
+                            "{'op':'lease','id':'s1','owner':'A','until':1000,'now':0},"
+                            "{'op':'lease','id':'s2','owner':'A','until':1000,'now':0},"
+                            "{'op':'lease.renew','owner':'A','until':5000,'now':900}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[{'lapsed':true},true,true,{'lapsed':false}]");
+  /* Past the sessions' own lease_until, the heartbeat still holds them: B is refused. */
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'B','until':9000,'now':4000},"
+                            "{'op':'lease','id':'s2','owner':'B','until':9000,'now':4999},"
+                            "{'op':'lease','id':'s3','owner':'B','until':9000,'now':4000}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[false,false,true]");
+  /* The heartbeat ran out: B takes s1; A's late renewal says it lapsed (A then checks its sessions). */
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'B','until':9000,'now':5001},"
+                            "{'op':'lease.renew','owner':'A','until':9000,'now':6000}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[true,{'lapsed':true}]");
+  json_t *s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "B");
+  json_decref(s);
+  s = ah__store_get_session(f.s, "s2");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "A", "renewed again in time for s2: still A's");
+  json_decref(s);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners"), 2);
+  write_ok(&f, f.s, "[{'op':'lease.end','owner':'A'}]");
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners WHERE owner = 'A'"), 0);
+  /* A heartbeat dead for a day is removed at the next renewal of anyone. */
+  write_ok(&f, f.s, "[{'op':'lease.renew','owner':'C','until':90000000,'now':86410000}]");
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners WHERE owner = 'B'"), 0);
+  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners"), 1);
+  /* Malformed operations fail their opset. */
+  cr_expect_neq(write_wait(&f, f.s, J("[{'op':'lease.renew','owner':'A','until':'x','now':0}]"), &w), 0);
+  cr_expect_neq(write_wait(&f, f.s, J("[{'op':'lease.end'}]"), &w), 0);
   fx_fini(&f);
 }
 
@@ -1128,7 +1180,7 @@ Test(store, newer_schema_is_refused_and_left_unchanged) {
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
   raw_exec(f.path, "PRAGMA user_version = 99");
-  const char *needles[] = {"version 99", "version 4 ", f.path, NULL};
+  const char *needles[] = {"version 99", "version 5 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
   cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
   fx_fini(&f);
@@ -1458,7 +1510,7 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
       "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
       "PRAGMA user_version = 1;");
   f.s = open_ok(&f, NULL);
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 4);
+  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 5);
   /* v3 gave every session its settings, v4 its usage, both empty; the rest of the row is as it was. */
   json_t *row = ah__store_get_session(f.s, "s1");
   cr_assert(row);
