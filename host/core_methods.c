@@ -1,5 +1,6 @@
 /* The core's own mount: its methods (host.describe, plugin.*) and the eleven allowlisted events
  * (DECISIONS.md "Event allowlist"). */
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,9 +20,10 @@ static void m_describe(ah_call *call, const json_t *params, void *data) {
   ah__call_reply(call, ah__host_describe(data));
 }
 
-/* host.stats → {sessions: {live, loads, unloads, idleUnloadS}, memory: {rssKiB}}: what the daemon holds now —
- * the sessions in memory, the cold loads and idle unloads since it started, the idle time after which a
- * session leaves memory (null: never) and its resident memory. Not cached (host.describe is). */
+/* host.stats → {sessions: {live, loads, unloads, idleUnloadS}, memory: {rssKiB, heapBytes}}: what the daemon
+ * holds now — the sessions in memory, the cold loads and idle unloads since it started, the idle time after
+ * which a session leaves memory (null: never), its resident memory and the bytes malloc has handed out. Not
+ * cached (host.describe is). */
 static long rss_kib(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   long size = 0, resident = -1;
@@ -43,8 +45,9 @@ static void m_stats(ah_call *call, const json_t *params, void *data) {
                          "idleUnloadS", idle == UINT64_MAX ? json_null() : json_real((double)idle / 1000.0));
   }
   long rss = rss_kib();
-  ah__call_reply(call, json_pack("{s:o, s:{s:o}}", "sessions", sessions, "memory", "rssKiB",
-                                 rss < 0 ? json_null() : json_integer(rss)));
+  ah__call_reply(call, json_pack("{s:o, s:{s:o, s:I}}", "sessions", sessions, "memory", "rssKiB",
+                                 rss < 0 ? json_null() : json_integer(rss), "heapBytes",
+                                 (json_int_t)mallinfo2().uordblks));
 }
 
 /* session.events {after?, limit?} → {events, nextAfter?}: stored events of every session with a cursor

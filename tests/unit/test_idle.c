@@ -262,6 +262,22 @@ Test(idle, a_busy_session_is_never_unloaded) {
   world_down(&w);
 }
 
+/* A session whose files and commands go through an editor (session.set-editor, live only) stays: a reload
+ * would read and write the disk instead. Cleared, it is idle again. */
+Test(idle, a_session_routed_through_an_editor_is_not_unloaded) {
+  world w;
+  world_up(&w);
+  restart_with_idle(&w, 3600u * 1000u);
+  char *id = create(&w);
+  json_decref(
+      ok_call(&w, "session.set-editor", json_pack("{s:s, s:s}", "sessionId", id, "write", "acp.fs-write")));
+  cr_assert_eq(ah__sessions_idle_sweep(sm(&w), 0), 0, "its editor routes keep it");
+  json_decref(ok_call(&w, "session.set-editor", json_pack("{s:s}", "sessionId", id)));
+  cr_assert_eq(ah__sessions_idle_sweep(sm(&w), 0), 1, "idle once the routes are cleared");
+  free(id);
+  world_down(&w);
+}
+
 Test(idle, a_followed_session_stays_in_memory_until_the_follow_ends) {
   world w;
   world_up(&w);
