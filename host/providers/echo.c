@@ -564,7 +564,10 @@ static void echo_prepare(ah_provider_turn *t) {
     t->phase = ECHO_PHASE_END;
     return;
   }
-  t->piece = malloc(ECHO_DELTA_MAX + 1);
+  /* No larger than the echo: a 64 KiB block per turn made malloc consolidate its free lists each time,
+   * a cost that grows with the heap (many live sessions). */
+  size_t bytes = t->echo ? json_string_length(t->echo) : 0;
+  t->piece = malloc((bytes < ECHO_DELTA_MAX ? bytes : ECHO_DELTA_MAX) + 1);
   if (!t->piece) {
     t->oom = true;
     return;
