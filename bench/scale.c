@@ -233,20 +233,12 @@ typedef struct ids {
   size_t n, cap;
 } ids;
 
-/* Create sessions until `to` exist, WINDOW in flight; their ids appended. Returns creates/s. */
-static double create_until(conn *c, ids *s, size_t to, const char *cwd) {
+/* Create sessions into slots [from, to) of `s` (capacity there), WINDOW in flight. */
+static void create_into(conn *c, ids *s, size_t from, size_t to, const char *cwd) {
   char params[700];
   snprintf(params, sizeof params, "{\"cwd\":\"%s\"}", cwd);
-  if (to > s->cap) {
-    s->cap = to;
-    s->v = realloc(s->v, s->cap * sizeof *s->v);
-    if (!s->v)
-      exit(1);
-  }
-  size_t from = s->n, sent = from;
-  uint64_t t0 = bench_now_ns();
-  while (s->n < to) {
-    while (sent < to && sent - s->n < WINDOW) {
+  for (size_t sent = from, got = from; got < to;) {
+    while (sent < to && sent - got < WINDOW) {
       send_call(c, "session.create", params);
       sent++;
     }
@@ -256,9 +248,23 @@ static double create_until(conn *c, ids *s, size_t to, const char *cwd) {
       fprintf(stderr, "bench_scale: session.create answered no sessionId\n");
       exit(1);
     }
-    snprintf(s->v[s->n++], sizeof s->v[0], "%s", id);
+    snprintf(s->v[got++], sizeof s->v[0], "%s", id);
     json_decref(m);
   }
+}
+
+/* Create sessions until `to` exist; their ids appended. Returns creates/s. */
+static double create_until(conn *c, ids *s, size_t to, const char *cwd) {
+  if (to > s->cap) {
+    s->cap = to;
+    s->v = realloc(s->v, s->cap * sizeof *s->v);
+    if (!s->v)
+      exit(1);
+  }
+  size_t from = s->n;
+  uint64_t t0 = bench_now_ns();
+  create_into(c, s, from, to, cwd);
+  s->n = to;
   return (double)(to - from) * 1e9 / (double)(bench_now_ns() - t0);
 }
 
@@ -356,21 +362,7 @@ static void replace_range(conn *c, ids *s, size_t from, size_t to, const char *c
     json_decref(read_answer(c));
     got++;
   }
-  snprintf(params, sizeof params, "{\"cwd\":\"%s\"}", cwd);
-  for (size_t sent = from, got = from; got < to;) {
-    while (sent < to && sent - got < WINDOW) {
-      send_call(c, "session.create", params);
-      sent++;
-    }
-    json_t *m = read_answer(c);
-    const char *id = json_string_value(json_object_get(json_object_get(m, "result"), "sessionId"));
-    if (!id || strlen(id) >= sizeof s->v[0]) {
-      fprintf(stderr, "bench_scale: session.create answered no sessionId\n");
-      exit(1);
-    }
-    snprintf(s->v[got++], sizeof s->v[0], "%s", id);
-    json_decref(m);
-  }
+  create_into(c, s, from, to, cwd);
 }
 
 /* Prompt sessions [from, to) once each, in rounds until MIN_PROMPTS were answered — a fraction of a second

@@ -278,6 +278,16 @@ Test(idle, a_session_routed_through_an_editor_is_not_unloaded) {
   world_down(&w);
 }
 
+/* Dispatch session.follow for `id` as a caller of `authority` (with `token`, may be NULL); *f is filled
+ * when it ends. */
+static void follow_as(world *w, ah_authority authority, const char *id, ah_cancel *token, ts_outcome *f) {
+  memset(f, 0, sizeof *f);
+  ah_caller c = {.struct_size = sizeof c, .authority = authority, .surface = "test"};
+  cr_assert_eq(
+      ah__host_dispatch(w->h, &c, "session.follow", json_pack("{s:s}", "sessionId", id), token, th_reply, f),
+      0);
+}
+
 Test(idle, a_followed_session_stays_in_memory_until_the_follow_ends) {
   world w;
   world_up(&w);
@@ -286,11 +296,7 @@ Test(idle, a_followed_session_stays_in_memory_until_the_follow_ends) {
   char *other = create(&w);
   ah_cancel *token = ah__cancel_new(NULL);
   ts_outcome f;
-  memset(&f, 0, sizeof f);
-  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_STDIO_OWNER, .surface = "test"};
-  cr_assert_eq(
-      ah__host_dispatch(w.h, &c, "session.follow", json_pack("{s:s}", "sessionId", id), token, th_reply, &f),
-      0);
+  follow_as(&w, AH_AUTH_STDIO_OWNER, id, token, &f);
   /* The other session, not followed, leaves; the followed one stays for many idle times. */
   count_wait one = {&w, 1};
   cr_assert(ts_run_until_pred(&w.loop, unloaded_n, &one, 3000));
@@ -318,11 +324,7 @@ Test(idle, a_follow_is_answered_at_close_and_refused_when_unknown_or_unprivilege
   world_up(&w);
   char *id = create(&w);
   ts_outcome f;
-  memset(&f, 0, sizeof f);
-  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_LOOPBACK, .surface = "test"};
-  cr_assert_eq(
-      ah__host_dispatch(w.h, &c, "session.follow", json_pack("{s:s}", "sessionId", id), NULL, th_reply, &f),
-      0);
+  follow_as(&w, AH_AUTH_LOOPBACK, id, NULL, &f);
   json_decref(ok_call(&w, "session.close", json_pack("{s:s}", "sessionId", id)));
   cr_assert(ts_run_until(&w.loop, &f.done, 2000), "the follow ends with the session");
   cr_assert_eq(f.status, 0);
@@ -348,11 +350,7 @@ Test(idle, a_follow_running_when_the_host_stops_is_answered_and_the_stop_is_clea
   world_up(&w);
   char *id = create(&w);
   ts_outcome f;
-  memset(&f, 0, sizeof f);
-  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_ADMIN, .surface = "test"};
-  cr_assert_eq(
-      ah__host_dispatch(w.h, &c, "session.follow", json_pack("{s:s}", "sessionId", id), NULL, th_reply, &f),
-      0);
+  follow_as(&w, AH_AUTH_ADMIN, id, NULL, &f);
   cr_assert_not(ts_run_until(&w.loop, &f.done, 100));
   cr_assert_eq(th_host_stop_free(&w.loop, w.h), 0);
   w.h = NULL;
