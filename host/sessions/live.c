@@ -162,7 +162,10 @@ void ah__live_wake(session *s, int status) {
   while (!ah__list_empty(&s->waiters)) {
     waiter *w = AH__CONTAINER(s->waiters.next, waiter, link);
     ah__list_remove(&w->link);
-    w->cb(status, status == 0 ? s : NULL, w->arg);
+    /* A waiter woken after an earlier one closed the session (a cold close and calls that came with it)
+     * finds it closed, as a call after the close would: its writes would be refused by the fence. */
+    int st = status == 0 && (s->closing || !s->ready) ? AH_ECLOSED : status;
+    w->cb(st, st == 0 ? s : NULL, w->arg);
     free(w);
   }
 }
