@@ -375,57 +375,44 @@ static bool three_done(void *arg) {
   return t->close.done && t->prompt.done && t->policy.done;
 }
 
-Test(idle, calls_during_a_close_commit_are_answered) {
-  world w;
-  world_up(&w);
-  char *id = create(&w);
-  free(prompt(&w, id, "/sleep 200\nslow"));
+/* Close `id` with a prompt and a policy change right behind it: all three answered, the two others `closed`.
+ */
+static void close_with_calls(world *w, const char *id, const char *what) {
   three t;
   memset(&t, 0, sizeof t);
   ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_ADMIN, .surface = "test"};
-  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.close", json_pack("{s:s}", "sessionId", id), NULL,
+  cr_assert_eq(ah__host_dispatch(w->h, &c, "session.close", json_pack("{s:s}", "sessionId", id), NULL,
                                  th_reply, &t.close),
                0);
-  /* The turn is cancelled; the close commits once it ended. Meanwhile a prompt and a policy change. */
-  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+  cr_assert_eq(ah__host_dispatch(w->h, &c, "session.prompt",
                                  json_pack("{s:s, s:s}", "sessionId", id, "text", "x"), NULL, th_reply,
                                  &t.prompt),
                0);
-  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.set-policy",
+  cr_assert_eq(ah__host_dispatch(w->h, &c, "session.set-policy",
                                  json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "read_file", "deny"),
                                  NULL, th_reply, &t.policy),
                0);
-  cr_assert(ts_run_until_pred(&w.loop, three_done, &t, 5000), "a call during the close was never answered");
-  cr_assert_eq(t.close.status, 0, "%s", t.close.message ? t.close.message : "");
-  cr_assert_eq(t.prompt.status, AH_ECLOSED, "got %s", ah_err_name(t.prompt.status));
-  cr_assert_eq(t.policy.status, AH_ECLOSED, "got %s", ah_err_name(t.policy.status));
+  cr_assert(ts_run_until_pred(&w->loop, three_done, &t, 5000),
+            "%s: a call during the close was never answered", what);
+  cr_assert_eq(t.close.status, 0, "%s: %s", what, t.close.message ? t.close.message : "");
+  cr_assert_eq(t.prompt.status, AH_ECLOSED, "%s: got %s", what, ah_err_name(t.prompt.status));
+  cr_assert_eq(t.policy.status, AH_ECLOSED, "%s: got %s", what, ah_err_name(t.policy.status));
   th_outcome_clear(&t.close);
   th_outcome_clear(&t.prompt);
   th_outcome_clear(&t.policy);
-  /* A cold session: the close loads it; the calls that came with it wait for that load, then get `closed`. */
+}
+
+Test(idle, calls_during_a_close_commit_are_answered) {
+  world w;
+  world_up(&w);
+  /* A live session with a running turn: the close cancels it and commits once it ended. */
+  char *id = create(&w);
+  free(prompt(&w, id, "/sleep 200\nslow"));
+  close_with_calls(&w, id, "live");
+  /* A cold session: the close loads it; the calls that came with it wait for that load. */
   char *cold = create(&w);
   restart_with_idle(&w, 3600u * 1000u);
-  memset(&t, 0, sizeof t);
-  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.close", json_pack("{s:s}", "sessionId", cold), NULL,
-                                 th_reply, &t.close),
-               0);
-  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
-                                 json_pack("{s:s, s:s}", "sessionId", cold, "text", "x"), NULL, th_reply,
-                                 &t.prompt),
-               0);
-  cr_assert_eq(
-      ah__host_dispatch(w.h, &c, "session.set-policy",
-                        json_pack("{s:s, s:{s:s}}", "sessionId", cold, "policy", "read_file", "deny"), NULL,
-                        th_reply, &t.policy),
-      0);
-  cr_assert(ts_run_until_pred(&w.loop, three_done, &t, 5000),
-            "a call during a cold close was never answered");
-  cr_assert_eq(t.close.status, 0, "%s", t.close.message ? t.close.message : "");
-  cr_assert_eq(t.prompt.status, AH_ECLOSED, "got %s", ah_err_name(t.prompt.status));
-  cr_assert_eq(t.policy.status, AH_ECLOSED, "got %s", ah_err_name(t.policy.status));
-  th_outcome_clear(&t.close);
-  th_outcome_clear(&t.prompt);
-  th_outcome_clear(&t.policy);
+  close_with_calls(&w, cold, "cold");
   free(cold);
   free(id);
   world_down(&w);
