@@ -181,7 +181,6 @@ typedef struct follow {
 
 static void follow_end(follow *f, int status, const char *why) {
   ah__list_remove(&f->link);
-  f->s->nfollows--;
   f->s->active_ms = mono_ms(f->s->m); /* the idle time counts from the end of the last follow */
   if (f->watch)
     ah__cancel_unwatch(f->watch);
@@ -220,7 +219,6 @@ int ah__live_follow(session *s, ah_call *call) {
   f->call = call;
   ah__list_init(&f->link);
   ah__list_push(&s->follows, &f->link);
-  s->nfollows++;
   int rc = ah__cancel_watch(token, follow_tripped, f, &f->watch);
   if (rc == AH_ECANCELED) { /* already tripped: the follow ends at once */
     f->watch = NULL;
@@ -229,7 +227,6 @@ int ah__live_follow(session *s, ah_call *call) {
   }
   if (rc) {
     ah__list_remove(&f->link);
-    s->nfollows--;
     free(f);
     return rc;
   }
@@ -707,10 +704,15 @@ static void release_written(session *s, int status, const json_t *event, void *a
   session_dispose(s);
 }
 
-void ah__live_release(session *s) {
+/* The lease goes (the row stays open); `done` runs once it is written. */
+static void release_then(session *s, void (*done)(session *s, int status, const json_t *event, void *arg)) {
   s->ready = false;
   ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "lease.release", "id", s->id, "owner", s->m->owner),
-                NULL, NULL, NULL, NULL, release_written, NULL);
+                NULL, NULL, NULL, NULL, done, NULL);
+}
+
+void ah__live_release(session *s) {
+  release_then(s, release_written);
 }
 
 /* ---- idle unload ([host] idle_unload_s) -----------------------------------------------------------------
@@ -731,8 +733,9 @@ static uint64_t idle_ms(ah_sessions *m) {
 
 static bool busy(const session *s) {
   return !s->ready || s->closing || s->disposed || s->lost || s->broken || s->running || s->turn ||
-         s->end_unwritten || s->parent_turn || s->pending_writes > 0 || s->holds > 0 || s->nfollows > 0 ||
-         !ah__list_empty(&s->queue) || !ah__list_empty(&s->waiters) || !ah__list_empty(&s->close_waiters) ||
+         s->end_unwritten || s->parent_turn || s->pending_writes > 0 || s->holds > 0 ||
+         !ah__list_empty(&s->follows) || !ah__list_empty(&s->queue) || !ah__list_empty(&s->waiters) ||
+         !ah__list_empty(&s->close_waiters) ||
          /* routed through an editor (live only): a reload would read and write the disk instead */
          s->editor.read || s->editor.write || s->editor.run;
 }
@@ -747,7 +750,6 @@ static void unload_written(session *s, int status, const json_t *event, void *ar
   ah__link again;
   ah__list_take_all(&again, &s->waiters);
   char *id = strdup(s->id);
-  s->unloading = false;
   session_dispose(s);
   m->unloads++;
   while (!ah__list_empty(&again)) {
@@ -764,10 +766,7 @@ static void unload_written(session *s, int status, const json_t *event, void *ar
 
 static void unload(session *s) {
   AH_LOG_D(LOG, "session %s: idle, leaves memory", s->id);
-  s->ready = false;
-  s->unloading = true;
-  ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "lease.release", "id", s->id, "owner", s->m->owner),
-                NULL, NULL, NULL, NULL, unload_written, NULL);
+  release_then(s, unload_written);
 }
 
 static void idle_tick(ah_timer *t, void *arg);

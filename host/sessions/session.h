@@ -117,12 +117,10 @@ struct ah_session {
    * the conversation (the provider's history) has every earlier turn's messages. */
   bool end_unwritten;
   bool close_hooked; /* the session_close hooks ran (or are running) */
-  /* Idle unload: when it was last busy or asked for (ms, the loop's clock); `unloading` while its lease is
-   * released (callers meanwhile wait and load it again); the follows (session.follow) keeping it live. */
+  /* Idle unload: when it was last busy or asked for (ms, the loop's clock); the follows (session.follow)
+   * keeping it live. */
   uint64_t active_ms;
-  bool unloading;
   ah__link follows;
-  int nfollows;
   /* The client's editor (session.set-editor): the methods read_file and write_file go through; live only,
    * set again by the surface whenever it attaches. */
   struct {
