@@ -336,6 +336,18 @@ static void client_timeout(uv_timer_t *t) {
   client_finish(t->data, AH_ETIMEDOUT);
 }
 
+/* The AH_E* code of an error answer: its data.name ("ENOENT", …, what every surface sends), else
+ * AH_EPROTO. */
+static int code_of_error(const json_t *error) {
+  const char *name = json_string_value(json_object_get(json_object_get(error, "data"), "name"));
+#define AH__ERR_BY_NAME(n, value, category, message) \
+  if (name && strcmp(name, #n) == 0)                 \
+    return value;
+  AH_ERRNO_MAP(AH__ERR_BY_NAME)
+#undef AH__ERR_BY_NAME
+  return AH_EPROTO;
+}
+
 int ah__admin_call(const char *runtime_dir, const char *method, json_t *params, uint64_t timeout_ms,
                    json_t **result, json_t **error) {
   *result = NULL;
@@ -370,9 +382,12 @@ int ah__admin_call(const char *runtime_dir, const char *method, json_t *params, 
     return 0;
   }
   json_decref(c.result);
+  int status = c.status ? c.status : AH_EPROTO;
+  if (c.error)
+    status = code_of_error(c.error);
   if (error)
     *error = c.error;
   else
     json_decref(c.error);
-  return c.status ? c.status : AH_EPROTO;
+  return status;
 }

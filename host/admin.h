@@ -26,8 +26,9 @@ int ah__admin_start(ah_host *h, const char *runtime_dir, ah_admin **out, char **
 void ah__admin_stop(ah_admin *a, void (*cb)(void *arg), void *arg);
 
 /* Client: connect to runtime_dir/admin.sock, send one request, wait up to `timeout_ms` for the answer.
- * On success *result is the value (new reference). On failure returns AH_ECLOSED (no daemon),
- * AH_ETIMEDOUT, or AH_EPROTO with *error = the JSON-RPC error object (new reference). */
+ * On success *result is the value (new reference). On failure returns AH_ECLOSED with *error NULL (no
+ * daemon answers), AH_ETIMEDOUT, or the answer's code with *error = the JSON-RPC error object (new
+ * reference): the AH_E* its data.name says ("ENOENT" → AH_ENOENT), else AH_EPROTO. */
 int ah__admin_call(const char *runtime_dir, const char *method, json_t *params, uint64_t timeout_ms,
                    json_t **result, json_t **error);
 

@@ -1,4 +1,5 @@
-/* agenthost — the command line: serve | sdk | acp | sessions | plugins | version | --help. */
+/* agenthost — the command line: serve | sdk | acp | sessions | analyze | plugins | hooks | remote | status |
+ * call | version | --help, and the commands of enabled plugins. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,6 +41,9 @@ static const char usage[] =
     "  url                       print the browser launch URL of the running daemon (browser plugin)\n"
     "  token rotate              a new browser token; open tabs must reload (browser plugin)\n"
     "  status [--json]           the running daemon: mode, plugins, the store's health (exit 3: unhealthy)\n"
+    "  call [--json] [--timeout SECONDS] METHOD [PARAMS|-]\n"
+    "                            one request to the running daemon over the admin socket (privileged);\n"
+    "                            PARAMS a JSON object or array, - reads it from stdin\n"
     "  version                   print the version\n"
     "\n"
     "options:\n"
@@ -297,10 +301,13 @@ static int run_host(const ah_cli_overrides *cli, const char *mode) {
   return code;
 }
 
-static void print_error(const char *what, int rc, json_t *error) {
+static void print_error(const char *what, int rc, json_t *error, const char *runtime_dir) {
   const char *msg = error ? json_string_value(json_object_get(error, "message")) : NULL;
-  if (rc == AH_ECLOSED)
-    fprintf(stderr, "agenthost: %s: no running daemon answers on the admin socket\n", what);
+  if (rc == AH_ECLOSED && !error)
+    fprintf(stderr,
+            "agenthost: %s: no running daemon answers on the admin socket %s/admin.sock (is `agenthost "
+            "serve` running with this runtime directory?)\n",
+            what, runtime_dir);
   else
     fprintf(stderr, "agenthost: %s: %s\n", what, msg ? msg : ah_strerror(rc));
 }
@@ -318,14 +325,13 @@ static json_t *daemon_call(const ah_cli_overrides *cli, const char *what, const 
   json_t *result = NULL;
   json_t *error = NULL;
   int rc = ah__admin_call(cfg.runtime_dir, method, params, 30000, &result, &error);
-  ah__config_free(&cfg);
   if (rc) {
-    print_error(what, rc, error);
+    print_error(what, rc, error, cfg.runtime_dir);
     json_decref(error);
     *code = 1;
-    return NULL;
   }
-  return result;
+  ah__config_free(&cfg);
+  return rc ? NULL : result;
 }
 
 static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
@@ -390,6 +396,153 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
   }
   json_decref(result);
   return 0;
+}
+
+/* ---- call: one request of any method to the running daemon ------------------------------------------- */
+
+#define CALL_PARAMS_MAX ((size_t)16 * 1024 * 1024) /* the admin socket's line cap */
+
+/* The params of `agenthost call` from its argument, or from stdin for "-": an object or an array (the
+ * JSON-RPC shapes); NULL with the reason printed. */
+static json_t *call_params(const char *arg) {
+  char *text = NULL;
+  if (strcmp(arg, "-") == 0) {
+    size_t cap = 0, len = 0;
+    for (;;) {
+      if (len + 4096 + 1 > cap) {
+        size_t ncap = cap ? cap * 2 : 8192;
+        char *n = len <= CALL_PARAMS_MAX ? realloc(text, ncap) : NULL;
+        if (!n) {
+          fprintf(stderr, "agenthost: call: the params on stdin are longer than %zu bytes\n",
+                  CALL_PARAMS_MAX);
+          free(text);
+          return NULL;
+        }
+        text = n;
+        cap = ncap;
+      }
+      size_t got = fread(text + len, 1, cap - len - 1, stdin);
+      len += got;
+      if (got == 0)
+        break;
+    }
+    if (ferror(stdin)) {
+      fprintf(stderr, "agenthost: call: cannot read the params from stdin\n");
+      free(text);
+      return NULL;
+    }
+    text[len] = '\0';
+  } else {
+    text = strdup(arg);
+  }
+  if (!text)
+    return NULL;
+  json_error_t jerr;
+  json_t *params = json_loads(text, JSON_REJECT_DUPLICATES, &jerr);
+  free(text);
+  if (!params) {
+    fprintf(stderr, "agenthost: call: the params are not JSON: %s (line %d, column %d)\n", jerr.text,
+            jerr.line, jerr.column);
+    return NULL;
+  }
+  if (!json_is_object(params) && !json_is_array(params)) {
+    fprintf(stderr, "agenthost: call: the params must be a JSON object or array\n");
+    json_decref(params);
+    return NULL;
+  }
+  return params;
+}
+
+static void print_json(json_t *v, size_t flags) {
+  char *text = json_dumps(v, flags | JSON_ENCODE_ANY);
+  puts(text ? text : "null");
+  free(text);
+}
+
+/* `agenthost call [--json] [--timeout S] METHOD [PARAMS|-]`: the method's result as indented JSON (exit 0),
+ * or its error on stderr (exit 1); with --json one line on stdout either way, {"result": …} or
+ * {"error": {code, message, data?}}. No daemon, a timeout: stderr, exit 1; bad arguments: exit 2. */
+static int cmd_call(const ah_cli_overrides *cli, int argc, char **argv) {
+  bool as_json = false;
+  const char *method = NULL, *params_arg = NULL;
+  double timeout_s = 30;
+  bool ok = true;
+  for (int i = 0; ok && i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--json") == 0) {
+      as_json = true;
+    } else if (strcmp(a, "--timeout") == 0 || strncmp(a, "--timeout=", 10) == 0) {
+      const char *v = a[9] == '=' ? a + 10 : i + 1 < argc ? argv[++i] : NULL;
+      char *end = NULL;
+      timeout_s = v ? strtod(v, &end) : -1;
+      ok = v && end != v && *end == '\0' && timeout_s >= 0 && timeout_s <= 1e9;
+    } else if (a[0] == '-' && a[1] != '\0') {
+      ok = false;
+    } else if (!method) {
+      method = a;
+    } else if (!params_arg) {
+      params_arg = a;
+    } else {
+      ok = false;
+    }
+  }
+  if (!ok || !method || !method[0]) {
+    fputs("usage: agenthost call [--json] [--timeout SECONDS] METHOD [PARAMS|-]\n", stderr);
+    return 2;
+  }
+  json_t *params = NULL;
+  if (params_arg && !(params = call_params(params_arg)))
+    return 2;
+  ah_config cfg;
+  if (load_config(&cfg, cli) != 0) {
+    json_decref(params);
+    return 2;
+  }
+  uint64_t timeout_ms = timeout_s == 0 ? UINT64_MAX : (uint64_t)(timeout_s * 1000.0 + 0.5);
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(cfg.runtime_dir, method, params, timeout_ms, &result, &error);
+  int code = 0;
+  char what[128];
+  snprintf(what, sizeof what, "call %s", method);
+  if (rc == 0) {
+    if (as_json) {
+      json_t *out = json_pack("{s:O}", "result", result);
+      print_json(out, JSON_COMPACT);
+      json_decref(out);
+    } else {
+      print_json(result, JSON_INDENT(2));
+    }
+  } else if (error && as_json) {
+    json_t *out = json_pack("{s:O}", "error", error);
+    print_json(out, JSON_COMPACT);
+    json_decref(out);
+    code = 1;
+  } else if (error) {
+    char *msg = ah__cli_esc(json_string_value(json_object_get(error, "message")), 400);
+    fprintf(stderr, "agenthost: %s: %s (code %lld)\n", what, msg[0] ? msg : "error",
+            (long long)json_integer_value(json_object_get(error, "code")));
+    free(msg);
+    json_t *data = json_object_get(error, "data");
+    if (data) {
+      char *d = json_dumps(data, JSON_COMPACT | JSON_ENCODE_ANY);
+      fprintf(stderr, "data: %s\n", d ? d : "");
+      free(d);
+    }
+    code = 1;
+  } else if (rc == AH_ETIMEDOUT) {
+    fprintf(
+        stderr,
+        "agenthost: %s: no answer within %g s (the call may still run in the daemon; --timeout 0 waits)\n",
+        what, timeout_s);
+    code = 1;
+  } else {
+    print_error(what, rc, NULL, cfg.runtime_dir);
+    code = 1;
+  }
+  json_decref(result);
+  json_decref(error);
+  ah__config_free(&cfg);
+  return code;
 }
 
 /* ---- remote stubs: TypeScript declarations of the running daemon's descriptors ------------------------ */
@@ -500,10 +653,10 @@ static int cmd_hooks(const ah_cli_overrides *cli, int argc, char **argv) {
   bool from_daemon = rc == 0;
   if (rc == 0) {
     hooks = json_incref(json_object_get(result, "hooks"));
-  } else if (rc == AH_ECLOSED) { /* no daemon: the configuration's own */
+  } else if (rc == AH_ECLOSED && !error) { /* no daemon: the configuration's own */
     hooks = ah__hooks_describe_config(cfg.hooks);
   } else {
-    print_error("hooks list", rc, error);
+    print_error("hooks list", rc, error, cfg.runtime_dir);
     json_decref(error);
     ah__config_free(&cfg);
     return 1;
@@ -693,6 +846,8 @@ int main(int argc, char **argv) {
     return cmd_hooks(&cli, rest, rest_argv);
   if (strcmp(cmd, "status") == 0)
     return cmd_status(&cli, rest, rest_argv);
+  if (strcmp(cmd, "call") == 0)
+    return cmd_call(&cli, rest, rest_argv);
   /* A command of an enabled plugin (the browser's `url` and `token`). */
   ah_config cfg;
   if (load_config(&cfg, &cli) != 0)

@@ -125,8 +125,9 @@ typedef struct ah_command_env {
   FILE *out;               /* the command's stdout and stderr */
   FILE *err;
   /* Call a method of the running daemon over its admin socket (privileged). 0 with *result (new
-   * reference) or a negative AH_E* with *error ({code, message, data}, new reference, may be NULL);
-   * AH_ECLOSED when no daemon runs. `params` is borrowed (NULL = {}). */
+   * reference) or a negative AH_E* with *error ({code, message, data}, new reference, may be NULL): the
+   * answer's own code (its data.name), AH_ECLOSED with *error NULL when no daemon answers, AH_ETIMEDOUT.
+   * `params` is borrowed (NULL = {}). */
   int (*call)(const struct ah_command_env *env, const char *method, const json_t *params, uint32_t timeout_ms,
               json_t **result, json_t **error);
   void *reserved[4];

@@ -26,10 +26,16 @@ static int print_url(const ah_command_env *env, const char *what) {
   int code = 0;
   if (url) {
     fprintf(env->out, "%s\n", url);
+  } else if (rc == AH_ECLOSED && !error) {
+    fprintf(env->err,
+            "agenthost: %s: no running daemon answers on the admin socket %s/admin.sock (is `agenthost "
+            "serve` running with this runtime directory?)\n",
+            what, env->runtime_dir);
+    code = 1;
   } else {
     fprintf(env->err, "agenthost: %s: %s\n", what,
-            rc == AH_ECLOSED || rc == AH_ENOMETHOD ? "no running daemon serves the browser surface"
-                                                   : message_of(error, rc));
+            rc == AH_ENOMETHOD ? "the running daemon serves no browser surface (is [plugin.browser] enabled?)"
+                               : message_of(error, rc));
     code = 1;
   }
   json_decref(result);
@@ -74,7 +80,7 @@ static int run_token(const ah_command_env *env, int argc, char **argv) {
   int code = 0;
   if (rc == 0) {
     code = print_url(env, "token rotate") == 0 ? 0 : 1;
-  } else if (rc == AH_ECLOSED || rc == AH_ENOMETHOD) {
+  } else if ((rc == AH_ECLOSED && !error) || rc == AH_ENOMETHOD) {
     /* Nobody holds the token in memory: the next mount reads the new file. */
     char path[4096];
     int e = bp_token_file_path(env->config, env->state_dir, path, sizeof path);
@@ -87,7 +93,7 @@ static int run_token(const ah_command_env *env, int argc, char **argv) {
       code = 1;
     } else {
       fprintf(env->out, "rotated the token in %s (%s)\n", path,
-              rc == AH_ECLOSED ? "no daemon is running" : "the running daemon serves no browser surface");
+              rc == AH_ENOMETHOD ? "the running daemon serves no browser surface" : "no daemon is running");
     }
   } else {
     fprintf(env->err, "agenthost: token rotate: %s\n", message_of(error, rc));

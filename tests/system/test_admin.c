@@ -395,7 +395,7 @@ Test(admin, out_of_tree_plugin_load_unload_reload, .timeout = 60, .fini = cleanu
   json_t *error = NULL;
   json_t *result = call_greet(d, &rc, &error);
   cr_assert_null(result);
-  cr_assert_eq(rc, AH_EPROTO, "hello.greet after the unload: %s", ah_strerror(rc));
+  cr_assert_eq(rc, AH_EUNAVAILABLE, "hello.greet after the unload: %s", ah_strerror(rc));
   cr_assert_not_null(error);
   char *etext = json_dumps(error, JSON_COMPACT);
   const char *category = json_string_value(json_object_get(json_object_get(error, "data"), "category"));

@@ -810,7 +810,7 @@ Test(cli, a_second_process_gets_agent_busy, .timeout = 60, .fini = cleanup) {
   json_t *error = NULL;
   int rc = ah__admin_call(b.runtime, "session.prompt", json_pack("{s:s, s:s}", "sessionId", id, "text", "x"),
                           10000, &result, &error);
-  cr_assert_eq(rc, AH_EPROTO, "the second process must refuse: %s", ah_strerror(rc));
+  cr_assert_eq(rc, AH_EAGENTBUSY, "the second process must refuse: %s", ah_strerror(rc));
   cr_assert_str_eq(json_string_value(json_object_get(json_object_get(error, "data"), "category")),
                    "agent-busy");
   json_decref(error);
@@ -1056,6 +1056,148 @@ Test(cli, hooks_list_shows_the_configurations_then_the_daemons_hooks_without_sec
   free(out);
   free(err);
   cr_assert_eq(sess_cli(&e, &out, &err, "hooks", NULL), 2, "a usage error");
+  free(out);
+  free(err);
+  sess_stop(&e);
+  sess_env_free(&e);
+}
+
+/* ---- call: any method over the admin socket --------------------------------------------------------- */
+
+/* `agenthost call` prints the result as JSON (exit 0), the daemon's error on stderr with its code (exit 1),
+ * with --json one line {"result"} / {"error"} on stdout; params from the argument or stdin (-); bad params
+ * are a usage error and send nothing; a privileged method runs (the admin socket's authority). */
+Test(cli, call_sends_one_request_and_prints_its_result_or_error, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "host.describe", NULL), 1, "no daemon: %s", err);
+  cr_expect(strstr(err, "no running daemon answers on the admin socket") && strstr(err, e.sock),
+            "the message names the socket it tried: %s", err);
+  free(out);
+  free(err);
+  sess_start(&e);
+
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "host.describe", NULL), 0, "%s", err);
+  json_error_t jerr;
+  json_t *v = json_loads(out, 0, &jerr);
+  cr_assert_not_null(v, "not JSON: %s", out);
+  cr_expect_str_eq(json_string_value(json_object_get(v, "mode")), "serve");
+  cr_expect(strchr(out, '\n') < out + strlen(out) - 1, "indented over several lines: %s", out);
+  json_decref(v);
+  free(out);
+  free(err);
+
+  char *params = NULL;
+  cr_assert_geq(asprintf(&params, "{\"cwd\": \"%s\", \"title\": \"from call\"}", test_dir()), 0);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "session.create", params, NULL), 0, "%s", err);
+  v = json_loads(out, 0, &jerr);
+  cr_assert_not_null(v, "not JSON: %s", out);
+  char *id = strdup(json_string_value(json_object_get(v, "sessionId")));
+  json_decref(v);
+  free(out);
+  free(err);
+  free(params);
+
+  /* From stdin; the global options after the command. */
+  char *cmd = NULL;
+  cr_assert_geq(
+      asprintf(&cmd,
+               "printf '{\"sessionId\": \"%s\"}' | '%s' call session.get - --config '%s' --state-dir '%s' "
+               "--runtime-dir '%s'",
+               id, agenthost(), e.config, e.state, e.runtime),
+      0);
+  char *sh[] = {"/bin/sh", "-c", cmd, NULL};
+  cr_assert_eq(ts_run(sh, 30000, &out, &err), 0, "%s", err);
+  v = json_loads(out, 0, &jerr);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(v, "session"), "title")), "from call",
+                   "%s", out);
+  json_decref(v);
+  free(out);
+  free(err);
+  free(cmd);
+
+  /* The daemon's error: human on stderr, or --json on stdout. */
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "session.get", "{\"sessionId\": \"nope\"}", NULL), 1);
+  cr_expect(strstr(err, "call session.get: no such session (code -32005)") && strstr(err, "\"ENOENT\""), "%s",
+            err);
+  cr_expect_str_empty(out);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--json", "session.get", "{\"sessionId\": \"nope\"}", NULL),
+               1);
+  cr_expect_eq(strchr(out, '\n'), out + strlen(out) - 1, "one line: %s", out);
+  v = json_loads(out, 0, &jerr);
+  json_t *data = json_object_get(json_object_get(v, "error"), "data");
+  cr_expect_str_eq(json_string_value(json_object_get(data, "name")), "ENOENT", "%s", out);
+  cr_expect_null(json_object_get(v, "result"));
+  json_decref(v);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--json", "session.get", "{\"sessionId\": \"", NULL), 2);
+  cr_expect(strstr(err, "not JSON"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "session.get", "\"a string\"", NULL), 2);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--bogus", "host.describe", NULL), 2);
+  cr_expect(strstr(err, "usage: agenthost call"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", NULL), 2);
+  free(out);
+  free(err);
+
+  /* Privileged: a plugin mounted from the command line, then a call that outlasts --timeout. */
+  char *load = NULL;
+  cr_assert_geq(asprintf(&load, "{\"path\": \"%s/slow-call.so\"}", getenv("AH_TEST_PLUGIN_DIR")), 0);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "plugin.load", load, NULL), 0, "%s", err);
+  cr_expect(strstr(out, "\"slow-call\""), "%s", out);
+  free(out);
+  free(err);
+  free(load);
+  uint64_t t0 = ts_now_ms();
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--timeout", "0.3", "slow.wait", "{}", NULL), 1);
+  cr_expect(strstr(err, "no answer within 0.3 s"), "%s", err);
+  cr_expect_lt(ts_now_ms() - t0, 10000);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--timeout=x", "slow.wait", NULL), 2);
+  free(out);
+  free(err);
+  /* The daemon still answers. */
+  cr_assert_eq(sess_cli(&e, &out, &err, "call", "--json", "session.get", "{\"sessionId\": \"x\"}", NULL), 1);
+  cr_expect(strstr(out, "ENOENT"), "%s", out);
+  free(out);
+  free(err);
+  free(id);
+  sess_stop(&e);
+  sess_env_free(&e);
+}
+
+/* A daemon that does not mount the browser (its section enabled for another mode): `url` says so, and
+ * `token rotate` replaces the token file (the daemon's "no such method" was taken for an error). */
+Test(cli, url_and_token_rotate_beside_a_daemon_without_the_browser, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  free(e.config);
+  e.config =
+      ts_write_file(test_dir(), "agenthost.ini",
+                    "[plugin.browser]\nenabled = true\nmodes = sdk\n[plugin.remote]\nenabled = false\n");
+  cr_assert_not_null(e.config);
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(sess_cli(&e, &out, &err, "url", NULL), 1);
+  cr_expect(strstr(err, "no running daemon answers on the admin socket") && strstr(err, e.sock), "%s", err);
+  free(out);
+  free(err);
+  sess_start(&e);
+  cr_assert_eq(sess_cli(&e, &out, &err, "url", NULL), 1);
+  cr_expect(strstr(err, "url: the running daemon serves no browser surface"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "token", "rotate", NULL), 0, "%s", err);
+  cr_expect(strstr(out, "rotated the token in") &&
+                strstr(out, "the running daemon serves no browser surface"),
+            "%s", out);
   free(out);
   free(err);
   sess_stop(&e);
