@@ -45,6 +45,7 @@ static const char usage[] =
     "                            one request to the running daemon over the admin socket (privileged);\n"
     "                            PARAMS a JSON object or array, - reads it from stdin\n"
     "  version                   print the version\n"
+    "  help                      print this text\n"
     "\n"
     "options:\n"
     "  --config FILE             configuration file (INI)\n"
