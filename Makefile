@@ -3,6 +3,7 @@
 #   make run     install missing packages, build, start `agenthost serve`
 #   make test    every test, an ASan/UBSan run of the unit tests, format check, minimal build
 #   make bench   build, run the benchmarks
+#   make fuzz    build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS
 #
 # The build itself is described by meson.build; nothing here knows about individual sources.
 
@@ -21,9 +22,16 @@ ARGS ?=
 BUILD_DIR := build
 ASAN_DIR := build-asan
 MINIMAL_DIR := build-minimal
+FUZZ_DIR := build-fuzz
+CLANG ?= clang
 
 ASAN_OPTS := -Db_sanitize=address,undefined -Db_lundef=false
 MINIMAL_OPTS := -Dauto_features=disabled
+# The fuzzing build: clang, libFuzzer's coverage on every object, ASan + UBSan; no Criterion tests.
+FUZZ_OPTS := -Dfuzz=true -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false
+# How long each harness runs: `make fuzz` (FUZZ_SECONDS=300 make fuzz for longer) and within `make test`.
+FUZZ_SECONDS ?= 60
+TEST_FUZZ_SECONDS ?= 30
 # Sanitized code runs several times slower; stretch the per-test timeouts meson.build sets.
 ASAN_TIMEOUT_MULTIPLIER ?= 3
 
@@ -31,7 +39,8 @@ ASAN_TIMEOUT_MULTIPLIER ?= 3
 # leak reports can still name their frames.
 ASAN_ENV := ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 AH_KEEP_PLUGINS_MAPPED=1
 
-TESTLOGS := $(BUILD_DIR)/meson-logs/testlog.json $(ASAN_DIR)/meson-logs/testlog.json
+TESTLOGS := $(BUILD_DIR)/meson-logs/testlog.json $(ASAN_DIR)/meson-logs/testlog.json \
+  $(FUZZ_DIR)/meson-logs/testlog.json
 
 # The C sources under version control (what format / format-check look at).
 LIST_SOURCES := git ls-files -z -- '*.c' '*.h'
@@ -60,9 +69,13 @@ UNIT_ASAN = $(call meson-setup,$(ASAN_DIR),$(ASAN_OPTS)) && \
   $(NINJA) -C $(ASAN_DIR) && \
   env $(ASAN_ENV) $(MESON) test -C $(ASAN_DIR) --suite unit --suite system --print-errorlogs \
     --timeout-multiplier $(ASAN_TIMEOUT_MULTIPLIER)
+# $(call fuzz-run,SECONDS): set up and build $(FUZZ_DIR) with clang, run every harness (suite fuzz).
+fuzz-run = ( export CC=$(CLANG) && $(call meson-setup,$(FUZZ_DIR),$(FUZZ_OPTS)) ) && \
+  $(NINJA) -C $(FUZZ_DIR) && \
+  env AH_FUZZ_SECONDS=$(1) $(MESON) test -C $(FUZZ_DIR) --suite fuzz --verbose --num-processes 2
 FORMAT_CHECK = $(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) --dry-run -Werror
 
-.PHONY: all deps build run test unit-asan minimal bench format format-check clean
+.PHONY: all deps build run test unit-asan minimal bench fuzz fuzz-merge format format-check clean
 
 all: build
 
@@ -85,6 +98,8 @@ test: deps build minimal
 	$(MESON) test -C $(BUILD_DIR) --print-errorlogs || rc=1; \
 	echo '== meson test --suite unit --suite system ($(ASAN_DIR): ASan + UBSan)'; \
 	{ $(UNIT_ASAN); } || rc=1; \
+	echo '== fuzz ($(FUZZ_DIR): libFuzzer, each harness $(TEST_FUZZ_SECONDS) s)'; \
+	{ $(call fuzz-run,$(TEST_FUZZ_SECONDS)); } || rc=1; \
 	echo '== format-check'; \
 	{ $(FORMAT_CHECK); } || { rc=1; echo 'format-check failed: run `make format`'; }; \
 	echo '== summary'; \
@@ -106,6 +121,19 @@ minimal: deps
 bench: build
 	$(MESON) test -C $(BUILD_DIR) --benchmark --verbose
 
+# The libFuzzer harnesses of tests/fuzz, each for FUZZ_SECONDS from its seed corpus; what they find stays
+# in $(FUZZ_DIR)/tests/fuzz/work/ (crashes included) until `make fuzz-merge`.
+fuzz: deps
+	@$(call fuzz-run,$(FUZZ_SECONDS))
+
+# Add to tests/fuzz/corpus/ the inputs of the last `make fuzz` that bring new coverage (libFuzzer's
+# -merge=1 keeps a minimal set); commit them with the change that made them reachable.
+fuzz-merge:
+	@for w in $(FUZZ_DIR)/tests/fuzz/work/*/; do \
+	  name=$$(basename "$$w"); \
+	  ./$(FUZZ_DIR)/tests/fuzz/fuzz_$$name -merge=1 tests/fuzz/corpus/$$name "$$w/corpus" 2>&1 | tail -1; \
+	done
+
 format:
 	$(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) -i
 
@@ -113,4 +141,4 @@ format-check:
 	$(FORMAT_CHECK)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(MINIMAL_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(MINIMAL_DIR) $(FUZZ_DIR)

@@ -28,6 +28,8 @@ PACKAGES=(
   libinih-dev            # INI config file parsing
   libcriterion-dev       # Criterion tests (tests/unit, tests/system)
   clang-format           # `make format` / `make format-check`
+  clang                  # make fuzz: the libFuzzer harnesses (tests/fuzz) are built with clang
+  libclang-rt-14-dev     # ... and link its libFuzzer and sanitizer runtimes
   libwebsockets-dev      # browser plugin: HTTP + WebSocket carrier
   libwebsockets-evlib-uv # libwebsockets' libuv event-loop backend (loaded by lws at run time)
   libjs-marked           # the web UI renders the assistant's Markdown with marked
