@@ -470,3 +470,30 @@ void bf_decide(const bf_policy *pol, const bf_request *req, bf_decision *d) {
     return refuse(d, 413, "body too large");
   d->content_length = cl;
 }
+
+bool bf_static_path(const char *path, char *out, size_t cap) {
+  const char *p = path + 1;
+  if (!*p) {
+    snprintf(out, cap, "index.html");
+    return true;
+  }
+  size_t n = strlen(p);
+  if (n + 11 >= cap)
+    return false;
+  const char *seg = p;
+  for (const char *c = p;; c++) {
+    if (*c == '/' || *c == '\0') {
+      if (c == seg && *c == '/')
+        return false; /* empty segment */
+      if (c > seg && seg[0] == '.')
+        return false; /* dotfile or ".." */
+      if (!*c)
+        break;
+      seg = c + 1;
+    }
+  }
+  memcpy(out, p, n + 1);
+  if (out[n - 1] == '/')
+    memcpy(out + n, "index.html", 11);
+  return true;
+}

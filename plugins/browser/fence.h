@@ -104,4 +104,9 @@ bool bf_token_matches(const uint8_t token[BF_TOKEN_BYTES], const char *presented
  * into `out`; false when it is malformed. */
 bool bf_host_name(const char *host, char *out, size_t cap);
 
+/* The file under the UI's directory for a static route's `path` (which starts with '/'): "/" and a path
+ * ending in '/' get "index.html"; false when a segment is empty or starts with '.' (a dotfile, "..") or
+ * the result does not fit `cap`. */
+bool bf_static_path(const char *path, char *out, size_t cap);
+
 #endif

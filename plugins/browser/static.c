@@ -101,34 +101,6 @@ static int open_beneath(int dirfd, const char *rel) {
   return (int)fd;
 }
 
-/* The relative path for `path` ("/" → "index.html"), or NULL when a segment is empty or starts with '.'. */
-static bool safe_relative(const char *path, char *out, size_t cap) {
-  const char *p = path + 1;
-  if (!*p) {
-    snprintf(out, cap, "index.html");
-    return true;
-  }
-  size_t n = strlen(p);
-  if (n + 11 >= cap)
-    return false;
-  const char *seg = p;
-  for (const char *c = p;; c++) {
-    if (*c == '/' || *c == '\0') {
-      if (c == seg && *c == '/')
-        return false; /* empty segment */
-      if (c > seg && seg[0] == '.')
-        return false; /* dotfile or ".." */
-      if (!*c)
-        break;
-      seg = c + 1;
-    }
-  }
-  memcpy(out, p, n + 1);
-  if (out[n - 1] == '/')
-    memcpy(out + n, "index.html", 11);
-  return true;
-}
-
 static int not_found(bp_state *st, bp_http *h, struct lws *wsi, const char *path) {
   (void)path;
   static const char body[] = "not found\n";
@@ -160,7 +132,7 @@ static int open_vendor(bp_state *st, const char *rel) {
 
 int bp_static_serve(bp_state *st, bp_http *h, struct lws *wsi, const char *path) {
   char rel[4096];
-  if (!safe_relative(path, rel, sizeof rel))
+  if (!bf_static_path(path, rel, sizeof rel))
     return not_found(st, h, wsi, path);
   int fd = open_vendor(st, rel);
   if (fd == -2) {

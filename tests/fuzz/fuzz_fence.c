@@ -1,6 +1,7 @@
 /* The browser's request fence (plugins/browser/fence.c): every request — its method, path, headers and
  * peer taken from the input's lines — gets a decision, admitted only with the token, from loopback for a
- * privileged method, and never with a path holding a NUL; host names and tokens decode within bounds. */
+ * privileged method, and never with a path holding a NUL; a static path maps to a file inside the UI's
+ * directory; host names and tokens decode within bounds. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
@@ -90,6 +91,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (d.route == BF_ROUTE_EXPORT)
       FUZZ_CHECK(memchr(d.session_id, '\0', sizeof d.session_id));
+  }
+  /* The static route's file: never above the UI's directory, never a dotfile, never absolute. */
+  char rel[512];
+  if (req.path_len && req.path[0] == '/' && memchr(req.path, '\0', req.path_len) == NULL &&
+      bf_static_path(req.path, rel, sizeof rel)) {
+    FUZZ_CHECK(rel[0] != '/' && rel[0] != '.' && strstr(rel, "/.") == NULL && strstr(rel, "//") == NULL);
+    FUZZ_CHECK(strlen(rel) < sizeof rel);
   }
   char name[256];
   if (bf_host_name(n > 4 ? f[4] : "", name, sizeof name))
