@@ -390,10 +390,10 @@ static bool after_as_of(const ah_analysis *a, const char *time) {
  */
 
 static const char *const known_kinds[] = {
-    "inbox/received",    "inbox/claimed", "turn/started",   "message/committed", "tool/call",
-    "tool/approval",     "tool/result",   "question/asked", "question/answered", "subagent/started",
-    "subagent/finished", "turn/ended",    "agent/error",    "turn/notice",       "model/usage",
-    "hook/ran",          "plan/updated",
+    "inbox/received",    "inbox/claimed", "turn/started",    "message/committed", "tool/call",
+    "tool/approval",     "tool/result",   "question/asked",  "question/answered", "subagent/started",
+    "subagent/finished", "turn/ended",    "agent/error",     "turn/notice",       "model/usage",
+    "hook/ran",          "plan/updated",  "inbox/cancelled",
 };
 
 static void resolve(request_a *r, const char *state, const char *time) {

@@ -12,7 +12,7 @@
 static const char *const core_events[] = {
     "session.created",     "session.closed",  "session.status",   "session.event",   "subagent.started",
     "subagent.finished",   "request.pending", "request.resolved", "plugin.mounted",  "plugin.withdrawn",
-    "host.config-changed", "tools.changed",   "session.updated",  "session.options",
+    "host.config-changed", "tools.changed",   "session.updated",  "session.options", "session.deleted",
 };
 
 static void m_describe(ah_call *call, const json_t *params, void *data) {

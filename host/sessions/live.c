@@ -654,17 +654,20 @@ void ah__live_finish_close(session *s) {
     if (ah__session_hooks(s, "session_close", doc, close_hooked, NULL) == 1)
       return;
   }
-  /* Queued prompts will never run: record them as cancelled. */
-  json_t *ops = json_array();
+  /* Queued prompts will never run: each is recorded cancelled, its row and an inbox/cancelled event in one
+   * opset, committed before the close's own (the store commits in order). */
   while (!ah__list_empty(&s->queue)) {
     queued *q = AH__CONTAINER(s->queue.next, queued, link);
     ah__list_remove(&q->link);
-    json_array_append_new(ops, json_pack("{s:s, s:s, s:s}", "op", "inbox.state", "messageId", q->message_id,
-                                         "state", "cancelled"));
+    ah__write_ops(
+        s,
+        json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", q->message_id, "state", "cancelled"),
+        "inbox/cancelled", NULL, q->message_id, json_pack("{s:s}", "reason", "closed"), NULL, NULL);
     free(q->message_id);
     json_decref(q->content);
     free(q);
   }
+  json_t *ops = json_array();
   char now[32];
   ah__time_rfc3339(now);
   s->running = false;

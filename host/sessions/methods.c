@@ -420,13 +420,24 @@ static void m_close(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, close_found, call);
 }
 
+typedef struct delete_ctx {
+  ah_sessions *m;
+  ah_call *call;
+  char *id;
+} delete_ctx;
+
+/* The rows are gone: session.deleted tells every surface (a list shown in a tab drops it). */
 static void delete_written(int status, const json_t *results, void *arg) {
   (void)results;
-  ah_call *call = arg;
-  if (status)
-    ah__call_error(call, status, "the session could not be deleted", NULL);
-  else
-    ah__call_reply(call, json_object());
+  delete_ctx *c = arg;
+  if (status) {
+    ah__call_error(c->call, status, "the session could not be deleted", NULL);
+  } else {
+    ah__call_reply(c->call, json_object());
+    ah__sm_emit(c->m, "session.deleted", json_pack("{s:s}", "sessionId", c->id));
+  }
+  free(c->id);
+  free(c);
 }
 
 static void m_delete(ah_call *call, const json_t *p, void *data) {
@@ -443,10 +454,21 @@ static void m_delete(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EBUSY, "close the session before deleting it", NULL);
     return;
   }
+  delete_ctx *c = calloc(1, sizeof *c);
+  if (!c || !(c->id = strdup(id))) {
+    free(c);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  c->m = m;
+  c->call = call;
   int rc = ah__store_write(ah__sm_store(m), json_pack("[{s:s, s:s}]", "op", "session.delete", "id", id),
-                           delete_written, call);
-  if (rc)
+                           delete_written, c);
+  if (rc) {
     ah__call_error(call, rc, ah_strerror(rc), NULL);
+    free(c->id);
+    free(c);
+  }
 }
 
 typedef struct policy_ctx {

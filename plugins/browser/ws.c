@@ -566,6 +566,7 @@ static bool is_host_event(const char *name) {
   return strcmp(name, "request.pending") == 0 || strcmp(name, "request.resolved") == 0 ||
          strcmp(name, "plugin.mounted") == 0 || strcmp(name, "plugin.withdrawn") == 0 ||
          strcmp(name, "session.created") == 0 || strcmp(name, "session.closed") == 0 ||
+         strcmp(name, "session.updated") == 0 || strcmp(name, "session.deleted") == 0 ||
          strcmp(name, "host.config-changed") == 0 || strcmp(name, "tools.changed") == 0;
 }
 

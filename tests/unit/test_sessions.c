@@ -1517,3 +1517,64 @@ Test(sessions, usage_of_a_provider_built_for_abi_1_8_is_counted_from_its_round_t
   world_down(&w);
   json_decref(w.cfg.providers);
 }
+
+/* A close cancels what is still queued: each queued prompt gets its inbox/cancelled event (its messageId,
+ * reason "closed"), stored and published, in seq order before the close; the running turn ends cancelled.
+ * Then session.delete publishes session.deleted once its rows are gone. */
+Test(sessions, a_close_records_the_queued_prompts_it_cancels_and_a_delete_is_published) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  char *m1 = prompt(&w, id, "/sleep 5000\nfirst");
+  wait_for(&w, id, "turn/started", 1);
+  char *m2 = prompt(&w, id, "second");
+  char *m3 = prompt(&w, id, "third");
+  json_decref(ok_call(&w, "session.close", json_pack("{s:s}", "sessionId", id)));
+  json_t *ev = history(&w, id);
+  json_t *c2 = find_kind(ev, "inbox/cancelled", 0);
+  cr_assert_not_null(c2, "the first queued prompt has its event");
+  json_t *c3 = find_kind(ev, "inbox/cancelled", (size_t)json_integer_value(json_object_get(c2, "seq")));
+  cr_assert_not_null(c3, "the second queued prompt has its event");
+  cr_expect_str_eq(json_string_value(json_object_get(c2, "messageId")), m2);
+  cr_expect_str_eq(json_string_value(json_object_get(c3, "messageId")), m3);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(c2, "data"), "reason")), "closed");
+  json_t *ended = find_kind(ev, "turn/ended", 0);
+  cr_assert_not_null(ended);
+  cr_expect_str_eq(json_string_value(json_object_get(json_object_get(ended, "data"), "reason")), "cancelled");
+  cr_expect_null(find_kind(ev, "inbox/claimed", (size_t)json_integer_value(json_object_get(ended, "seq"))),
+                 "nothing queued ran after the close");
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(ev, i, e) cr_expect_eq(json_integer_value(json_object_get(e, "seq")), (json_int_t)i + 1);
+  json_decref(ev);
+  /* Published as session.event too, before session.closed. */
+  bus_wait closed = {&w, "session.closed", NULL};
+  cr_assert(ts_run_until_pred(&w.loop, bus_published, &closed, 5000));
+  size_t cancelled_at = 0, closed_at = 0;
+  json_array_foreach(w.events, i, e) {
+    const char *name = json_string_value(json_array_get(e, 0));
+    const json_t *d = json_array_get(e, 1);
+    const char *kind = json_string_value(json_object_get(json_object_get(d, "event"), "kind"));
+    if (strcmp(name, "session.event") == 0 && kind && strcmp(kind, "inbox/cancelled") == 0)
+      cancelled_at = i + 1;
+    if (strcmp(name, "session.closed") == 0)
+      closed_at = i + 1;
+  }
+  cr_expect(cancelled_at && closed_at && cancelled_at < closed_at, "inbox/cancelled at %zu, closed at %zu",
+            cancelled_at, closed_at);
+
+  cr_expect_eq(count_bus(&w, "session.deleted"), 0);
+  json_decref(ok_call(&w, "session.delete", json_pack("{s:s}", "sessionId", id)));
+  bus_wait deleted = {&w, "session.deleted", NULL};
+  cr_assert(ts_run_until_pred(&w.loop, bus_published, &deleted, 5000), "session.deleted was not published");
+  json_array_foreach(w.events, i, e) {
+    if (strcmp(json_string_value(json_array_get(e, 0)), "session.deleted") == 0)
+      cr_expect_str_eq(json_string_value(json_object_get(json_array_get(e, 1), "sessionId")), id);
+  }
+  cr_expect_eq(count_bus(&w, "session.deleted"), 1);
+  free(m1);
+  free(m2);
+  free(m3);
+  free(id);
+  world_down(&w);
+}

@@ -48,6 +48,11 @@ const PAYLOAD_SCHEMAS = {
   "session.status": (p) => (isStr(p.sessionId) && isStr(p.status) ? null : "needs sessionId and status"),
   "session.created": (p) => (isObject(p.session) && isStr(p.session.id) ? null : "needs session.id"),
   "session.closed": (p) => (isStr(p.sessionId) ? null : "needs sessionId"),
+  "session.deleted": (p) => (isStr(p.sessionId) ? null : "needs sessionId"),
+  "session.updated": (p) =>
+    isStr(p.sessionId) && (p.title === undefined || isStr(p.title)) && (p.tags === undefined || Array.isArray(p.tags))
+      ? null
+      : "needs sessionId; title a string and tags an array when present",
   "request.resolved": (p) => (isStr(p.id) ? null : "needs id"),
   "request.approval": (p) => {
     const r = requestOf(p);

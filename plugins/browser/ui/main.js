@@ -173,6 +173,21 @@ function onFrame(frame) {
     case "session.closed":
       store.markClosed(p.sessionId);
       break;
+    case "session.updated": // a rename or new tags, from this tab or another surface
+      if (store.sessions.has(p.sessionId)) {
+        const { sessionId, ...fields } = p;
+        store.upsertSession({ ...fields, id: sessionId });
+      }
+      break;
+    case "session.deleted":
+      store.removeSession(p.sessionId);
+      if (p.sessionId === selected) {
+        selected = null;
+        history.replaceState(history.state, "", location.pathname + location.search);
+        notice("The session was deleted.");
+        renderAll();
+      }
+      break;
     case "request.approval":
     case "request.question":
       store.addRequest(requestOf(frame));

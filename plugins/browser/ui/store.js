@@ -77,6 +77,17 @@ export class Store {
     this.changed("sessions", sessionId);
   }
 
+  // A deleted session: gone with everything the tab kept of it.
+  removeSession(sessionId) {
+    if (!this.sessions.delete(sessionId)) return;
+    this.events.delete(sessionId);
+    this.streaming.delete(sessionId);
+    this.reasoning.delete(sessionId);
+    this.progress.delete(sessionId);
+    this.pendingSummaries.delete(sessionId);
+    this.changed("sessions", sessionId);
+  }
+
   sortedSessions() {
     // Newest first (ids are UUIDv7, so they sort by creation time); subagent sessions after their roots.
     return [...this.sessions.values()].sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0));

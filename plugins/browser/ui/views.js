@@ -284,6 +284,8 @@ function eventNode(ev) {
       return el("li", { ...base, class: "ev", text: `Subagent finished: ${d.reason ?? "?"}` });
     case "agent/error":
       return el("li", { ...base, class: "ev is-error", text: `Agent error: ${d.message ?? ""}` });
+    case "inbox/cancelled":
+      return el("li", { ...base, class: "ev", text: `A queued prompt was cancelled (${d.reason ?? "?"}): it never ran` });
     case "inbox/claimed":
     case "turn/started":
       return null; // bookkeeping, not shown

@@ -717,6 +717,55 @@ function fakeApi({ fail = false, hang = false } = {}) {
 const quiet = { info() {}, warn() {}, error() {} };
 const tick = () => new Promise((r) => setTimeout(r, 5));
 
+test("a rename and tags in one tab reach the other live; a session deleted elsewhere leaves every tab", { ...TEST, skip }, async () => {
+  started();
+  const a = await openPage(ctx.host.launchUrl);
+  const b = await openPage(ctx.host.launchUrl);
+  await waitReady(a);
+  await waitReady(b);
+  await a.waitForFunction(() => window.agenthostRemote().state === "mounted");
+  const cwd = await tempDir("ah-browser-live-cwd-");
+  ctx.dirs.push(cwd);
+  await a.fill("#new-cwd", cwd);
+  await a.fill("#new-title", "before");
+  await a.click("#create");
+  await a.waitForFunction(() => document.getElementById("session-title").textContent === "before");
+  const sid = await a.$eval(".session-item[aria-current='true']", (e) => e.dataset.sessionId);
+  const itemTitle = (page) =>
+    page.waitForFunction(
+      ([id, want]) => document.querySelector(`.session-item[data-session-id='${id}'] .session-title`)?.textContent === want,
+      [sid, "after"],
+      { timeout: UI_TIMEOUT },
+    );
+  await b.waitForSelector(`.session-item[data-session-id='${sid}']`); // session.created
+  await b.click(`.session-item[data-session-id='${sid}']`);
+
+  // Renamed in tab A: tab B's list and header change without a reload (session.updated on the host stream).
+  await a.click("#rename");
+  await a.fill("#rename-input", "after");
+  await a.press("#rename-input", "Enter");
+  await itemTitle(a);
+  await itemTitle(b);
+  await b.waitForFunction(() => document.getElementById("session-title").textContent === "after");
+  await a.fill("#tags-input", "one, two");
+  await a.press("#tags-input", "Enter");
+  await b.waitForFunction(
+    (id) => [...document.querySelectorAll(`.session-item[data-session-id='${id}'] .badge-tag`)].map((e) => e.textContent).join() === "one,two",
+    sid,
+    { timeout: UI_TIMEOUT },
+  );
+
+  // Closed and deleted through the API by someone else: both tabs drop it; B, which showed it, says so.
+  await ctx.host.call("session.close", { sessionId: sid });
+  await ctx.host.call("session.delete", { sessionId: sid });
+  for (const page of [a, b])
+    await page.waitForSelector(`.session-item[data-session-id='${sid}']`, { state: "detached", timeout: UI_TIMEOUT });
+  await b.waitForFunction(() => document.getElementById("session-view").hidden === true);
+  assert.match(await b.$eval("#notice", (e) => e.textContent), /deleted/);
+  await a.close();
+  await b.close();
+});
+
 test("connection loop: a generation is ready only when both streams are open and describe succeeded (API-CONNECTION-LOOP)", { timeout: 10000 }, async () => {
   const { Connection } = await loadConnection();
   FakeSocket.all = [];
