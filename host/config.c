@@ -10,8 +10,10 @@
  * counter is the line of the pair being handled. The reader also
  *  - strips leading blanks, which turns off inih's multi-line continuation (an indented "key = value"
  *    after another key would otherwise be glued to the previous value);
- *  - refuses a line longer than inih's line buffer (inih would silently cut it and parse the rest as a
- *    new line), a section name longer than inih's section buffer (49 bytes; inih would cut it);
+ *  - reads a "key = value" line longer than inih's line buffer itself (inih would silently cut it and
+ *    parse the rest as a new line) and hands inih a short stand-in (long_line), so values have no length
+ *    limit but the file's; refuses any other over-long line and a section name longer than inih's
+ *    section buffer (49 bytes; inih would cut it);
  *  - sees section headers, so an empty [plugin.NAME] section still names a plugin and an unknown or bad
  *    section is reported at its own line.
  * Before parsing, the whole file is checked for NUL bytes, control characters and invalid UTF-8 (jansson
@@ -81,6 +83,7 @@ typedef struct loader {
   json_t *hook_where; /* where each [hook.NAME] began, for the checks at the end */
 
   /* The file being parsed. */
+  char *long_value; /* the value of a line longer than inih's buffer, until its pair is handled */
   const char *file;
   const char *buf;
   size_t len;
@@ -780,6 +783,50 @@ static const char *find_chars_or_comment(const char *s, const char *end, const c
   return s;
 }
 
+static bool ini_space(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* A line longer than inih's buffer (its size `num`): a comment is handed on as a blank line; a
+ * "key = value" is read here as inih reads one — the key and value trimmed, a value's inline comment (a
+ * ';' after a blank) cut — and inih gets "key = \x01", which on_pair replaces by the value kept in
+ * L->long_value (inih handles a line before it asks for the next). A control byte never reaches inih
+ * from the file (checked before), so the placeholder cannot be a value. Anything else is refused. */
+static char *long_line(loader *L, char *str, int num, const char *start, size_t n) {
+  char f[512];
+  const char *end = start + n;
+  while (end > start && ini_space(end[-1]))
+    end--;
+  if (start < end && (*start == ';' || *start == '#')) {
+    snprintf(str, (size_t)num, "\n");
+    return str;
+  }
+  const char *delim = start < end && *start != '[' ? find_chars_or_comment(start, end, "=:") : end;
+  const char *key_end = delim;
+  while (key_end > start && ini_space(key_end[-1]))
+    key_end--;
+  size_t kn = (size_t)(key_end - start);
+  if (delim >= end || (*delim != '=' && *delim != ':') || kn == 0 || kn + 8 > (size_t)num) {
+    fail(L, "%s:%d: line too long (the limit is %d bytes, except for a key = value line)",
+         esc(f, sizeof f, L->file), L->lineno, num - 3);
+    return NULL;
+  }
+  const char *v = delim + 1;
+  while (v < end && ini_space(*v))
+    v++;
+  const char *v_end = find_chars_or_comment(v, end, "");
+  while (v_end > v && ini_space(v_end[-1]))
+    v_end--;
+  free(L->long_value);
+  L->long_value = strndup(v, (size_t)(v_end - v));
+  if (!L->long_value) {
+    fail_nomem(L);
+    return NULL;
+  }
+  snprintf(str, (size_t)num, "%.*s = \x01\n", (int)kn, start);
+  return str;
+}
+
 /* ini_reader: hand inih the next line of the in-memory file, counting lines. */
 static char *read_line(char *str, int num, void *stream) {
   loader *L = stream;
@@ -800,10 +847,8 @@ static char *read_line(char *str, int num, void *stream) {
     start++;
     n--;
   }
-  if (num < 3 || n > (size_t)num - 3) {
-    fail(L, "%s:%d: line too long (the limit is %d bytes)", esc(f, sizeof f, L->file), L->lineno, num - 3);
-    return NULL;
-  }
+  if (num < 3 || n > (size_t)num - 3)
+    return long_line(L, str, num, start, n);
   memcpy(str, start, n);
   str[n] = '\n';
   str[n + 1] = '\0';
@@ -851,6 +896,12 @@ static int on_pair(void *user, const char *section, const char *key, const char 
   if (L->kind == SECTION_UNKNOWN) {
     if (!section[0])
       warn(L, "%s:%d: key %s outside any section ignored", f, L->lineno, k);
+    return 1;
+  }
+  if (value && strcmp(value, "\x01") == 0 && L->long_value) { /* a long line's value (long_line) */
+    apply(L, L->kind, L->name, key, L->long_value, where);
+    free(L->long_value);
+    L->long_value = NULL;
     return 1;
   }
   apply(L, L->kind, L->name, key, value ? value : "", where);
@@ -969,6 +1020,8 @@ static void parse_file(loader *L, const char *path, const char *src) {
     }
   }
   free(buf);
+  free(L->long_value);
+  L->long_value = NULL;
   L->buf = NULL;
   L->file = NULL;
 }

@@ -890,6 +890,44 @@ Test(config, first_error_in_file_order) {
   file_error_case("[plugin.x]\nenabled = perhaps\nnot a pair\n", "2: [plugin.x] enabled: ", "not a boolean");
 }
 
+/* A value longer than libinih's 197-byte line buffer is read whole (#17): 64 KiB with an inline comment
+ * and trailing blanks, after a longer comment line, with ':' as the delimiter; the pairs around it and the
+ * line numbers of later errors are right. */
+Test(config, values_of_64_kib_are_read_whole) {
+  size_t n = 64 * 1024;
+  char *value = malloc(n + 1);
+  cr_assert_not_null(value);
+  for (size_t i = 0; i < n; i++)
+    value[i] = "abc def;x"[i % 9]; /* ';' after a letter is not a comment */
+  value[n] = '\0';
+  char *comment = malloc(n + 1);
+  memset(comment, 'c', n);
+  comment[n] = '\0';
+  char *text =
+      fmt("[plugin.x]\n; %s\nblob = %s   ; the comment\t \nshort = s\nother : %s\n", comment, value, value);
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, text, NULL, &err), 0, "%s", err);
+  cr_expect_eq(strlen(plugin_str(&cfg, "x", "blob")), n);
+  cr_expect_str_eq(plugin_str(&cfg, "x", "blob"), value);
+  cr_expect_str_eq(plugin_str(&cfg, "x", "other"), value);
+  cr_expect_str_eq(plugin_str(&cfg, "x", "short"), "s");
+  ah__config_free(&cfg);
+  free(text);
+  /* A bad value after the long lines is reported at its own line. */
+  text = fmt("[plugin.x]\nblob = %s\nenabled = perhaps\n", value);
+  file_error_case(text, "3: [plugin.x] enabled: ", "not a boolean");
+  free(text);
+  /* A host key's long value reaches its check: a relative state_dir is refused with its line. */
+  text = fmt("[host]\nstate_dir = relative/%s\n", value);
+  file_error_case(text, "2: [host] state_dir: ", "absolute");
+  free(text);
+  free(value);
+  free(comment);
+}
+
+/* A megabyte value is read too (the file's 4 MiB is the limit); a long line that is not a key = value is
+ * refused at its line. */
 Test(config, megabyte_line) {
   size_t n = 1024 * 1024;
   char *text = malloc(n + 64);
@@ -898,6 +936,13 @@ Test(config, megabyte_line) {
   size_t off = strlen(text);
   memset(text + off, 'v', n);
   strcpy(text + off + n, "\nenabled = 1\n");
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, text, NULL, &err), 0, "%s", err);
+  cr_expect_eq(strlen(plugin_str(&cfg, "x", "blob")), n);
+  ah__config_free(&cfg);
+  memset(text + strlen("[plugin.x]\n"), 'w', 1000); /* "wwww…" with no '=' before the value's v's */
+  memcpy(text + strlen("[plugin.x]\n") + 1000, "vvv", 3);
   file_error_case(text, "2: ", "line too long");
   free(text);
 }
