@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,6 +77,52 @@ int ah__runtime_lock(const char *dir, char **why) {
     return AH_EIO;
   }
   return fd;
+}
+
+int ah__runtime_stop(const char *dir, uint64_t timeout_ms, long *pid, char **why) {
+  *pid = 0;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/serve.lock", dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0 && errno == ENOENT) {
+    set_why(why, "no agenthost serve runs for %s", dir);
+    return AH_ENOENT;
+  }
+  if (fd < 0) {
+    set_why(why, "cannot open %s: %s", path, strerror(errno));
+    return AH_EIO;
+  }
+  if (flock(fd, LOCK_SH | LOCK_NB) == 0) { /* nobody holds it: no daemon */
+    close(fd);
+    set_why(why, "no agenthost serve runs for %s", dir);
+    return AH_ENOENT;
+  }
+  /* Held: by the daemon, which wrote its pid after taking it (and the fd is close-on-exec). */
+  char buf[32] = "";
+  ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+  buf[n > 0 ? n : 0] = '\0';
+  *pid = strtol(buf, NULL, 10);
+  if (*pid <= 1 || kill((pid_t)*pid, SIGTERM) != 0) {
+    set_why(why, "cannot signal the daemon (pid %ld in %s): %s", *pid, path,
+            *pid <= 1 ? "no pid" : strerror(errno));
+    close(fd);
+    return AH_EIO;
+  }
+  /* Stopped when the lock is free: the daemon releases it as it exits, after its orderly stop. */
+  uint64_t start = uv_hrtime();
+  int rc = AH_ETIMEDOUT;
+  while (timeout_ms == 0 || (uv_hrtime() - start) / 1000000 < timeout_ms) {
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+      rc = 0;
+      break;
+    }
+    usleep(20 * 1000);
+  }
+  close(fd);
+  if (rc)
+    set_why(why, "the daemon (pid %ld) is still stopping after %llu ms", *pid,
+            (unsigned long long)timeout_ms);
+  return rc;
 }
 
 /* ---- server ---------------------------------------------------------------------------------------- */

@@ -17,6 +17,11 @@ int ah__runtime_dir_prepare(const char *dir, char **why);
  * fd, or AH_EBUSY with *why naming the running pid, or AH_EIO. */
 int ah__runtime_lock(const char *dir, char **why);
 
+/* `agenthost stop`: SIGTERM to the daemon holding runtime_dir/serve.lock (its pid in *pid), then wait up to
+ * `timeout_ms` (0: forever) until it has exited (the lock is free). 0; AH_ENOENT when no daemon runs;
+ * AH_ETIMEDOUT; AH_EIO (the lock file or the signal failed); *why says which. */
+int ah__runtime_stop(const char *dir, uint64_t timeout_ms, long *pid, char **why);
+
 /* Listen on runtime_dir/admin.sock (0600). Every request is dispatched with caller {surface "admin",
  * authority ADMIN}. Returns 0 or AH_EIO / AH_E2BIG (path too long) with *why. */
 int ah__admin_start(ah_host *h, const char *runtime_dir, ah_admin **out, char **why);

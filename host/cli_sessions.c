@@ -1,5 +1,6 @@
 /* agenthost — `agenthost sessions list|show|export`: the store read directly, read-only, without a daemon;
- * and the escaping every command line output of stored text goes through. */
+ * `sessions delete` (through the daemon when one runs); and the escaping every command line output of
+ * stored text goes through. */
 #include "cli_sessions.h"
 
 #include <errno.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "agenthost/errors.h"
 #include "log.h"
 #include "store.h"
@@ -64,15 +66,16 @@ static void remove_made_wal(const ro_store *r) {
   close(fd);
 }
 
-static int ro_open(const ah_config *cfg, const char *what, ro_store *r) {
+static int store_open(const ah_config *cfg, const char *what, ro_store *r, bool read_only) {
   if (snprintf(r->path, sizeof r->path, "%s/agenthost.db", cfg->state_dir) >= (int)sizeof r->path) {
     fprintf(stderr, "agenthost: %s: the state directory's path is too long\n", what);
     return AH_E2BIG;
   }
-  r->had_wal = exists_with(r->path, "-wal");
-  r->had_shm = exists_with(r->path, "-shm");
+  /* A writer leaves the -wal and -shm files to SQLite (remove_made_wal is for readers only). */
+  r->had_wal = !read_only || exists_with(r->path, "-wal");
+  r->had_shm = !read_only || exists_with(r->path, "-shm");
   uv_loop_init(&r->loop);
-  ah_store_opts opts = {.path = r->path, .sync = AH_STORE_SYNC_NORMAL, .read_only = true};
+  ah_store_opts opts = {.path = r->path, .sync = AH_STORE_SYNC_NORMAL, .read_only = read_only};
   char *why = NULL;
   int rc = ah__store_open(&r->loop, NULL, &opts, &r->store, &why);
   if (rc) {
@@ -400,11 +403,78 @@ int ah__cli_sessions(const ah_config *cfg, const char *sub, const char *id, bool
   snprintf(what, sizeof what, "sessions %s", sub);
   ro_store r;
   memset(&r, 0, sizeof r);
-  if (ro_open(cfg, what, &r) != 0)
+  if (store_open(cfg, what, &r, true) != 0)
     return 1;
   int code = strcmp(sub, "list") == 0   ? sessions_list(&r, as_json)
              : strcmp(sub, "show") == 0 ? sessions_show(&r, id, as_json)
                                         : sessions_export(&r, id);
   ro_close(&r);
+  return code;
+}
+
+/* ---- sessions delete: through the running daemon (its tabs drop the session), else the store itself ---- */
+
+typedef struct delete_wait {
+  bool done;
+  int status;
+} delete_wait;
+
+static void deleted(int status, const json_t *results, void *arg) {
+  (void)results;
+  delete_wait *d = arg;
+  d->done = true;
+  d->status = status;
+}
+
+int ah__cli_sessions_delete(const ah_config *cfg, const char *id) {
+  char *e = ah__cli_esc(id, 80);
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(cfg->runtime_dir, "session.delete", json_pack("{s:s}", "sessionId", id), 30000,
+                          &result, &error);
+  int code = 0;
+  if (rc == 0) {
+    printf("deleted %s\n", e);
+  } else if (error || rc != AH_ECLOSED) {
+    const char *msg = json_string_value(json_object_get(error, "message"));
+    fprintf(stderr, "agenthost: sessions delete: %s: %s\n", e, msg ? msg : ah_strerror(rc));
+    if (rc == AH_EBUSY)
+      fprintf(stderr, "(to close it: agenthost call session.close '{\"sessionId\": \"%s\"}')\n", e);
+    code = 1;
+  } else {
+    /* No daemon answers: the store, written here. */
+    ro_store r;
+    memset(&r, 0, sizeof r);
+    if (store_open(cfg, "sessions delete", &r, false) != 0) {
+      free(e);
+      return 1;
+    }
+    json_t *row = ah__store_get_session(r.store, id);
+    if (!row) {
+      fprintf(stderr, "agenthost: sessions delete: no such session: %s\n", e);
+      code = 1;
+    } else if (!json_is_true(json_object_get(row, "closed"))) {
+      fprintf(stderr, "agenthost: sessions delete: %s: the session is open: close it first\n", e);
+      fprintf(stderr, "(with the daemon running: agenthost call session.close '{\"sessionId\": \"%s\"}')\n",
+              e);
+      code = 1;
+    } else {
+      delete_wait d = {0};
+      int w =
+          ah__store_write(r.store, json_pack("[{s:s, s:s}]", "op", "session.delete", "id", id), deleted, &d);
+      while (w == 0 && !d.done && uv_run(&r.loop, UV_RUN_ONCE))
+        ;
+      if (w || d.status) {
+        fprintf(stderr, "agenthost: sessions delete: %s: %s\n", e, ah_strerror(w ? w : d.status));
+        code = 1;
+      } else {
+        printf("deleted %s (no daemon is running: from the store)\n", e);
+      }
+    }
+    json_decref(row);
+    ro_close(&r);
+  }
+  json_decref(result);
+  json_decref(error);
+  free(e);
   return code;
 }

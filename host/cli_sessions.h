@@ -12,6 +12,11 @@
  * export). Returns the process's exit code: 0, or 1 (the store cannot be read, no such session). */
 int ah__cli_sessions(const ah_config *cfg, const char *sub, const char *id, bool as_json);
 
+/* `agenthost sessions delete ID`: a closed session removed through the running daemon (session.delete, so
+ * its surfaces hear of it), else, without a daemon, from the store of `cfg` directly. 0, or 1 (no such
+ * session, the session is open, the store cannot be written). */
+int ah__cli_sessions_delete(const ah_config *cfg, const char *id);
+
 /* `s` with every control character, backslash and invalid UTF-8 byte escaped (the log's rules), cut to at
  * most `max` characters (0 = no limit) with "..." when cut; malloc'ed, never NULL ("" on failure). */
 char *ah__cli_esc(const char *s, size_t max);

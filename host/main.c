@@ -1,5 +1,5 @@
 /* agenthost — the command line: serve | sdk | acp | sessions | analyze | plugins | hooks | remote | status |
- * call | version | --help, and the commands of enabled plugins. */
+ * call | stop | version | --help, and the commands of enabled plugins. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -30,6 +30,7 @@ static const char usage[] =
     "  sessions list [--json]    list the stored sessions (no daemon needed)\n"
     "  sessions show ID [--json] a session and its events\n"
     "  sessions export ID        a session's events as JSON Lines\n"
+    "  sessions delete ID        remove a closed session (through the daemon when one runs)\n"
     "  analyze [--json] [--prices FILE] [--as-of TIME] FILE...\n"
     "                            usage, cost, requests and coverage of recordings and exports (offline)\n"
     "  plugins list [--json]     list the plugins of the running daemon\n"
@@ -41,6 +42,7 @@ static const char usage[] =
     "  url                       print the browser launch URL of the running daemon (browser plugin)\n"
     "  token rotate              a new browser token; open tabs must reload (browser plugin)\n"
     "  status [--json]           the running daemon: mode, plugins, the store's health (exit 3: unhealthy)\n"
+    "  stop [--timeout SECONDS]  stop the running daemon in order (SIGTERM) and wait until it has exited\n"
     "  call [--json] [--timeout SECONDS] METHOD [PARAMS|-]\n"
     "                            one request to the running daemon over the admin socket (privileged);\n"
     "                            PARAMS a JSON object or array, - reads it from stdin\n"
@@ -546,6 +548,35 @@ static int cmd_call(const ah_cli_overrides *cli, int argc, char **argv) {
   return code;
 }
 
+/* `agenthost stop [--timeout SECONDS]`: the running daemon stopped in order (SIGTERM), waited for until it
+ * has exited. Exit 0 once stopped, 1 without a daemon or when it is still stopping, 2 for bad arguments. */
+static int cmd_stop(const ah_cli_overrides *cli, int argc, char **argv) {
+  double timeout_s = 30;
+  bool ok = argc == 0;
+  if (argc == 2 && strcmp(argv[0], "--timeout") == 0) {
+    char *end = NULL;
+    timeout_s = strtod(argv[1], &end);
+    ok = end != argv[1] && *end == '\0' && timeout_s >= 0 && timeout_s <= 1e9;
+  }
+  if (!ok) {
+    fputs("usage: agenthost stop [--timeout SECONDS]\n", stderr);
+    return 2;
+  }
+  ah_config cfg;
+  if (load_config(&cfg, cli) != 0)
+    return 2;
+  long pid = 0;
+  char *why = NULL;
+  int rc = ah__runtime_stop(cfg.runtime_dir, (uint64_t)(timeout_s * 1000.0 + 0.5), &pid, &why);
+  if (rc == 0)
+    printf("stopped agenthost serve (pid %ld)\n", pid);
+  else
+    fprintf(stderr, "agenthost: stop: %s\n", why ? why : ah_strerror(rc));
+  free(why);
+  ah__config_free(&cfg);
+  return rc ? 1 : 0;
+}
+
 /* ---- remote stubs: TypeScript declarations of the running daemon's descriptors ------------------------ */
 
 static int cmd_remote(const ah_cli_overrides *cli, int argc, char **argv) {
@@ -704,9 +735,10 @@ static int cmd_sessions(const ah_cli_overrides *cli, int argc, char **argv) {
   const char *sub = argc >= 1 ? argv[0] : "";
   const char *id = NULL;
   bool as_json = false;
-  bool ok = strcmp(sub, "list") == 0 || strcmp(sub, "show") == 0 || strcmp(sub, "export") == 0;
+  bool del = strcmp(sub, "delete") == 0;
+  bool ok = strcmp(sub, "list") == 0 || strcmp(sub, "show") == 0 || strcmp(sub, "export") == 0 || del;
   for (int i = 1; ok && i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0 && strcmp(sub, "export") != 0 && !as_json)
+    if (strcmp(argv[i], "--json") == 0 && strcmp(sub, "export") != 0 && !del && !as_json)
       as_json = true;
     else if (argv[i][0] != '-' && strcmp(sub, "list") != 0 && !id && argv[i][0])
       id = argv[i];
@@ -723,7 +755,7 @@ static int cmd_sessions(const ah_cli_overrides *cli, int argc, char **argv) {
   if (load_config(&cfg, cli) != 0)
     return 2;
   ah__log_set_level(cfg.log_level);
-  int code = ah__cli_sessions(&cfg, sub, id, as_json);
+  int code = del ? ah__cli_sessions_delete(&cfg, id) : ah__cli_sessions(&cfg, sub, id, as_json);
   ah__config_free(&cfg);
   return code;
 }
@@ -849,6 +881,8 @@ int main(int argc, char **argv) {
     return cmd_status(&cli, rest, rest_argv);
   if (strcmp(cmd, "call") == 0)
     return cmd_call(&cli, rest, rest_argv);
+  if (strcmp(cmd, "stop") == 0)
+    return cmd_stop(&cli, rest, rest_argv);
   /* A command of an enabled plugin (the browser's `url` and `token`). */
   ah_config cfg;
   if (load_config(&cfg, &cli) != 0)

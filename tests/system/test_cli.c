@@ -1203,3 +1203,97 @@ Test(cli, url_and_token_rotate_beside_a_daemon_without_the_browser, .timeout = 6
   sess_stop(&e);
   sess_env_free(&e);
 }
+
+/* ---- stop and sessions delete ------------------------------------------------------------------------- */
+
+/* `agenthost stop` stops the daemon in order and returns once it has exited (its lock free, exit 0, log
+ * "stopped"); without a daemon it says so with the directory (exit 1). */
+Test(cli, stop_stops_the_daemon_in_order_and_waits_for_it, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(sess_cli(&e, &out, &err, "stop", NULL), 1);
+  cr_expect(strstr(err, "no agenthost serve runs for") && strstr(err, e.runtime), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "stop", "--timeout", "x", NULL), 2);
+  free(out);
+  free(err);
+  sess_start(&e);
+  char pid[32];
+  snprintf(pid, sizeof pid, "(pid %ld)", (long)e.pid);
+  cr_assert_eq(sess_cli(&e, &out, &err, "stop", NULL), 0, "%s", err);
+  cr_expect(strstr(out, "stopped agenthost serve") && strstr(out, pid), "%s", out);
+  /* Returned only once the daemon is gone: it has exited (0) and said so. */
+  int st = 0;
+  cr_assert_eq(waitpid(e.pid, &st, WNOHANG), e.pid, "the daemon still runs after `stop` returned");
+  cr_expect(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x", st);
+  e.pid = 0;
+  char *log = daemon_log(&e);
+  cr_expect(strstr(log, "stopped"), "%s", log);
+  free(log);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "stop", NULL), 1, "stopped already");
+  free(out);
+  free(err);
+  sess_env_free(&e);
+}
+
+/* `agenthost sessions delete ID`: an open session is refused (with how to close it); a closed one is
+ * deleted through the daemon, or from the store when no daemon runs; an unknown id is an error. */
+Test(cli, sessions_delete_through_the_daemon_or_the_store, .timeout = 60, .fini = cleanup) {
+  sess_env e = sess_env_new();
+  sess_start(&e);
+  char *ids[3];
+  for (int i = 0; i < 3; i++) {
+    json_t *r = sess_call(&e, "session.create", json_pack("{s:s}", "cwd", test_dir()));
+    ids[i] = strdup(json_string_value(json_object_get(r, "sessionId")));
+    json_decref(r);
+  }
+  char *out = NULL;
+  char *err = NULL;
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", ids[0], NULL), 1);
+  cr_expect(strstr(err, "close the session before deleting it") && strstr(err, "session.close"), "%s", err);
+  free(out);
+  free(err);
+  for (int i = 0; i < 2; i++)
+    json_decref(sess_call(&e, "session.close", json_pack("{s:s}", "sessionId", ids[i])));
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", ids[0], NULL), 0, "%s", err);
+  cr_expect(strstr(out, "deleted") && strstr(out, ids[0]) && !strstr(out, "no daemon"), "%s", out);
+  free(out);
+  free(err);
+  json_t *result = NULL, *error = NULL;
+  cr_expect_eq(ah__admin_call(e.runtime, "session.get", json_pack("{s:s}", "sessionId", ids[0]), 10000,
+                              &result, &error),
+               AH_ENOENT);
+  json_decref(result);
+  json_decref(error);
+  sess_stop(&e);
+  /* Without a daemon: from the store. */
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", ids[1], NULL), 0, "%s", err);
+  cr_expect(strstr(out, "no daemon is running"), "%s", out);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "show", ids[1], NULL), 1, "gone from the store");
+  cr_expect(strstr(err, "no such session"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", ids[1], NULL), 1);
+  cr_expect(strstr(err, "no such session"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", ids[2], NULL), 1, "open, and no daemon");
+  cr_expect(strstr(err, "the session is open: close it first"), "%s", err);
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "show", ids[2], NULL), 0, "still there");
+  free(out);
+  free(err);
+  cr_assert_eq(sess_cli(&e, &out, &err, "sessions", "delete", NULL), 2);
+  free(out);
+  free(err);
+  for (int i = 0; i < 3; i++)
+    free(ids[i]);
+  sess_env_free(&e);
+}
