@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""The command line's reference is one list: `agenthost --help` and the admin guide's command table
-(docs/admin-guide.md, "Command line") name the same commands.
+"""The command line's reference is one list: `agenthost --help`, the admin guide's command table
+(docs/admin-guide.md, "Command line") and the man page agenthost(1) name the same commands.
 
 A command is its leading words up to the first option or placeholder: `sessions list [--json]` is
-"sessions list", `call [--json] … METHOD` is "call". Usage: check_commands.py SOURCE_ROOT AGENTHOST.
-Prints each difference, then "N passed, N failed" (one check per direction).
+"sessions list", `call [--json] … METHOD` is "call". Usage: check_commands.py SOURCE_ROOT AGENTHOST
+[MANPAGE]. Prints each difference, then "N passed, N failed" (one check per list: it names no command the
+others lack).
 """
 import re
 import subprocess
@@ -48,21 +49,35 @@ def from_guide(root):
     return names
 
 
+def from_man(path):
+    """The `.B` usages of the man page's COMMANDS section."""
+    names, inside = set(), False
+    for line in open(path, encoding="utf-8").read().split("\n"):
+        if line.startswith(".SH"):
+            inside = line.strip() == ".SH COMMANDS"
+        elif inside and line.startswith(".B "):
+            names.add(name_of(line[3:].replace("\\-", "-").replace("\\e", "\\")))
+    return names
+
+
 def main():
     root, agenthost = sys.argv[1], sys.argv[2]
-    helped, guided = from_help(agenthost), from_guide(root)
+    lists = {"--help": from_help(agenthost), "the admin guide's table": from_guide(root)}
+    if len(sys.argv) > 3:
+        lists["the man page"] = from_man(sys.argv[3])
     passed = failed = 0
-    for what, a, b in (("--help", helped, guided), ("the admin guide's table", guided, helped)):
-        missing = sorted(a - b)
-        if missing or not a:
+    for what, names in lists.items():
+        others = set().union(*(n for w, n in lists.items() if w != what))
+        missing = sorted(names - others) + sorted(n for w, o in lists.items() if w != what for n in o - names)
+        if missing or not names:
             failed += 1
-            for n in missing:
-                print(f"`{n}` is in {what} but not in the other")
-            if not a:
+            for n in sorted(set(missing)):
+                print(f"`{n}`: not in {what}" if n not in names else f"`{n}` is in {what} but not in every other list")
+            if not names:
                 print(f"no command found in {what}")
         else:
             passed += 1
-    print(f"{len(helped)} commands in --help, {len(guided)} in the admin guide")
+    print(", ".join(f"{len(n)} commands in {w}" for w, n in lists.items()))
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
