@@ -497,3 +497,16 @@ bool bf_static_path(const char *path, char *out, size_t cap) {
     memcpy(out + n, "index.html", 11);
   return true;
 }
+
+bool bf_mux_cursor(const char *v, int64_t *out) {
+  if (!v || !*v)
+    return false;
+  int64_t n = 0;
+  for (const char *c = v; *c; c++) {
+    if (*c < '0' || *c > '9' || n > (INT64_MAX - (*c - '0')) / 10)
+      return false; /* not a digit, or past INT64_MAX: a stream that would never deliver */
+    n = n * 10 + (*c - '0');
+  }
+  *out = n;
+  return true;
+}

@@ -109,4 +109,7 @@ bool bf_host_name(const char *host, char *out, size_t cap);
  * the result does not fit `cap`. */
 bool bf_static_path(const char *path, char *out, size_t cap);
 
+/* The mux's ?after=CURSOR: decimal digits only (no sign, no blank), at most INT64_MAX. */
+bool bf_mux_cursor(const char *v, int64_t *out);
+
 #endif

@@ -417,11 +417,8 @@ int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d) {
     if (!v)
       v = lws_get_urlarg_by_name(wsi, "after", buf, sizeof buf);
     if (v) {
-      char *end = NULL;
-      errno = 0;
-      long long after = strtoll(v, &end, 10);
-      if (!*v || *end || after < 0 ||
-          errno == ERANGE) { /* an overflow would be a stream that never delivers */
+      int64_t after = 0;
+      if (!bf_mux_cursor(v, &after)) {
         free(w);
         bp_refuse_now(st, wsi, 400, "after: a cursor (integer >= 0) is required", NULL, false, true);
         return 1;

@@ -99,6 +99,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_CHECK(rel[0] != '/' && rel[0] != '.' && strstr(rel, "/.") == NULL && strstr(rel, "//") == NULL);
     FUZZ_CHECK(strlen(rel) < sizeof rel);
   }
+  /* The mux cursor: accepted exactly when it is digits that fit, and then it prints back the same. */
+  const char *cur = n > 13 ? f[13] : "";
+  int64_t after = -1;
+  bool digits = cur[0] != '\0' && strspn(cur, "0123456789") == strlen(cur);
+  if (bf_mux_cursor(cur, &after)) {
+    char back[32];
+    snprintf(back, sizeof back, "%lld", (long long)after);
+    FUZZ_CHECK(digits && after >= 0);
+    const char *z = cur;
+    while (*z == '0' && z[1])
+      z++;
+    FUZZ_CHECK(strcmp(back, z) == 0);
+  } else {
+    FUZZ_CHECK(!digits || strlen(cur) >= 19);
+  }
   char name[256];
   if (bf_host_name(n > 4 ? f[4] : "", name, sizeof name))
     FUZZ_CHECK(memchr(name, '\0', sizeof name));

@@ -600,3 +600,20 @@ Test(browser_fence, order_host_before_token_before_privilege_before_framing) {
   f.req.content_length = "999999999999";
   cr_expect_eq(decide(&f), 405, "the method before the framing");
 }
+
+/* The mux's ?after=CURSOR: digits only, up to INT64_MAX; a sign, a blank (an encoded %20 or %2B decodes to
+ * one) or an overflow is refused (strtoll took " 5" and "+5"; the fuzzing harness states the rule). */
+Test(fence, the_mux_cursor_is_digits_that_fit) {
+  int64_t v = -1;
+  cr_expect(bf_mux_cursor("0", &v) && v == 0);
+  cr_expect(bf_mux_cursor("42", &v) && v == 42);
+  cr_expect(bf_mux_cursor("007", &v) && v == 7);
+  cr_expect(bf_mux_cursor("9223372036854775807", &v) && v == INT64_MAX);
+  static const char *const bad[] = {
+      "", "+5", " 5", "5 ", "-1", "0x10", "1e3", "9223372036854775808", "99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    v = -1;
+    cr_expect_not(bf_mux_cursor(bad[i], &v), "accepted \"%s\"", bad[i]);
+    cr_expect_eq(v, -1, "\"%s\" wrote the cursor", bad[i]);
+  }
+}
