@@ -16,7 +16,6 @@
  * plugin and session lifecycle events, and the remote plugin's forwarded events as host/remote-event
  * {name, args}. A source that fails sends `stream/error` and the socket closes (1011).
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
