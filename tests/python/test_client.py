@@ -265,6 +265,39 @@ class RealHostTest(TmpDirCase):
         self.assertEqual(out["result"].finish_reason, "cancelled")
         self.assertLess(elapsed, 1.0)
 
+    def test_a_run_whose_queued_prompt_a_close_cancels_ends_cancelled_at_once(self) -> None:
+        c = self.client()
+        s = c.session()
+        s.run("warm up", timeout=20)
+        started = c.subscribe(lambda n: n.method == "session.event" and n.session_id == s.id
+                              and n.event is not None and n.event.get("kind") == "turn/started")
+        first = s.prompt("/sleep 5000")  # runs
+        self.assertIsNotNone(started.next(timeout=10))
+        out: dict = {}
+
+        def runner() -> None:
+            try:
+                out["result"] = s.run("queued behind the sleep", timeout=20)
+            except BaseException as exc:  # reported by the assertion below
+                out["error"] = exc
+            out["done"] = time.monotonic()
+
+        th = threading.Thread(target=runner)
+        th.start()
+        time.sleep(0.3)  # its receipt is in
+        t0 = time.monotonic()
+        c.close_session(s.id)  # type: ignore[arg-type]
+        th.join(timeout=15)
+        self.assertNotIn("error", out)
+        r = out["result"]
+        self.assertEqual(r.finish_reason, "cancelled")
+        self.assertIn("never ran", r.error or "")
+        self.assertIsNone(r.final_response)
+        kinds = [e.get("kind") for e in r.events if e.get("messageId") == r.message_id]
+        self.assertEqual(kinds, ["inbox/received", "inbox/cancelled"])
+        self.assertNotEqual(r.message_id, first.message_id)
+        self.assertLess(out["done"] - t0, 3.0, "it did not wait for the settle time")
+
     def test_approval_answered_through_server_request(self) -> None:
         c = self.client(requests=True)
         target = os.path.join(self.work, "approved.txt")

@@ -313,6 +313,61 @@ Test(client, cancel_during_sleep, .timeout = 60) {
   fixture_fini(&f);
 }
 
+/* Closes the session (asynchronously, from the client thread) once a second prompt is received. */
+typedef struct close_probe {
+  const char *first_mid;
+  bool sent;
+} close_probe;
+
+static void close_on_second_prompt(ah_client *c, const char *method, const json_t *params, void *data) {
+  (void)method;
+  close_probe *p = data;
+  const json_t *ev = json_object_get(params, "event");
+  const char *kind = event_kind(ev);
+  const char *mid = json_string_value(json_object_get(ev, "messageId"));
+  const char *sid = json_string_value(json_object_get(params, "sessionId"));
+  if (kind && strcmp(kind, "inbox/received") == 0 && mid && strcmp(mid, p->first_mid) != 0 && sid &&
+      !p->sent) {
+    p->sent = true;
+    cr_assert_eq(
+        ah_client_request_async(c, "session/close", json_pack("{s:s}", "sessionId", sid), 0, NULL, NULL), 0);
+  }
+}
+
+/* A run whose prompt is still queued when a close cancels it ends at once with finish_reason "cancelled"
+ * and no final response (its inbox/cancelled), not after its timeout. */
+Test(client, a_run_whose_queued_prompt_a_close_cancels_ends_cancelled, .timeout = 60) {
+  fixture f;
+  fixture_init(&f);
+  ah_client *c = client_for(&f, NULL, 0);
+  init_client(c, &f, false);
+  char *sid = NULL, *mid = NULL;
+  ah_client_error err;
+  memset(&err, 0, sizeof err);
+  cr_assert_eq(ah_client_prompt(c, NULL, "/sleep 5000", &sid, &mid, &err), 0);
+  close_probe p = {.first_mid = mid};
+  uint64_t sub = 0;
+  cr_assert_eq(ah_client_subscribe(c, "session.event", close_on_second_prompt, &p, &sub), 0);
+  ah_client_run_result r;
+  memset(&r, 0, sizeof r);
+  uint64_t t0 = ts_now_ms();
+  int rc = ah_client_run(c, "queued behind the sleep", sid, 20000, &r, &err);
+  uint64_t t1 = ts_now_ms();
+  cr_assert_eq(rc, 0, "run: %s (%s)", ah_err_name(rc), err.message ? err.message : "");
+  cr_assert(p.sent);
+  cr_expect_str_eq(r.finish_reason, "cancelled");
+  cr_expect_null(r.final_response);
+  cr_expect_lt(t1 - t0, 4000, "it waited for its timeout");
+  const json_t *last = json_array_get(r.events, json_array_size(r.events) - 1);
+  cr_expect_str_eq(event_kind(last), "inbox/cancelled");
+  cr_assert_eq(ah_client_unsubscribe(c, sub), 0);
+  ah_client_run_result_clear(&r);
+  free(sid);
+  free(mid);
+  client_done(c);
+  fixture_fini(&f);
+}
+
 typedef struct approvals {
   int count;
   char method[64];

@@ -1520,6 +1520,14 @@ static void run_process(run_state *r, const char *method, json_t *params) {
     if (strcmp(kind, "message/committed") == 0 && json_is_string(json_object_get(d, "text"))) {
       free(r->out->final_response);
       r->out->final_response = strdup(json_string_value(json_object_get(d, "text")));
+    } else if (strcmp(kind, "inbox/cancelled") == 0 && json_is_string(json_object_get(ev, "messageId")) &&
+               strcmp(json_string_value(json_object_get(ev, "messageId")), r->mid) == 0) {
+      /* A close cancelled the prompt while it was queued: it will never run, the run ends now. */
+      free(r->out->final_response);
+      r->out->final_response = NULL;
+      free(r->out->finish_reason);
+      r->out->finish_reason = strdup("cancelled");
+      r->done = true;
     } else if (strcmp(kind, "turn/ended") == 0) {
       const char *reason = json_string_value(json_object_get(d, "reason"));
       if (reason) {

@@ -133,7 +133,9 @@ class RunResult:
     - ``final_response``: the last committed assistant text of the session in the interval (or ``None``);
     - ``message_id``: the prompt's message id;
     - ``finish_reason``: ``data.reason`` of the last ``turn/ended`` of the session in the interval
-      (``end``, ``max-tokens``, ``cancelled``, ``error``, ``refusal``);
+      (``end``, ``max-tokens``, ``cancelled``, ``error``, ``refusal``); ``cancelled`` with ``error`` "the
+      prompt never ran: closed while it was queued" when a close cancelled the prompt before it ran
+      (its ``inbox/cancelled``);
     - ``usage``: that event's ``data.usage``;
     - ``events``: every stored event of the session and its subagents in the interval, in arrival order
       (unknown kinds are kept as they are);
@@ -913,7 +915,10 @@ class Session:
         events: List[Dict[str, Any]] = []
         last_text: Optional[str] = None
         last_end: Optional[Dict[str, Any]] = None
+        own_cancelled: Optional[Dict[str, Any]] = None
         while True:
+            if own_cancelled is not None:  # it will never run: nothing more is waited for
+                break
             if started and idle and own_ended and not open_turns:
                 break
             now = time.monotonic()
@@ -977,6 +982,16 @@ class Session:
                 if ev.get("messageId") == mid:
                     own_ended = True
                 last_end = ev
+            elif kind == "inbox/cancelled" and ev.get("messageId") == mid:
+                own_ended = True  # never ran: a close cancelled it while it was queued
+                own_cancelled = ev
+        if own_cancelled is not None:
+            data = own_cancelled.get("data") if isinstance(own_cancelled.get("data"), dict) else {}
+            turns, own, tree_usage = run_usage(events, sid, parents)
+            return RunResult(final_response=None, message_id=mid, finish_reason="cancelled", usage=None,
+                             events=events, session_id=sid,
+                             error=f"the prompt never ran: {data.get('reason', 'cancelled')} while it was queued",
+                             turns=turns, total_usage=own, tree_usage=tree_usage)
         if last_end is None:
             raise ProtocolError(f"session {sid}: no turn/ended between the receipt of {mid} and idle")
         end_data = last_end.get("data")
