@@ -18,34 +18,6 @@
 #include "envname.h"
 #include "mcp.h"
 
-/* ---- names -------------------------------------------------------------------------------------------- */
-
-static void sanitize(const char *in, char *out, size_t cap) {
-  size_t k = 0;
-  for (const char *p = in; *p && k + 1 < cap; p++) {
-    char c = *p;
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
-    out[k++] = ok ? c : '_';
-  }
-  out[k] = '\0';
-}
-
-/* mcp__SERVER__TOOL, at most MCP_NAME_MAX bytes. */
-static void full_name(const char *server, const char *tool, char out[MCP_NAME_MAX + 1]) {
-  char s[256], t[256], whole[600];
-  sanitize(server, s, sizeof s);
-  sanitize(tool, t, sizeof t);
-  snprintf(whole, sizeof whole, MCP_PREFIX "%s__%s", s, t);
-  if (strlen(whole) <= MCP_NAME_MAX) {
-    memcpy(out, whole, strlen(whole) + 1);
-    return;
-  }
-  uint32_t h = 2166136261u; /* FNV-1a of the untruncated name */
-  for (const char *p = whole; *p; p++)
-    h = (h ^ (uint8_t)*p) * 16777619u;
-  snprintf(out, MCP_NAME_MAX + 1, "%.*s_%08x", MCP_NAME_MAX - 9, whole, h);
-}
-
 /* ---- the servers a session sees ----------------------------------------------------------------------- */
 
 static int by_name(const void *a, const void *b) {
@@ -89,7 +61,7 @@ static void each_tool(mcp_plugin *pl, mcp_server **v, bool log_collisions, each_
     json_t *t;
     json_array_foreach(v[i]->tools, j, t) {
       char full[MCP_NAME_MAX + 1];
-      full_name(v[i]->name, json_string_value(json_object_get(t, "tool")), full);
+      mcp_full_name(v[i]->name, json_string_value(json_object_get(t, "tool")), full);
       json_t *other = json_object_get(seen, full);
       if (other) {
         if (log_collisions)
@@ -248,244 +220,6 @@ static void src_call(ah_call *call, const json_t *params, void *data) {
 
 /* ---- configuration ------------------------------------------------------------------------------------ */
 
-/* A list given as a JSON array of strings or a comma-separated string. New reference or NULL with *why. */
-static json_t *str_list(const json_t *v, const char *what, char **why) {
-  if (json_is_array(v)) {
-    size_t i;
-    json_t *x;
-    json_array_foreach(v, i, x) {
-      if (!json_is_string(x)) {
-        *why = mcp_fmt("%s: only strings", what);
-        return NULL;
-      }
-    }
-    return json_incref((json_t *)v);
-  }
-  if (!json_is_string(v)) {
-    *why = mcp_fmt("%s: a list of strings", what);
-    return NULL;
-  }
-  json_t *out = json_array();
-  char *copy = strdup(json_string_value(v));
-  char *save = NULL;
-  for (char *tok = copy ? strtok_r(copy, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
-    while (*tok == ' ' || *tok == '\t')
-      tok++;
-    size_t n = strlen(tok);
-    while (n && (tok[n - 1] == ' ' || tok[n - 1] == '\t'))
-      tok[--n] = '\0';
-    if (n)
-      json_array_append_new(out, json_string(tok));
-  }
-  free(copy);
-  return out;
-}
-
-/* {NAME: value} from an object, an ACP list [{name, value}] or a comma list of `NAME<sep>value`. */
-static json_t *str_map(const json_t *v, char sep, const char *what, char **why) {
-  json_t *out = json_object();
-  if (json_is_object(v)) {
-    const char *k;
-    json_t *x;
-    json_object_foreach((json_t *)v, k, x) {
-      if (!json_is_string(x)) {
-        *why = mcp_fmt("%s: %s: a string", what, k);
-        json_decref(out);
-        return NULL;
-      }
-      json_object_set(out, k, x);
-    }
-    return out;
-  }
-  if (json_is_array(v)) {
-    size_t i;
-    json_t *x;
-    json_array_foreach(v, i, x) {
-      const char *n = json_string_value(json_object_get(x, "name"));
-      const char *val = json_string_value(json_object_get(x, "value"));
-      if (!n || !*n || !val) {
-        *why = mcp_fmt("%s: entries are {name, value} strings", what);
-        json_decref(out);
-        return NULL;
-      }
-      json_object_set_new(out, n, json_string(val));
-    }
-    return out;
-  }
-  json_t *items = str_list(v, what, why);
-  if (!items) {
-    json_decref(out);
-    return NULL;
-  }
-  size_t i;
-  json_t *x;
-  json_array_foreach(items, i, x) {
-    const char *s = json_string_value(x);
-    const char *p = strchr(s, sep);
-    if (!p || p == s) {
-      *why = mcp_fmt("%s: \"%.60s\" is not NAME%cvalue", what, s, sep);
-      json_decref(items);
-      json_decref(out);
-      return NULL;
-    }
-    char *key = strndup(s, (size_t)(p - s));
-    const char *val = p + 1;
-    while (*val == ' ')
-      val++;
-    json_object_set_new(out, key, json_string(val));
-    free(key);
-  }
-  json_decref(items);
-  return out;
-}
-
-static bool get_ms(const json_t *raw, const char *key, json_int_t *out, char **why) {
-  json_t *v = json_object_get(raw, key);
-  if (!v)
-    return true;
-  json_int_t n = json_is_integer(v)  ? json_integer_value(v)
-                 : json_is_string(v) ? atoll(json_string_value(v))
-                                     : 0;
-  if (n < 1 || n > 3600000) {
-    *why = mcp_fmt("%s: a number of milliseconds, 1 to 3600000", key);
-    return false;
-  }
-  *out = n;
-  return true;
-}
-
-/* The normalised configuration of one server, from [mcp.NAME] (strings) or an attached server (ACP's
- * shape). NULL with *why; *skip when it is disabled. */
-static json_t *normalize(const json_t *raw, bool *skip, char **why) {
-  *skip = false;
-  json_t *en = json_object_get(raw, "enabled");
-  if (json_is_false(en) ||
-      (json_is_string(en) &&
-       (strcmp(json_string_value(en), "false") == 0 || strcmp(json_string_value(en), "no") == 0 ||
-        strcmp(json_string_value(en), "off") == 0 || strcmp(json_string_value(en), "0") == 0))) {
-    *skip = true;
-    return NULL;
-  }
-  const char *type = json_string_value(json_object_get(raw, "type"));
-  const char *command = json_string_value(json_object_get(raw, "command"));
-  const char *url = json_string_value(json_object_get(raw, "url"));
-  if (type && strcmp(type, "sse") == 0) {
-    *why = mcp_fmt("the HTTP+SSE transport of protocol 2024-11-05 is not supported (use Streamable HTTP)");
-    return NULL;
-  }
-  if (type && strcmp(type, "http") != 0 && strcmp(type, "stdio") != 0) {
-    *why = mcp_fmt("unknown transport type \"%.40s\"", type);
-    return NULL;
-  }
-  if (!!command == !!url) {
-    *why = mcp_fmt("exactly one of command (a child on stdio) and url (Streamable HTTP) is required");
-    return NULL;
-  }
-  json_t *out = json_object();
-  json_int_t st = MCP_DEFAULT_STARTUP_MS, tt = MCP_DEFAULT_TOOL_MS;
-  if (!get_ms(raw, "startup_timeout_ms", &st, why) || !get_ms(raw, "tool_timeout_ms", &tt, why)) {
-    json_decref(out);
-    return NULL;
-  }
-  json_object_set_new(out, "startup_timeout_ms", json_integer(st));
-  json_object_set_new(out, "tool_timeout_ms", json_integer(tt));
-  const char *lists[] = {"enabled_tools", "disabled_tools"};
-  for (int i = 0; i < 2; i++) {
-    json_t *v = json_object_get(raw, lists[i]);
-    if (!v)
-      continue;
-    json_t *l = str_list(v, lists[i], why);
-    if (!l) {
-      json_decref(out);
-      return NULL;
-    }
-    json_object_set_new(out, lists[i], l);
-  }
-  if (command) {
-    if (!*command) {
-      *why = mcp_fmt("command: empty");
-      json_decref(out);
-      return NULL;
-    }
-    json_object_set_new(out, "command", json_string(command));
-    json_t *args = json_object_get(raw, "args");
-    json_t *a = NULL;
-    if (!args) {
-      a = json_array();
-    } else if (json_is_string(args) && json_string_value(args)[0] == '[') {
-      json_t *parsed = json_loads(json_string_value(args), 0, NULL);
-      a = parsed ? str_list(parsed, "args", why) : NULL;
-      json_decref(parsed);
-      if (!parsed && !*why)
-        *why = mcp_fmt("args: not a JSON array of strings");
-    } else if (json_is_string(args)) { /* words separated by blanks */
-      a = json_array();
-      char *copy = strdup(json_string_value(args));
-      char *save = NULL;
-      for (char *w = copy ? strtok_r(copy, " \t", &save) : NULL; w; w = strtok_r(NULL, " \t", &save))
-        json_array_append_new(a, json_string(w));
-      free(copy);
-    } else {
-      a = str_list(args, "args", why);
-    }
-    json_t *env =
-        json_object_get(raw, "env") ? str_map(json_object_get(raw, "env"), '=', "env", why) : json_object();
-    if (!a || !env) {
-      json_decref(a);
-      json_decref(env);
-      json_decref(out);
-      return NULL;
-    }
-    const char *k;
-    json_t *x;
-    json_object_foreach(env, k, x) {
-      if (!env_name_valid(k, strlen(k))) {
-        *why = mcp_fmt("env: \"%.60s\" is not a variable name", k);
-        json_decref(a);
-        json_decref(env);
-        json_decref(out);
-        return NULL;
-      }
-    }
-    json_object_set_new(out, "args", a);
-    json_object_set_new(out, "env", env);
-    json_t *cwd = json_object_get(raw, "cwd");
-    if (cwd) {
-      if (!json_is_string(cwd) || json_string_value(cwd)[0] != '/') {
-        *why = mcp_fmt("cwd: an absolute path");
-        json_decref(out);
-        return NULL;
-      }
-      json_object_set(out, "cwd", cwd);
-    }
-  } else {
-    if (strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0) {
-      *why = mcp_fmt("url: http:// or https://");
-      json_decref(out);
-      return NULL;
-    }
-    json_object_set_new(out, "url", json_string(url));
-    json_t *h = json_object_get(raw, "headers")
-                    ? str_map(json_object_get(raw, "headers"), ':', "headers", why)
-                    : json_object();
-    if (!h) {
-      json_decref(out);
-      return NULL;
-    }
-    json_object_set_new(out, "headers", h);
-    json_t *bt = json_object_get(raw, "bearer_token_env");
-    if (bt) {
-      if (!json_is_string(bt) || !env_name_valid(json_string_value(bt), json_string_length(bt))) {
-        *why = mcp_fmt("bearer_token_env: a variable name");
-        json_decref(out);
-        return NULL;
-      }
-      json_object_set(out, "bearer_token_env", bt);
-    }
-  }
-  return out;
-}
-
 /* ---- attach / detach ---------------------------------------------------------------------------------- */
 
 static void detach_session(mcp_plugin *pl, const char *sid, const json_t *keep, size_t *count) {
@@ -523,7 +257,7 @@ static void m_attach(ah_call *call, const json_t *params, void *data) {
     const char *name = json_string_value(json_object_get(raw, "name"));
     char *why = NULL;
     bool skip = false;
-    json_t *conf = name && *name ? normalize(raw, &skip, &why) : NULL;
+    json_t *conf = name && *name ? mcp_normalize(raw, &skip, &why) : NULL;
     if (!name || !*name)
       why = mcp_fmt("a server needs a name");
     else if (conf && json_object_get(wanted, name))
@@ -663,7 +397,7 @@ static int mcp_mount(ah_mount *m, const ah_host_api *api, const json_t *config, 
   json_object_foreach(json_object_get(config, "servers"), name, raw) {
     char *why = NULL;
     bool skip = false;
-    json_t *conf = normalize(raw, &skip, &why);
+    json_t *conf = mcp_normalize(raw, &skip, &why);
     if (conf && !mcp_server_new(pl, name, NULL, conf, &why))
       conf = NULL;
     if (!conf && !skip)

@@ -124,7 +124,18 @@ void mcp_server_message(mcp_server *s, const char *method, const json_t *params,
 void mcp_server_lost(mcp_server *s, const char *why); /* the connection or the child is gone */
 void mcp_server_closed(mcp_server *s);                /* nothing of the transport is left */
 void mcp_log(mcp_plugin *pl, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-char *mcp_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *mcp_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2))); /* map.c */
+
+/* map.c: the pure mappings. */
+/* mcp__SERVER__TOOL, each part sanitised to [A-Za-z0-9_-], at most MCP_NAME_MAX bytes (a longer one cut
+ * and ended with a hash of the whole). */
+void mcp_full_name(const char *server, const char *tool, char out[MCP_NAME_MAX + 1]);
+/* The normalised configuration of one server, from [mcp.NAME] (strings) or an attached server (ACP's
+ * shape). NULL with *why (malloc'ed); *skip when it is disabled. */
+json_t *mcp_normalize(const json_t *raw, bool *skip, char **why);
+/* A tools/call result as the model reads it: {content: text, structuredContent?}; *is_error from isError;
+ * *text_out the text (malloc'ed). NULL when out of memory. */
+json_t *mcp_map_result(const json_t *result, bool *is_error, char **text_out);
 
 /* mcp.c */
 void mcp_plugin_server_gone(mcp_plugin *pl); /* a removed server was freed */

@@ -42,16 +42,6 @@ typedef struct mcp_run {
 
 #define API(s) ((s)->pl->api)
 
-char *mcp_fmt(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  char *s = NULL;
-  if (vasprintf(&s, fmt, ap) < 0)
-    s = NULL;
-  va_end(ap);
-  return s;
-}
-
 void mcp_log(mcp_plugin *pl, int level, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -466,72 +456,6 @@ static void run_error(mcp_run *r, int status, const char *msg) {
   run_free(r);
 }
 
-/* The result as the model reads it: {content: text, structuredContent?}; *is_error from isError. */
-static json_t *map_result(const json_t *result, bool *is_error, char **text_out) {
-  *is_error = json_is_true(json_object_get(result, "isError"));
-  size_t cap = 256, len = 0;
-  char *text = malloc(cap);
-  if (!text)
-    return NULL;
-  text[0] = '\0';
-  size_t i;
-  json_t *c;
-  json_array_foreach(json_object_get(result, "content"), i, c) {
-    const char *type = json_string_value(json_object_get(c, "type"));
-    char *piece = NULL;
-    if (!type) {
-      continue;
-    } else if (strcmp(type, "text") == 0) {
-      piece = mcp_fmt("%s", json_string_value(json_object_get(c, "text"))
-                                ? json_string_value(json_object_get(c, "text"))
-                                : "");
-    } else if (strcmp(type, "image") == 0 || strcmp(type, "audio") == 0) {
-      const char *mime = json_string_value(json_object_get(c, "mimeType"));
-      size_t b64 = json_string_length(json_object_get(c, "data"));
-      piece = mcp_fmt("[%s: %s, %zu bytes, not shown]", type, mime ? mime : "unknown type", b64 / 4 * 3);
-    } else if (strcmp(type, "resource_link") == 0) {
-      const char *uri = json_string_value(json_object_get(c, "uri"));
-      const char *name = json_string_value(json_object_get(c, "name"));
-      piece = mcp_fmt("[resource link: %s%s%s]", uri ? uri : "?", name ? " " : "", name ? name : "");
-    } else if (strcmp(type, "resource") == 0) {
-      json_t *res = json_object_get(c, "resource");
-      const char *uri = json_string_value(json_object_get(res, "uri"));
-      const char *rtext = json_string_value(json_object_get(res, "text"));
-      if (rtext)
-        piece = mcp_fmt("[resource %s]\n%s", uri ? uri : "?", rtext);
-      else
-        piece = mcp_fmt("[resource %s: %zu bytes of binary data, not shown]", uri ? uri : "?",
-                        json_string_length(json_object_get(res, "blob")) / 4 * 3);
-    } else {
-      piece = mcp_fmt("[%s content, not shown]", type);
-    }
-    if (!piece)
-      continue;
-    size_t n = strlen(piece);
-    if (len + n + 2 > cap) {
-      while (len + n + 2 > cap)
-        cap *= 2;
-      char *bigger = realloc(text, cap);
-      if (!bigger) {
-        free(piece);
-        break;
-      }
-      text = bigger;
-    }
-    if (len)
-      text[len++] = '\n';
-    memcpy(text + len, piece, n + 1);
-    len += n;
-    free(piece);
-  }
-  json_t *out = json_pack("{s:s}", "content", text);
-  json_t *sc = json_object_get(result, "structuredContent");
-  if (sc)
-    json_object_set(out, "structuredContent", sc);
-  *text_out = text;
-  return out;
-}
-
 static void on_call_reply(mcp_server *s, int status, const json_t *result, const json_t *error,
                           const char *message, void *arg) {
   mcp_run *r = arg;
@@ -545,7 +469,7 @@ static void on_call_reply(mcp_server *s, int status, const json_t *result, const
   }
   bool is_error = false;
   char *text = NULL;
-  json_t *out = map_result(result, &is_error, &text);
+  json_t *out = mcp_map_result(result, &is_error, &text);
   if (!out) {
     free(text);
     run_error(r, AH_ENOMEM, "out of memory");
