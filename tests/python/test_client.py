@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 import unittest
-from typing import List, Optional
+from typing import Any, List, Optional, Tuple
 
 from agenthost import (AlreadyResponded, Client, ConnectionLost, Notification, ProtocolError, RpcError,
                        TransportError, UnknownOutcome)
@@ -238,23 +238,29 @@ class RealHostTest(TmpDirCase):
         self.assertEqual(root["treeUsage"]["sessions"], 2)
         self.assertEqual(len(root["turns"]), 2)
 
+    @staticmethod
+    def run_in_background(s: Any, text: str) -> Tuple[threading.Thread, dict]:
+        """s.run(text) on a thread of its own: out gets "result" or "error", then "done" (monotonic)."""
+        out: dict = {}
+
+        def runner() -> None:
+            try:
+                out["result"] = s.run(text, timeout=20)
+            except BaseException as exc:  # reported by the caller's assertions
+                out["error"] = exc
+            out["done"] = time.monotonic()
+
+        th = threading.Thread(target=runner)
+        th.start()
+        return th, out
+
     def test_cancel_during_sleep(self) -> None:
         c = self.client()
         s = c.session()
         s.run("warm up", timeout=20)  # the session exists: its id is known
         sub = c.subscribe(lambda n: n.method == "session.event" and n.session_id == s.id
                           and n.event is not None and n.event.get("kind") == "turn/started")
-        out: dict = {}
-
-        def runner() -> None:
-            try:
-                out["result"] = s.run("/sleep 5000", timeout=20)
-            except BaseException as exc:  # reported by the assertion below
-                out["error"] = exc
-            out["done"] = time.monotonic()
-
-        th = threading.Thread(target=runner)
-        th.start()
+        th, out = self.run_in_background(s, "/sleep 5000")
         self.assertIsNotNone(sub.next(timeout=10))
         t0 = time.monotonic()
         c.cancel(s.id)  # type: ignore[arg-type]
@@ -273,17 +279,7 @@ class RealHostTest(TmpDirCase):
                               and n.event is not None and n.event.get("kind") == "turn/started")
         first = s.prompt("/sleep 5000")  # runs
         self.assertIsNotNone(started.next(timeout=10))
-        out: dict = {}
-
-        def runner() -> None:
-            try:
-                out["result"] = s.run("queued behind the sleep", timeout=20)
-            except BaseException as exc:  # reported by the assertion below
-                out["error"] = exc
-            out["done"] = time.monotonic()
-
-        th = threading.Thread(target=runner)
-        th.start()
+        th, out = self.run_in_background(s, "queued behind the sleep")
         time.sleep(0.3)  # its receipt is in
         t0 = time.monotonic()
         c.close_session(s.id)  # type: ignore[arg-type]
