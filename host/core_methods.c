@@ -9,11 +9,15 @@
 #include "internal.h"
 #include "sessions.h"
 
+/* The events clients may be forwarded (the event allowlist: exactly these eleven), and the core's other
+ * events, declared without the flag (the surfaces that show them subscribe on their own). */
 static const char *const core_events[] = {
-    "session.created",     "session.closed",  "session.status",   "session.event",   "subagent.started",
-    "subagent.finished",   "request.pending", "request.resolved", "plugin.mounted",  "plugin.withdrawn",
-    "host.config-changed", "tools.changed",   "session.updated",  "session.options", "session.deleted",
+    "session.created",  "session.closed",    "session.status",      "session.event",
+    "subagent.started", "subagent.finished", "request.pending",     "request.resolved",
+    "plugin.mounted",   "plugin.withdrawn",  "host.config-changed",
 };
+static const char *const core_events_unlisted[] = {"tools.changed", "session.updated", "session.options",
+                                                   "session.deleted"};
 
 static void m_describe(ah_call *call, const json_t *params, void *data) {
   (void)params;
@@ -197,6 +201,11 @@ int ah__core_register(ah_host *h, ah_mount *m) {
   }
   for (size_t i = 0; i < sizeof core_events / sizeof core_events[0]; i++) {
     int rc = ah__services_register_event(m, core_events[i], AH_EVENT_ALLOWLISTED);
+    if (rc)
+      return rc;
+  }
+  for (size_t i = 0; i < sizeof core_events_unlisted / sizeof core_events_unlisted[0]; i++) {
+    int rc = ah__services_register_event(m, core_events_unlisted[i], 0);
     if (rc)
       return rc;
   }

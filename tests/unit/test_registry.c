@@ -635,3 +635,37 @@ Test(registry, remote_cif_matches_c_signature) {
   fake_mount_free(m);
   loop_round_trip();
 }
+
+/* The event allowlist: the core declares exactly eleven allowlisted events; its others (tools.changed,
+ * session.updated, session.options, session.deleted) are declared without the flag. */
+Test(registry, the_core_allowlists_exactly_its_eleven_events) {
+  hostctx c;
+  host_up_with_state(&c);
+  ts_outcome o;
+  cr_assert_eq(th_call(&c.loop, c.h, AH_AUTH_LAN, "host.describe", NULL, &o), 0);
+  static const char *const want[] = {"session.created",  "session.closed",     "session.status",
+                                     "session.event",    "subagent.started",   "subagent.finished",
+                                     "request.pending",  "request.resolved",   "plugin.mounted",
+                                     "plugin.withdrawn", "host.config-changed"};
+  size_t listed = 0, unlisted = 0, i = 0;
+  json_t *p = NULL;
+  json_array_foreach(json_object_get(o.result, "plugins"), i, p) {
+    if (strcmp(json_string_value(json_object_get(p, "name")), "core") != 0)
+      continue;
+    size_t j = 0;
+    json_t *e = NULL;
+    json_array_foreach(json_object_get(p, "events"), j, e) {
+      const char *name = json_string_value(json_object_get(e, "name"));
+      bool in = false;
+      for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        in = in || strcmp(want[k], name) == 0;
+      cr_expect_eq(json_is_true(json_object_get(e, "allowlisted")), in, "%s", name);
+      listed += in;
+      unlisted += !in;
+    }
+  }
+  cr_expect_eq(listed, sizeof want / sizeof want[0]);
+  cr_expect_geq(unlisted, 4u, "tools.changed, session.updated, session.options, session.deleted");
+  th_outcome_clear(&o);
+  host_down(&c);
+}
