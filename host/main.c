@@ -18,6 +18,7 @@
 #include "hooks.h"
 #include "host.h"
 #include "log.h"
+#include "readall.h"
 #include "store.h"
 
 static const char usage[] =
@@ -410,31 +411,14 @@ static int cmd_plugins(const ah_cli_overrides *cli, int argc, char **argv) {
 static json_t *call_params(const char *arg) {
   char *text = NULL;
   if (strcmp(arg, "-") == 0) {
-    size_t cap = 0, len = 0;
-    for (;;) {
-      if (len + 4096 + 1 > cap) {
-        size_t ncap = cap ? cap * 2 : 8192;
-        char *n = len <= CALL_PARAMS_MAX ? realloc(text, ncap) : NULL;
-        if (!n) {
-          fprintf(stderr, "agenthost: call: the params on stdin are longer than %zu bytes\n",
-                  CALL_PARAMS_MAX);
-          free(text);
-          return NULL;
-        }
-        text = n;
-        cap = ncap;
-      }
-      size_t got = fread(text + len, 1, cap - len - 1, stdin);
-      len += got;
-      if (got == 0)
-        break;
-    }
-    if (ferror(stdin)) {
-      fprintf(stderr, "agenthost: call: cannot read the params from stdin\n");
-      free(text);
+    size_t len = 0;
+    int rc = ah__read_all(stdin, CALL_PARAMS_MAX, &text, &len);
+    if (rc == AH_E2BIG)
+      fprintf(stderr, "agenthost: call: the params on stdin are longer than %zu bytes\n", CALL_PARAMS_MAX);
+    else if (rc)
+      fprintf(stderr, "agenthost: call: cannot read the params from stdin: %s\n", ah_strerror(rc));
+    if (rc)
       return NULL;
-    }
-    text[len] = '\0';
   } else {
     text = strdup(arg);
   }

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "agenthost/errors.h"
+#include "readall.h"
+
 /* ---- tokens ---------------------------------------------------------------------------------------------
  */
 
@@ -286,39 +289,20 @@ ah_prices *ah__prices_load(const char *path, char *err, size_t cap) {
     return NULL;
   }
   char *buf = NULL;
-  size_t len = 0, alloc = 0;
-  for (;;) {
-    if (len + 65536 > alloc) {
-      if (alloc > (64u << 20)) {
-        snprintf(err, cap, "the price table %s is larger than 64 MiB", path);
-        free(buf);
-        fclose(f);
-        return NULL;
-      }
-      alloc = alloc ? alloc * 2 : 65536;
-      char *nb = realloc(buf, alloc);
-      if (!nb) {
-        free(buf);
-        fclose(f);
-        snprintf(err, cap, "out of memory");
-        return NULL;
-      }
-      buf = nb;
-    }
-    size_t got = fread(buf + len, 1, alloc - len, f);
-    len += got;
-    if (got == 0)
-      break;
-  }
-  bool bad = ferror(f);
+  size_t len = 0;
+  int rc = ah__read_all(f, (size_t)64 << 20, &buf, &len);
   fclose(f);
-  if (bad) {
-    free(buf);
-    snprintf(err, cap, "cannot read the price table %s", path);
+  if (rc) {
+    if (rc == AH_E2BIG)
+      snprintf(err, cap, "the price table %s is larger than 64 MiB", path);
+    else if (rc == AH_EIO)
+      snprintf(err, cap, "cannot read the price table %s", path);
+    else
+      snprintf(err, cap, "out of memory");
     return NULL;
   }
   char why[200];
-  ah_prices *p = ah__prices_parse(buf ? buf : "", len, why, sizeof why);
+  ah_prices *p = ah__prices_parse(buf, len, why, sizeof why);
   free(buf);
   if (!p)
     snprintf(err, cap, "the price table %s: %s", path, why);
