@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Runs one libFuzzer harness for a set time (tests/fuzz; `make fuzz`, and `make test` for 30 s).
 
-Usage: run.py HARNESS CORPUS_DIR WORK_DIR [DICT]
+Usage: run.py HARNESS CORPUS_DIR WORK_DIR [DICT...]  (several dictionaries are joined into one)
 
 The harness starts from its committed seed corpus (CORPUS_DIR, read only) and keeps what it finds in
 WORK_DIR (under the build directory: the repository's corpora grow only through `make fuzz-merge`, which
@@ -20,7 +20,7 @@ def main():
         print(__doc__)
         return 2
     harness, corpus, work = sys.argv[1:4]
-    dictionary = sys.argv[4] if len(sys.argv) > 4 else None
+    dicts = sys.argv[4:]
     seconds = int(os.environ.get("AH_FUZZ_SECONDS", "60"))
     name = os.path.basename(harness)
     found = os.path.join(work, "corpus")
@@ -29,7 +29,11 @@ def main():
     os.makedirs(crashes, exist_ok=True)
     cmd = [harness, f"-max_total_time={seconds}", "-print_final_stats=1", "-timeout=10", "-rss_limit_mb=2048",
            "-max_len=65536", f"-artifact_prefix={crashes}/", found, corpus]
-    if dictionary:
+    if dicts:  # libFuzzer takes one -dict: the harness's dictionaries, joined
+        dictionary = os.path.join(work, "dictionary")
+        with open(dictionary, "w", encoding="utf-8") as out:
+            for d in dicts:
+                out.write(open(d, encoding="utf-8").read().rstrip("\n") + "\n")
         cmd.insert(1, f"-dict={dictionary}")
     env = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0",
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
