@@ -34,8 +34,9 @@ def entries(lines):
     return out
 
 
-def main():
-    agenthost, out, version = sys.argv[1:4]
+def help_sections(agenthost):
+    """{"commands": [(usage, description)], "options": [...]} of `agenthost --help` (also read by
+    tests/docs/check_commands.py, so both see the same list)."""
     text = subprocess.run([agenthost, "--help"], check=True, capture_output=True, text=True).stdout
     sections, name = {}, None
     for line in text.split("\n"):
@@ -44,6 +45,12 @@ def main():
             sections[name] = []
         elif name:
             sections[name].append(line)
+    return {k: entries(v) for k, v in sections.items()}
+
+
+def main():
+    agenthost, out, version = sys.argv[1:4]
+    sections = help_sections(agenthost)
     page = [
         f'.TH AGENTHOST 1 "" "agenthost {version}" "User Commands"',
         ".SH NAME",
@@ -58,7 +65,7 @@ def main():
     ]
     for title in ("commands", "options"):
         page.append(f".SH {title.upper()}")
-        for usage, desc in entries(sections.get(title, [])):
+        for usage, desc in sections.get(title, []):
             page += [".TP", f".B {roff(usage)}", roff(desc)]
     page += [
         ".SH FILES",

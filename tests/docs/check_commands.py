@@ -7,8 +7,9 @@ A command is its leading words up to the first option or placeholder: `sessions 
 [MANPAGE]. Prints each difference, then "N passed, N failed" (one check per list: it names no command the
 others lack).
 """
+import importlib.util
+import os
 import re
-import subprocess
 import sys
 
 WORD = re.compile(r"^[a-z][a-z-]*$")
@@ -23,18 +24,12 @@ def name_of(usage):
     return " ".join(words)
 
 
-def from_help(agenthost):
-    text = subprocess.run([agenthost, "--help"], check=True, capture_output=True, text=True).stdout
-    names, inside = set(), False
-    for line in text.split("\n"):
-        if line.strip() == "commands:":
-            inside = True
-            continue
-        if inside and not line.strip():
-            break
-        if inside and re.match(r"^  \S", line):  # a command's line; its continuations are indented deeper
-            names.add(name_of(line.strip().split("  ")[0]))
-    return names
+def from_help(root, agenthost):
+    """The commands of `agenthost --help`, read by the man page's own reader (scripts/manpage.py)."""
+    spec = importlib.util.spec_from_file_location("manpage", os.path.join(root, "scripts", "manpage.py"))
+    manpage = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(manpage)
+    return {name_of(usage) for usage, _ in manpage.help_sections(agenthost).get("commands", [])}
 
 
 def from_guide(root):
@@ -62,7 +57,7 @@ def from_man(path):
 
 def main():
     root, agenthost = sys.argv[1], sys.argv[2]
-    lists = {"--help": from_help(agenthost), "the admin guide's table": from_guide(root)}
+    lists = {"--help": from_help(root, agenthost), "the admin guide's table": from_guide(root)}
     if len(sys.argv) > 3:
         lists["the man page"] = from_man(sys.argv[3])
     passed = failed = 0

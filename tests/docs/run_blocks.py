@@ -29,16 +29,17 @@ import sys
 import tempfile
 import threading
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_refs  # noqa: E402 (beside this file)
+
 FENCE = re.compile(r"^```(\w+) test(?: (\S+))?\s*$")
 FIRST = ("docs/install.md", "README.md")
 DOC_TIMEOUT_S = 1200
 
 
 def documents(root):
-    out = [os.path.join(root, "README.md")]
-    for d, _, names in os.walk(os.path.join(root, "docs")):
-        out += [os.path.join(d, n) for n in sorted(names) if n.endswith(".md")]
-    rel = sorted(os.path.relpath(p, root) for p in out)
+    """README.md and docs/ (check_refs.files, the same list the references check reads), install first."""
+    rel = sorted(os.path.relpath(p, root) for p in check_refs.files(root))
     return [p for p in FIRST if p in rel] + [p for p in rel if p not in FIRST]
 
 
