@@ -19,15 +19,15 @@
  *
  * The database is opened read-only on a private loop: nothing is created, migrated or written, no daemon is
  * needed, and no session is resumed (a running daemon is not disturbed: WAL lets readers run beside its
- * writer). */
+ * writer). `sessions delete` without a daemon opens the same way, read-write. */
 
-typedef struct ro_store {
+typedef struct cli_store {
   uv_loop_t loop;
   ah_store *store;
   char path[4096];
   bool had_wal; /* path-wal and path-shm existed before the open */
   bool had_shm;
-} ro_store;
+} cli_store;
 
 static bool exists_with(const char *path, const char *suffix) {
   char p[4200];
@@ -42,7 +42,7 @@ static bool exists_with(const char *path, const char *suffix) {
  * exclusive lock on the database's SHARED byte range (every open connection holds a shared lock there, and a
  * connection being opened waits while it is held; SQLite's unix VFS: PENDING_BYTE 0x40000000, SHARED_FIRST
  * = PENDING_BYTE + 2, SHARED_SIZE 510), and only while the WAL is still empty. Nothing is written. */
-static void remove_made_wal(const ro_store *r) {
+static void remove_made_wal(const cli_store *r) {
   if (r->had_wal)
     return;
   char wal[4200];
@@ -66,7 +66,7 @@ static void remove_made_wal(const ro_store *r) {
   close(fd);
 }
 
-static int store_open(const ah_config *cfg, const char *what, ro_store *r, bool read_only) {
+static int store_open(const ah_config *cfg, const char *what, cli_store *r, bool read_only) {
   if (snprintf(r->path, sizeof r->path, "%s/agenthost.db", cfg->state_dir) >= (int)sizeof r->path) {
     fprintf(stderr, "agenthost: %s: the state directory's path is too long\n", what);
     return AH_E2BIG;
@@ -89,13 +89,13 @@ static int store_open(const ah_config *cfg, const char *what, ro_store *r, bool 
   return rc;
 }
 
-static void ro_closed(void *arg) {
+static void store_closed(void *arg) {
   *(bool *)arg = true;
 }
 
-static void ro_close(ro_store *r) {
+static void store_close(cli_store *r) {
   bool closed = false;
-  ah__store_close(r->store, ro_closed, &closed);
+  ah__store_close(r->store, store_closed, &closed);
   while (!closed && uv_run(&r->loop, UV_RUN_ONCE))
     ;
   uv_run(&r->loop, UV_RUN_DEFAULT);
@@ -163,7 +163,7 @@ static int flush_out(const char *what) {
   return 0;
 }
 
-static int sessions_list(ro_store *r, bool as_json) {
+static int sessions_list(cli_store *r, bool as_json) {
   json_t *all = json_array();
   char *after = NULL;
   int code = 0;
@@ -215,7 +215,7 @@ static int sessions_list(ro_store *r, bool as_json) {
 }
 
 /* Every event of session `id`, in seq order; NULL when the store could not be read. */
-static json_t *all_events(ro_store *r, const char *id) {
+static json_t *all_events(cli_store *r, const char *id) {
   json_t *all = json_array();
   int64_t after = 0;
   for (;;) {
@@ -312,7 +312,7 @@ static char *event_summary(const json_t *ev) {
   return s ? s : strdup("");
 }
 
-static int sessions_show(ro_store *r, const char *id, bool as_json) {
+static int sessions_show(cli_store *r, const char *id, bool as_json) {
   json_t *row = ah__store_get_session(r->store, id);
   if (!row) {
     char *e = ah__cli_esc(id, 80);
@@ -366,7 +366,7 @@ static int sessions_show(ro_store *r, const char *id, bool as_json) {
   return flush_out("sessions show");
 }
 
-static int sessions_export(ro_store *r, const char *id) {
+static int sessions_export(cli_store *r, const char *id) {
   json_t *row = ah__store_get_session(r->store, id);
   if (!row) {
     char *e = ah__cli_esc(id, 80);
@@ -401,14 +401,14 @@ static int sessions_export(ro_store *r, const char *id) {
 int ah__cli_sessions(const ah_config *cfg, const char *sub, const char *id, bool as_json) {
   char what[32];
   snprintf(what, sizeof what, "sessions %s", sub);
-  ro_store r;
+  cli_store r;
   memset(&r, 0, sizeof r);
   if (store_open(cfg, what, &r, true) != 0)
     return 1;
   int code = strcmp(sub, "list") == 0   ? sessions_list(&r, as_json)
              : strcmp(sub, "show") == 0 ? sessions_show(&r, id, as_json)
                                         : sessions_export(&r, id);
-  ro_close(&r);
+  store_close(&r);
   return code;
 }
 
@@ -442,7 +442,7 @@ int ah__cli_sessions_delete(const ah_config *cfg, const char *id) {
     code = 1;
   } else {
     /* No daemon answers: the store, written here. */
-    ro_store r;
+    cli_store r;
     memset(&r, 0, sizeof r);
     if (store_open(cfg, "sessions delete", &r, false) != 0) {
       free(e);
@@ -471,7 +471,7 @@ int ah__cli_sessions_delete(const ah_config *cfg, const char *id) {
       }
     }
     json_decref(row);
-    ro_close(&r);
+    store_close(&r);
   }
   json_decref(result);
   json_decref(error);
