@@ -1,5 +1,5 @@
-/* The ACP codec (plugins/acp/codec.c): an editor's prompt blocks into the host's content, and the host's
- * stored events into session/update notifications — for any JSON value, with a running tool-call state
+/* ACP-CODEC: the ACP codec (plugins/acp/codec.c): an editor's prompt blocks into the host's content, and the
+ * host's stored events into session/update notifications — for any JSON value, with a running tool-call state
  * across the events of one input (one event per line). Every output is an array of objects. */
 #include "../../plugins/acp/agent.h"
 #include "fuzz_support.h"

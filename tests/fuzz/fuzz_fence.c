@@ -1,7 +1,7 @@
-/* The browser's request fence (plugins/browser/fence.c): every request — its method, path, headers and
- * peer taken from the input's lines — gets a decision, admitted only with the token, from loopback for a
- * privileged method, and never with a path holding a NUL; a static path maps to a file inside the UI's
- * directory; host names and tokens decode within bounds. */
+/* API-TRUST-FENCE: the browser's request fence (plugins/browser/fence.c): every request — its method, path,
+ * headers and peer taken from the input's lines — gets a decision, admitted only with the token, from
+ * loopback for a privileged method, and never with a path holding a NUL; a static path maps to a file inside
+ * the UI's directory; host names and tokens decode within bounds. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 

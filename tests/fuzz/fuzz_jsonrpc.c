@@ -1,7 +1,7 @@
-/* The JSON-RPC peer (host/jsonrpc.c) that every stdio surface, the admin socket and the C client read
- * with: the input arrives on a socket (cut in two writes where its first byte says) to a peer that has
- * three requests of its own pending; each inbound request is answered, every line the peer writes back
- * is one JSON object, and the peer ends, answers its pending requests and frees everything. */
+/* SDK-JSONL-TRANSPORT: the JSON-RPC peer (host/jsonrpc.c) that every stdio surface, the admin socket and the
+ * C client read with: the input arrives on a socket (cut in two writes where its first byte says) to a peer
+ * that has three requests of its own pending; each inbound request is answered, every line the peer writes
+ * back is one JSON object, and the peer ends, answers its pending requests and frees everything. */
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>

@@ -1,7 +1,7 @@
-/* The remote gateway's argument codec (host/remote.c, through libffi): a real host with the fixture
- * plugin tests/plugins/remote-types.c mounted; the input's first byte picks a descriptor and the caller's
- * authority, the rest is the JSON `args`. Every call is answered once: a result that serializes, or an
- * error with a message; unknown fields, wrong types and NUL bytes in strings are refused, never called. */
+/* REMOTE-GATEWAY-TYPES: the remote gateway's argument codec (host/remote.c, through libffi): a real host with
+ * the fixture plugin tests/plugins/remote-types.c mounted; the input's first byte picks a descriptor and the
+ * caller's authority, the rest is the JSON `args`. Every call is answered once: a result that serializes, or
+ * an error with a message; unknown fields, wrong types and NUL bytes in strings are refused, never called. */
 #include <limits.h>
 #include <unistd.h>
 #include <uv.h>

@@ -272,6 +272,7 @@ class RealHostTest(TmpDirCase):
         self.assertLess(elapsed, 1.0)
 
     def test_a_run_whose_queued_prompt_a_close_cancels_ends_cancelled_at_once(self) -> None:
+        """SDK-TS-RUN: a prompt a close cancels while queued ends the run at once, cancelled."""
         c = self.client()
         s = c.session()
         s.run("warm up", timeout=20)

@@ -334,8 +334,8 @@ static void close_on_second_prompt(ah_client *c, const char *method, const json_
   }
 }
 
-/* A run whose prompt is still queued when a close cancels it ends at once with finish_reason "cancelled"
- * and no final response (its inbox/cancelled), not after its timeout. */
+/* SDK-TS-RUN: a run whose prompt is still queued when a close cancels it ends at once with finish_reason
+ * "cancelled" and no final response (its inbox/cancelled), not after its timeout. */
 Test(client, a_run_whose_queued_prompt_a_close_cancels_ends_cancelled, .timeout = 60) {
   fixture f;
   fixture_init(&f);

@@ -601,8 +601,9 @@ Test(browser_fence, order_host_before_token_before_privilege_before_framing) {
   cr_expect_eq(decide(&f), 405, "the method before the framing");
 }
 
-/* The mux's ?after=CURSOR: digits only, up to INT64_MAX; a sign, a blank (an encoded %20 or %2B decodes to
- * one) or an overflow is refused (strtoll took " 5" and "+5"; the fuzzing harness states the rule). */
+/* API-WS-HOST: the mux's ?after=CURSOR: digits only, up to INT64_MAX; a sign, a blank (an encoded %20 or %2B
+ * decodes to one) or an overflow is refused (strtoll took " 5" and "+5"; the fuzzing harness states the
+ * rule). */
 Test(fence, the_mux_cursor_is_digits_that_fit) {
   int64_t v = -1;
   cr_expect(bf_mux_cursor("0", &v) && v == 0);

@@ -636,7 +636,7 @@ Test(registry, remote_cif_matches_c_signature) {
   loop_round_trip();
 }
 
-/* The event allowlist: the core declares exactly eleven allowlisted events; its others (tools.changed,
+/* REMOTE-EVENT-ALLOWLIST: the core declares exactly eleven allowlisted events; its others (tools.changed,
  * session.updated, session.options, session.deleted) are declared without the flag. */
 Test(registry, the_core_allowlists_exactly_its_eleven_events) {
   hostctx c;

@@ -717,7 +717,7 @@ function fakeApi({ fail = false, hang = false } = {}) {
 const quiet = { info() {}, warn() {}, error() {} };
 const tick = () => new Promise((r) => setTimeout(r, 5));
 
-test("a rename and tags in one tab reach the other live; a session deleted elsewhere leaves every tab", { ...TEST, skip }, async () => {
+test("a rename and tags in one tab reach the other live; a session deleted elsewhere leaves every tab (API-WS-HOST)", { ...TEST, skip }, async () => {
   started();
   const a = await openPage(ctx.host.launchUrl);
   const b = await openPage(ctx.host.launchUrl);
