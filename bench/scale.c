@@ -616,6 +616,10 @@ int main(int argc, char **argv) {
         "  %10zu sessions: RSS %.1f MB, heap %.1f MB once idle (%ld unloaded, 0 live; peak RSS %.1f MB while "
         "they ran)\n",
         tiers[t], mb, idle.heap / 1048576.0, idle.unloads, (double)peak / 1024.0);
+    printf("  %10s  of it anonymous %.1f MB, file %.1f MB, shared memory %.1f MB\n", "",
+           (double)bench_status_kib(d.pid, "RssAnon:") / 1024.0,
+           (double)bench_status_kib(d.pid, "RssFile:") / 1024.0,
+           (double)bench_status_kib(d.pid, "RssShmem:") / 1024.0);
     if (t == 0)
       rss_first = mb;
     rss_last = mb;

@@ -24,10 +24,11 @@ static void m_describe(ah_call *call, const json_t *params, void *data) {
   ah__call_reply(call, ah__host_describe(data));
 }
 
-/* host.stats → {sessions: {live, loads, unloads, idleUnloadS}, memory: {rssKiB, heapBytes}}: what the daemon
- * holds now — the sessions in memory, the cold loads and idle unloads since it started, the idle time after
- * which a session leaves memory (null: never), its resident memory and the bytes malloc has handed out. Not
- * cached (host.describe is). */
+/* host.stats → {sessions: {live, loads, unloads, idleUnloadS}, memory: {rssKiB, heapBytes, storeBytes}}:
+ * what the daemon holds now — the sessions in memory, the cold loads and idle unloads since it started, the
+ * idle time after which a session leaves memory (null: never), its resident memory, the bytes malloc has
+ * handed out and, of them, the store's caches (null when its backend cannot tell). Not cached
+ * (host.describe is). */
 static long rss_kib(void) {
   FILE *f = fopen("/proc/self/statm", "r");
   long size = 0, resident = -1;
@@ -49,9 +50,11 @@ static void m_stats(ah_call *call, const json_t *params, void *data) {
                          "idleUnloadS", idle == UINT64_MAX ? json_null() : json_real((double)idle / 1000.0));
   }
   long rss = rss_kib();
-  ah__call_reply(call, json_pack("{s:o, s:{s:o, s:I}}", "sessions", sessions, "memory", "rssKiB",
+  int64_t store = sm ? ah__store_memory_used(ah__sessions_store(sm)) : -1;
+  ah__call_reply(call, json_pack("{s:o, s:{s:o, s:I, s:o}}", "sessions", sessions, "memory", "rssKiB",
                                  rss < 0 ? json_null() : json_integer(rss), "heapBytes",
-                                 (json_int_t)mallinfo2().uordblks));
+                                 (json_int_t)mallinfo2().uordblks, "storeBytes",
+                                 store < 0 ? json_null() : json_integer((json_int_t)store)));
 }
 
 /* session.events {after?, limit?} → {events, nextAfter?}: stored events of every session with a cursor

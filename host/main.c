@@ -631,7 +631,11 @@ static int cmd_status(const ah_cli_overrides *cli, int argc, char **argv) {
              (long long)json_integer_value(json_object_get(ss, "unloads")), after);
     }
     json_t *rss = json_object_get(json_object_get(stats, "memory"), "rssKiB");
-    if (json_is_integer(rss))
+    json_t *store = json_object_get(json_object_get(stats, "memory"), "storeBytes");
+    if (json_is_integer(rss) && json_is_integer(store))
+      printf("memory: %lld KiB resident (%lld KiB of it the store's caches)\n",
+             (long long)json_integer_value(rss), (long long)json_integer_value(store) / 1024);
+    else if (json_is_integer(rss))
       printf("memory: %lld KiB resident\n", (long long)json_integer_value(rss));
     size_t i = 0;
     json_t *p = NULL;

@@ -66,6 +66,7 @@ struct ah_store {
 
   _Atomic uint64_t commits;
   _Atomic uint64_t opsets;
+  uint64_t reads; /* loop thread: reads made (ah__store_reads) */
 };
 
 static void fifo_push(store_fifo *f, store_item *it) {
@@ -334,40 +335,48 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
   return 0;
 }
 
+/* Every read below counts (ah__store_reads): a quiet store is one nothing was read from for a while. */
+static bool reading(ah_store *s) {
+  if (!s || !s->impl)
+    return false;
+  s->reads++;
+  return true;
+}
+
 json_t *ah__store_session_tree(ah_store *s, const char *id) {
-  return s && id && s->impl ? s->be->session_tree(s->impl, id) : NULL;
+  return reading(s) && id ? s->be->session_tree(s->impl, id) : NULL;
 }
 
 json_t *ah__store_get_session(ah_store *s, const char *id) {
-  return s && id && s->impl ? s->be->get_session(s->impl, id) : NULL;
+  return reading(s) && id ? s->be->get_session(s->impl, id) : NULL;
 }
 
 json_t *ah__store_list_sessions(ah_store *s, const char *after_id, size_t limit) {
-  return s && s->impl ? s->be->list_sessions(s->impl, after_id, limit) : NULL;
+  return reading(s) ? s->be->list_sessions(s->impl, after_id, limit) : NULL;
 }
 
 json_t *ah__store_events(ah_store *s, const char *session_id, int64_t after_seq, size_t limit) {
-  return s && session_id && s->impl ? s->be->events(s->impl, session_id, after_seq, limit) : NULL;
+  return reading(s) && session_id ? s->be->events(s->impl, session_id, after_seq, limit) : NULL;
 }
 
 json_t *ah__store_events_after(ah_store *s, int64_t after_cursor, size_t limit) {
-  return s && s->impl ? s->be->events_after(s->impl, after_cursor, limit) : NULL;
+  return reading(s) ? s->be->events_after(s->impl, after_cursor, limit) : NULL;
 }
 
 json_t *ah__store_inbox_open(ah_store *s, const char *session_id) {
-  return s && session_id && s->impl ? s->be->inbox_open(s->impl, session_id) : NULL;
+  return reading(s) && session_id ? s->be->inbox_open(s->impl, session_id) : NULL;
 }
 
 json_t *ah__store_requests_pending(ah_store *s, const char *session_id) {
-  return s && s->impl ? s->be->requests_pending(s->impl, session_id) : NULL;
+  return reading(s) ? s->be->requests_pending(s->impl, session_id) : NULL;
 }
 
 json_t *ah__store_get_request(ah_store *s, const char *id) {
-  return s && id && s->impl ? s->be->get_request(s->impl, id) : NULL;
+  return reading(s) && id ? s->be->get_request(s->impl, id) : NULL;
 }
 
 json_t *ah__store_sessions_to_recover(ah_store *s) {
-  return s && s->impl ? s->be->sessions_to_recover(s->impl) : NULL;
+  return reading(s) ? s->be->sessions_to_recover(s->impl) : NULL;
 }
 
 int ah__store_health(ah_store *s, char *detail, size_t cap) {
@@ -390,6 +399,14 @@ int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg) {
   if (s->be->release_memory)
     s->be->release_memory(s->impl);
   return ah__store_write(s, json_pack("[{s:s}]", "op", "store.shrink"), cb, arg);
+}
+
+uint64_t ah__store_reads(const ah_store *s) {
+  return s ? s->reads : 0;
+}
+
+int64_t ah__store_memory_used(const ah_store *s) {
+  return s && s->impl && s->be->memory_used ? s->be->memory_used(s->impl) : -1;
 }
 
 int ah__store_read_status(ah_store *s) {

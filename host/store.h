@@ -60,6 +60,9 @@ typedef struct ah_store_opts {
   const char *path; /* the database file (state_dir/agenthost.db) */
   ah_store_sync sync;
   bool read_only; /* CLI readers: never create, never migrate, never write */
+  /* SQLite: past this many frames in the WAL a checkpoint waits for the writer and the readers so that the
+   * WAL starts again from its beginning (0: 4096, 16 MiB of 4 KiB pages). */
+  unsigned wal_restart_frames;
 } ah_store_opts;
 
 /* A backend. Every function but write_group runs on the loop thread; write_group runs on the writer
@@ -93,6 +96,8 @@ typedef struct ah_store_backend {
   bool (*read_failed)(void *impl);
   /* Loop thread: the read connection's cache goes back to the heap (the writer's: the store.shrink op). */
   void (*release_memory)(void *impl);
+  /* Any thread: the bytes the backend holds in memory (its caches), -1 when it cannot tell. */
+  int64_t (*memory_used)(void *impl);
 } ah_store_backend;
 
 enum {
@@ -117,6 +122,10 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
 /* Give the store's caches back to the heap (the sessions left memory): the reader's now, the writer's in
  * submission order; `cb` (may be NULL) runs once both are done. */
 int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg);
+/* How many reads were made (loop thread), so that a caller can tell a quiet store from a busy one. */
+uint64_t ah__store_reads(const ah_store *s);
+/* The bytes the store holds in memory (its caches), -1 when its backend cannot tell. */
+int64_t ah__store_memory_used(const ah_store *s);
 
 /* Reads (loop thread). New references; NULL when not found (get_*) or on error. */
 json_t *ah__store_get_session(ah_store *s, const char *id);

@@ -263,6 +263,7 @@ typedef struct sq_store {
   pthread_mutex_t ckpt_mu;
   pthread_cond_t ckpt_cv;
   bool ckpt_stop;
+  int wal_restart_frames;
   /* Health (both threads): FULL while writes fail for lack of space (cleared by the next commit), DAMAGED
    * for good once SQLite reported corruption or an I/O error; the first such error is kept as the detail. */
   pthread_mutex_t health_mu;
@@ -290,6 +291,37 @@ static void note_health(sq_store *q, sqlite3 *db, int rc) {
              q->health_detail);
   }
   pthread_mutex_unlock(&q->health_mu);
+}
+
+static int query_one(sqlite3 *db, const char *sql, sqlite3_int64 *num, char **text);
+
+/* A read failed. The reads are fixed statements that worked before, so a plain SQLITE_ERROR (or SCHEMA)
+ * means the file changed under them — a damaged header says "attached databases must use the same text
+ * encoding", not CORRUPT: an integrity check on the reader decides whether the store is damaged. */
+static void note_read_failure(sq_store *q) {
+  int rc = sqlite3_extended_errcode(q->r.db);
+  int prim = rc & 0xff;
+  if (prim != SQLITE_ERROR && prim != SQLITE_SCHEMA) {
+    note_health(q, q->r.db, rc);
+    return;
+  }
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s", sqlite3_errmsg(q->r.db));
+  char *verdict = NULL;
+  int crc = query_one(q->r.db, "PRAGMA quick_check(1)", NULL, &verdict);
+  if (crc != SQLITE_OK || !verdict || strcmp(verdict, "ok") != 0) {
+    pthread_mutex_lock(&q->health_mu);
+    if (q->health != AH_STORE_DAMAGED) {
+      q->health = AH_STORE_DAMAGED;
+      snprintf(q->health_detail, sizeof q->health_detail, "%s (the integrity check: %s)", msg,
+               crc != SQLITE_OK ? sqlite3_errmsg(q->r.db)
+               : verdict        ? verdict
+                                : "no answer");
+      AH_LOG_E(COMP, "%s: the store is damaged: %s", q->path, q->health_detail);
+    }
+    pthread_mutex_unlock(&q->health_mu);
+  }
+  free(verdict);
 }
 
 static void note_commit(sq_store *q) {
@@ -320,6 +352,12 @@ static void sq_release_memory(void *impl) {
   sq_store *q = impl;
   if (q->r.db)
     sqlite3_db_release_memory(q->r.db);
+}
+
+/* SQLite's own count: every connection of the process (the store is its only user). */
+static int64_t sq_memory_used(void *impl) {
+  (void)impl;
+  return (int64_t)sqlite3_memory_used();
 }
 
 static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -1324,7 +1362,7 @@ static json_t *collect(sq_store *q, sqlite3_stmt *st, int bind_rc, json_t *(*row
   }
   if (rc != SQLITE_OK) {
     AH_LOG_E(COMP, "%s: read failed: %s", q->path, sqlite3_errmsg(q->r.db));
-    note_health(q, q->r.db, sqlite3_extended_errcode(q->r.db));
+    note_read_failure(q);
     q->read_failed = true;
     json_decref(out);
     out = NULL;
@@ -1424,8 +1462,10 @@ static void conn_close(conn *c) {
 }
 
 #define CKPT_INTERVAL_MS 200
+#define WAL_RESTART_FRAMES 4096
 
 static int conn_open(conn *c, const char *path, int flags, char **why);
+static int query_one(sqlite3 *db, const char *sql, sqlite3_int64 *num, char **text);
 
 static void *ckpt_main(void *arg) {
   sq_store *q = arg;
@@ -1436,6 +1476,17 @@ static void *ckpt_main(void *arg) {
     AH_LOG_W(COMP, "%s: no checkpoint connection; the WAL is checkpointed only at close", q->path);
     return NULL;
   }
+  /* A connection learns that the database is in WAL mode from its first read: until then a checkpoint on
+   * it is a no-op that reports success (log and done -1), and the WAL would grow with every write. */
+  sqlite3_int64 tables = 0;
+  if (query_one(q->c.db, "SELECT count(*) FROM sqlite_master", &tables, NULL) != SQLITE_OK) {
+    AH_LOG_W(COMP,
+             "%s: the checkpoint connection cannot read the database (%s); the WAL is checkpointed only "
+             "at close",
+             q->path, sqlite3_errmsg(q->c.db));
+    return NULL;
+  }
+  bool warned = false;
   pthread_mutex_lock(&q->ckpt_mu);
   while (!q->ckpt_stop) {
     struct timespec until;
@@ -1449,10 +1500,22 @@ static void *ckpt_main(void *arg) {
     if (q->ckpt_stop)
       break;
     pthread_mutex_unlock(&q->ckpt_mu);
+    /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". Under
+     * a steady stream of commits it never finds the moment when everything was copied and a new commit
+     * may start the WAL over, so past wal_restart_frames a RESTART follows: it waits (the busy timeout) for
+     * the writer and the readers, and the next commit writes from the WAL's beginning (the file cut back
+     * to journal_size_limit). */
     int log = 0;
     int done = 0;
-    /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". */
-    sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    int rc = sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+    if (rc == SQLITE_OK && log > q->wal_restart_frames)
+      sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
+    if (rc == SQLITE_OK && log < 0 && !warned) {
+      warned = true;
+      AH_LOG_W(COMP,
+               "%s: the checkpoint connection does not see a WAL; the WAL is checkpointed only at close",
+               q->path);
+    }
     sqlite3_db_release_memory(q->c.db); /* the pages it read are not read again: they need no cache */
     pthread_mutex_lock(&q->ckpt_mu);
   }
@@ -1649,6 +1712,9 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
     set_why(why, "store: out of memory");
     return AH_ENOMEM;
   }
+  q->wal_restart_frames = opts->wal_restart_frames > 0 && opts->wal_restart_frames < (1u << 30)
+                              ? (int)opts->wal_restart_frames
+                              : WAL_RESTART_FRAMES;
   pthread_mutex_init(&q->health_mu, NULL);
   int rc = 0;
   if (opts->read_only) {
@@ -1674,7 +1740,11 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
     /* Opened after the migration, so it never sees a half-made schema. */
     if (rc == 0)
       rc = conn_open(&q->r, q->path, SQLITE_OPEN_READONLY, why);
-    if (rc == 0 && sqlite3_exec(q->w.db, "PRAGMA wal_autocheckpoint = 0", NULL, NULL, NULL) != SQLITE_OK) {
+    /* Checkpoints are the checkpoint thread's; a WAL that a burst of writes made large is cut back to 16 MiB
+     * when the writer starts it over. */
+    if (rc == 0 &&
+        sqlite3_exec(q->w.db, "PRAGMA wal_autocheckpoint = 0; PRAGMA journal_size_limit = 16777216", NULL,
+                     NULL, NULL) != SQLITE_OK) {
       set_why(why, "store: %s: %s", q->path, sqlite3_errmsg(q->w.db));
       rc = AH_EIO;
     }
@@ -1717,4 +1787,5 @@ const ah_store_backend ah__store_sqlite = {
     .health = sq_health,
     .read_failed = sq_read_failed,
     .release_memory = sq_release_memory,
+    .memory_used = sq_memory_used,
 };

@@ -809,7 +809,9 @@ uint64_t ah__sessions_idle_ms(ah_sessions *m) {
 }
 
 /* Memory freed by many unloads goes back to the system (malloc keeps freed pages otherwise): after a
- * batch, or once nothing is live. */
+ * batch of unloads; and once nothing is live and nothing was read from the store for a whole tick, the
+ * store's page caches go too (they fill again as sessions come back) — also when reads (a client paging
+ * through the events) filled them again after the sessions left. */
 #define TRIM_AFTER_UNLOADS 256
 
 static void shrunk(int status, const json_t *results, void *arg) {
@@ -822,11 +824,17 @@ static void shrunk(int status, const json_t *results, void *arg) {
 static void idle_tick(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
-  if (m->unloads - m->trimmed_at >= TRIM_AFTER_UNLOADS || (m->unloads > m->trimmed_at && m->nlive == 0)) {
+  uint64_t reads = ah__store_reads(m->store);
+  bool quiet = reads == m->reads_seen;
+  m->reads_seen = reads;
+  if (m->nlive == 0 && quiet && (m->unloads > m->trimmed_at || reads != m->reads_at_shrink)) {
     m->trimmed_at = m->unloads;
-    /* Nothing is live: the store's page caches go too (they fill again as sessions come back). */
-    if (m->nlive > 0 || !m->store || ah__store_shrink(m->store, shrunk, NULL) != 0)
+    m->reads_at_shrink = reads;
+    if (!m->store || ah__store_shrink(m->store, shrunk, NULL) != 0)
       malloc_trim(0);
+  } else if (m->unloads - m->trimmed_at >= TRIM_AFTER_UNLOADS) {
+    m->trimmed_at = m->unloads;
+    malloc_trim(0);
   }
   ah__sessions_idle_sweep(m, idle_ms(m));
   if (!m->stopping)

@@ -63,8 +63,10 @@ struct ah_sessions {
   session *by_id;    /* the same, by id (uthash) */
   size_t nlive;
   size_t loads;
-  size_t unloads;    /* idle sessions that left memory */
-  size_t trimmed_at; /* unloads at the last malloc_trim */
+  size_t unloads;           /* idle sessions that left memory */
+  size_t trimmed_at;        /* unloads at the last malloc_trim */
+  uint64_t reads_seen;      /* the store's reads at the last idle tick */
+  uint64_t reads_at_shrink; /* the store's reads when its caches were last given back */
   /* Idle unload ([host] idle_unload_s): the sweep's timer and period (ms); 0: not running */
   ah_timer *idle_timer;
   uint64_t idle_period;

@@ -7,6 +7,7 @@
 #include <jansson.h>
 #include <poll.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1096,6 +1097,14 @@ Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .
   char *work = ts_mkdtemp();
   char sid[64];
   d_new_session(d, work, sid, sizeof sid);
+  /* A reader holding its snapshot (a backup, `agenthost sessions show`) keeps the WAL from being copied
+   * into the database and started over, so the turn's writes need new space instead of reusing the WAL's. */
+  char *dbpath = join(d->state, "agenthost.db");
+  sqlite3 *reader = NULL;
+  cr_assert_eq(sqlite3_open_v2(dbpath, &reader, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  cr_assert_eq(sqlite3_exec(reader, "BEGIN; SELECT count(*) FROM sessions", NULL, NULL, NULL), SQLITE_OK,
+               "%s", sqlite3_errmsg(reader));
+  free(dbpath);
   /* 400 KB of text: the echo of it cannot fit once the disk is full. */
   size_t n = 400 * 1024;
   char *text = malloc(n + 32);
@@ -1126,6 +1135,8 @@ Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .
   json_decref(error);
 
   cr_assert_eq(unlink(filler), 0);
+  sqlite3_exec(reader, "COMMIT", NULL, NULL, NULL);
+  sqlite3_close(reader);
   end = ts_now_ms() + 15000;
   bool recorded = false;
   while (!(recorded = stored_turn_end(d, sid, mid, reason, sizeof reason)) && ts_now_ms() < end)

@@ -417,3 +417,60 @@ Test(idle, calls_during_a_close_commit_are_answered) {
   free(id);
   world_down(&w);
 }
+
+typedef struct mem_wait {
+  world *w;
+  int64_t below;
+} mem_wait;
+
+static int64_t store_memory(world *w) {
+  int64_t m = ah__store_memory_used(ah__sessions_store(sm(w)));
+  cr_assert_geq(m, 0, "the SQLite store tells its memory");
+  return m;
+}
+
+static bool store_memory_below(void *arg) {
+  mem_wait *m = arg;
+  return store_memory(m->w) < m->below;
+}
+
+/* With nothing live the store's page caches go back once nothing was read for a sweep — also when reads
+ * (a client paging through the events) filled them again after the sessions had left. */
+Test(idle, the_store_caches_go_back_once_nothing_is_live_and_nothing_is_read) {
+  world w;
+  world_up(&w);
+  restart_with_idle(&w, 100);
+  size_t n = 256 * 1024;
+  char *big = malloc(n + 1);
+  for (size_t i = 0; i < n; i++)
+    big[i] = (char)('a' + i % 26);
+  big[n] = '\0';
+  char *id = create(&w);
+  for (int i = 0; i < 6; i++) { /* each turn stores the prompt and its echo: ~3 MB in all */
+    free(prompt(&w, id, big));
+    wait_for(&w, id, "turn/ended", (size_t)i + 1);
+  }
+  int64_t written = store_memory(&w);
+  count_wait c = {&w, 1};
+  cr_assert(ts_run_until_pred(&w.loop, unloaded_n, &c, 3000), "the idle session was not unloaded");
+  /* Both connections' caches (the reader's at once, the writer's in its queue): a fraction is left. */
+  mem_wait low = {&w, written / 4};
+  cr_assert(ts_run_until_pred(&w.loop, store_memory_below, &low, 3000),
+            "the store still holds %lld bytes (%lld after the writes) with nothing live",
+            (long long)store_memory(&w), (long long)written);
+  int64_t shrunk = store_memory(&w);
+  json_t *ev = history(&w, id); /* a reader, nothing live: the reader's cache fills */
+  cr_assert_geq(json_array_size(ev), 12);
+  json_decref(ev);
+  int64_t read = store_memory(&w);
+  cr_assert_gt(read, shrunk + 1024 * 1024, "the reads did not fill the cache (%lld → %lld bytes)",
+               (long long)shrunk, (long long)read);
+  cr_assert_eq(ah__sessions_live(sm(&w)), 0, "reading a session's events does not load it");
+  mem_wait back = {&w, shrunk + 256 * 1024};
+  cr_expect(ts_run_until_pred(&w.loop, store_memory_below, &back, 3000),
+            "the store's caches stayed at %lld bytes (%lld before the reads) with nothing live or read",
+            (long long)store_memory(&w), (long long)shrunk);
+  free(big);
+  free(id);
+  world_down(&w);
+}

@@ -1526,3 +1526,140 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
   cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox_content"), 3);
   fx_fini(&f);
 }
+
+static off_t file_size(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 ? st.st_size : -1;
+}
+
+/* 64 events of 4 KB each (~256 KB) for session s1, seqs from *seq + 1. */
+static json_t *blob_batch(int *seq) {
+  static char blob[4097];
+  memset(blob, 'x', 4096);
+  json_t *ops = json_array();
+  for (int i = 0; i < 64; i++)
+    json_array_append_new(ops, json_pack("{s:s, s:s, s:i, s:s, s:{s:s}}", "op", "event", "sessionId", "s1",
+                                         "seq", ++*seq, "kind", "k", "data", "blob", blob));
+  return ops;
+}
+
+#define BATCH_BYTES ((off_t)64 * 4096)
+
+/* The WAL is checkpointed into the database while the store is open, so it does not grow with everything
+ * ever written: batches of ~256 KB with a pause between them leave the database holding the data and the
+ * WAL smaller than half of them (it starts over once copied; a loaded machine may miss a few moments). */
+Test(store, the_wal_is_checkpointed_while_open_and_stays_bounded, .timeout = 60) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  char *wal = NULL;
+  cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
+  int seq = 0;
+  off_t wal_max = 0;
+  const int batches = 16;
+  for (int b = 0; b < batches; b++) {
+    wres w;
+    cr_assert_eq(write_wait(&f, f.s, blob_batch(&seq), &w), 0);
+    json_decref(w.results);
+    /* The checkpoint thread runs every 200 ms: give it some turns (a loaded machine is slow). */
+    off_t db = 0;
+    for (int tries = 0; tries < 250; tries++) {
+      usleep(20000);
+      db = file_size(f.path);
+      if (db >= (off_t)(b + 1) * BATCH_BYTES)
+        break;
+    }
+    cr_expect_geq(db, (off_t)(b + 1) * BATCH_BYTES,
+                  "after batch %d the database holds %lld bytes: the WAL was not checkpointed into it", b + 1,
+                  (long long)db);
+    off_t ws = file_size(wal);
+    if (ws > wal_max)
+      wal_max = ws;
+  }
+  cr_expect_lt(wal_max, batches / 2 * BATCH_BYTES,
+               "the WAL grew to %lld bytes over %d batches of ~%lld KB: it never starts over",
+               (long long)wal_max, batches, (long long)BATCH_BYTES / 1024);
+  json_t *evs = ah__store_events(f.s, "s1", 0, 1000);
+  json_t *rest = ah__store_events(f.s, "s1", 1000, 1000);
+  cr_expect_eq(json_array_size(evs) + json_array_size(rest), (size_t)seq, "every event reads back");
+  json_decref(evs);
+  json_decref(rest);
+  free(wal);
+  fx_fini(&f);
+}
+
+/* Under commits that never pause (the writer always has the next group queued) a passive checkpoint never
+ * finds the moment the WAL may start over: past wal_restart_frames the checkpoint waits for one, so the WAL
+ * stays a small part of what was written. */
+typedef struct stream {
+  ah_store *s;
+  int seq;
+  int in_flight;
+  uint64_t until;
+  off_t written, wal_max;
+  const char *wal;
+  uint32_t ckpt_seq; /* the WAL header's checkpoint sequence number: it changes when the WAL starts over */
+  int restarts;
+  int failed;
+  bool done;
+} stream;
+
+static void stream_next(stream *st);
+
+static void stream_written(int status, const json_t *results, void *arg) {
+  (void)results;
+  stream *st = arg;
+  st->in_flight--;
+  if (status != 0)
+    st->failed++;
+  st->written += BATCH_BYTES;
+  off_t ws = file_size(st->wal);
+  if (ws > st->wal_max)
+    st->wal_max = ws;
+  FILE *w = fopen(st->wal, "rb");
+  unsigned char h[16];
+  if (w && fread(h, 1, sizeof h, w) == sizeof h) {
+    uint32_t seq = (uint32_t)h[12] << 24 | (uint32_t)h[13] << 16 | (uint32_t)h[14] << 8 | h[15];
+    if (seq != st->ckpt_seq)
+      st->restarts++;
+    st->ckpt_seq = seq;
+  }
+  if (w)
+    fclose(w);
+  if (uv_hrtime() < st->until)
+    stream_next(st);
+  else if (st->in_flight == 0)
+    st->done = true;
+}
+
+static void stream_next(stream *st) {
+  st->in_flight++;
+  cr_assert_eq(ah__store_write(st->s, blob_batch(&st->seq), stream_written, st), 0);
+}
+
+Test(store, the_wal_starts_over_under_writes_that_never_pause, .timeout = 120) {
+  fx f;
+  fx_init(&f);
+  ah_store_opts o = {.path = f.path, .sync = AH_STORE_SYNC_NORMAL, .wal_restart_frames = 256};
+  char *why = NULL;
+  cr_assert_eq(ah__store_open(&f.loop, NULL, &o, &f.s, &why), 0, "open: %s", why ? why : "-");
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  char *wal = NULL;
+  cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
+  stream st = {.s = f.s, .wal = wal, .until = uv_hrtime() + 3000000000ull};
+  for (int i = 0; i < 4; i++)
+    stream_next(&st);
+  cr_assert(ts_run_until(&f.loop, &st.done, 60000), "the writes did not end");
+  cr_expect_eq(st.failed, 0);
+  cr_assert_gt(st.written, 40 * BATCH_BYTES, "only %lld bytes written in 3 s", (long long)st.written);
+  cr_expect_geq(st.restarts, 3, "the WAL started over %d times while %lld bytes were written", st.restarts,
+                (long long)st.written);
+  cr_expect_lt(st.wal_max, st.written / 2, "the WAL grew to %lld bytes of the %lld written",
+               (long long)st.wal_max, (long long)st.written);
+  json_t *last = ah__store_events(f.s, "s1", st.seq - 1, 10);
+  cr_expect_eq(json_array_size(last), 1, "the last event reads back");
+  json_decref(last);
+  free(wal);
+  fx_fini(&f);
+}
