@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """The command line's reference is one list: `agenthost --help`, the admin guide's command table
-(docs/admin-guide.md, "Command line") and the man page agenthost(1) name the same commands.
+(docs/admin-guide.md, "Command line"), the man page agenthost(1) and the bash completion name the same
+commands (the completion's are what it offers when run in bash, word by word).
 
 A command is its leading words up to the first option or placeholder: `sessions list [--json]` is
 "sessions list", `call [--json] … METHOD` is "call". Usage: check_commands.py SOURCE_ROOT AGENTHOST
-[MANPAGE]. Prints each difference, then "N passed, N failed" (one check per list: it names no command the
+[MANPAGE [COMPLETION]]. Prints each difference, then "N passed, N failed" (one check per list: it names no command the
 others lack).
 """
 import importlib.util
 import os
 import re
+import subprocess
 import sys
+import tempfile
 
 WORD = re.compile(r"^[a-z][a-z-]*$")
 
@@ -55,11 +58,31 @@ def from_man(path):
     return names
 
 
+def from_completion(path):
+    """What the completion offers: the first words, then each one's second words (in an empty directory, so
+    that a command completing file names offers none)."""
+    probe = (
+        'source "$1"\n'
+        'offer() { COMP_WORDS=("$@"); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); COMPREPLY=(); _agenthost;'
+        ' printf "%s\\n" "${COMPREPLY[@]}"; }\n'
+        'for w in $(offer agenthost ""); do\n'
+        '  subs=$(offer agenthost "$w" "")\n'
+        '  if [ -z "$subs" ]; then echo "$w"; else for s in $subs; do echo "$w $s"; done; fi\n'
+        "done\n"
+    )
+    with tempfile.TemporaryDirectory() as empty:
+        out = subprocess.run(["bash", "-c", probe, "probe", os.path.abspath(path)], cwd=empty, check=True,
+                             capture_output=True, text=True).stdout
+    return {line for line in out.split("\n") if line}
+
+
 def main():
     root, agenthost = sys.argv[1], sys.argv[2]
     lists = {"--help": from_help(root, agenthost), "the admin guide's table": from_guide(root)}
     if len(sys.argv) > 3:
         lists["the man page"] = from_man(sys.argv[3])
+    if len(sys.argv) > 4:
+        lists["the bash completion"] = from_completion(sys.argv[4])
     passed = failed = 0
     for what, names in lists.items():
         others = set().union(*(n for w, n in lists.items() if w != what))
