@@ -264,6 +264,7 @@ typedef struct sq_store {
   pthread_cond_t ckpt_cv;
   bool ckpt_stop;
   int wal_restart_frames;
+  int wal_frames; /* writer thread: frames in the WAL after the last commit */
   /* Health (both threads): FULL while writes fail for lack of space (cleared by the next commit), DAMAGED
    * for good once SQLite reported corruption or an I/O error; the first such error is kept as the detail. */
   pthread_mutex_t health_mu;
@@ -322,6 +323,27 @@ static void note_read_failure(sq_store *q) {
     pthread_mutex_unlock(&q->health_mu);
   }
   free(verdict);
+}
+
+/* Writer thread: the WAL's size after each commit (sqlite3_wal_hook). */
+static int wal_grew(void *arg, sqlite3 *db, const char *name, int frames) {
+  (void)db;
+  (void)name;
+  ((sq_store *)arg)->wal_frames = frames;
+  return SQLITE_OK;
+}
+
+/* Writer thread, after a commit. Under a steady stream of commits the checkpoint thread's PASSIVE
+ * checkpoints never find the moment when everything was copied and a new commit may start the WAL over
+ * (and a checkpoint from another thread that waits for the writer's lock is starved by the writer), so
+ * past wal_restart_frames the writer itself, between two groups, runs a RESTART: it copies what PASSIVE
+ * left, waits (the busy timeout) for the readers, and the next commit writes from the WAL's beginning (a
+ * grown file cut back to journal_size_limit). */
+static void restart_wal(sq_store *q) {
+  if (q->wal_frames <= q->wal_restart_frames)
+    return;
+  q->wal_frames = 0;
+  sqlite3_wal_checkpoint_v2(q->w.db, NULL, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
 }
 
 static void note_commit(sq_store *q) {
@@ -1325,6 +1347,7 @@ static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
   }
   if (run(q, &q->w, W_COMMIT) == SQLITE_OK) {
     note_commit(q);
+    restart_wal(q);
     return;
   }
 abort:
@@ -1500,16 +1523,11 @@ static void *ckpt_main(void *arg) {
     if (q->ckpt_stop)
       break;
     pthread_mutex_unlock(&q->ckpt_mu);
-    /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". Under
-     * a steady stream of commits it never finds the moment when everything was copied and a new commit
-     * may start the WAL over, so past wal_restart_frames a RESTART follows: it waits (the busy timeout) for
-     * the writer and the readers, and the next commit writes from the WAL's beginning (the file cut back
-     * to journal_size_limit). */
+    /* PASSIVE copies what no reader still needs and returns; SQLITE_BUSY just means "try next time". (The
+     * WAL is started over by the writer: restart_wal.) */
     int log = 0;
     int done = 0;
     int rc = sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
-    if (rc == SQLITE_OK && log > q->wal_restart_frames)
-      sqlite3_wal_checkpoint_v2(q->c.db, NULL, SQLITE_CHECKPOINT_RESTART, NULL, NULL);
     if (rc == SQLITE_OK && log < 0 && !warned) {
       warned = true;
       AH_LOG_W(COMP,
@@ -1748,6 +1766,8 @@ static int sq_open(const ah_store_opts *opts, void **impl, char **why) {
       set_why(why, "store: %s: %s", q->path, sqlite3_errmsg(q->w.db));
       rc = AH_EIO;
     }
+    if (rc == 0) /* after wal_autocheckpoint, which sets the hook too: restart_wal starts the WAL over */
+      sqlite3_wal_hook(q->w.db, wal_grew, q);
     if (rc == 0) {
       pthread_mutex_init(&q->ckpt_mu, NULL);
       pthread_cond_init(&q->ckpt_cv, NULL);
