@@ -4,6 +4,7 @@
 #   make test    every test, an ASan/UBSan run of the unit tests, format check, minimal build
 #   make bench   build, run the benchmarks
 #   make fuzz    build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS
+#   make deb     the Debian packages (debian/) in a clean copy, into build-deb/, checked by lintian
 #
 # The build itself is described by meson.build; nothing here knows about individual sources.
 
@@ -23,6 +24,7 @@ BUILD_DIR := build
 ASAN_DIR := build-asan
 MINIMAL_DIR := build-minimal
 FUZZ_DIR := build-fuzz
+DEB_DIR := build-deb
 CLANG ?= clang
 
 ASAN_OPTS := -Db_sanitize=address,undefined -Db_lundef=false
@@ -75,7 +77,7 @@ fuzz-run = ( export CC=$(CLANG) && $(call meson-setup,$(FUZZ_DIR),$(FUZZ_OPTS)) 
   env AH_FUZZ_SECONDS=$(1) $(MESON) test -C $(FUZZ_DIR) --suite fuzz --verbose --num-processes 2
 FORMAT_CHECK = $(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) --dry-run -Werror
 
-.PHONY: all deps build run test unit-asan minimal bench fuzz fuzz-merge format format-check clean
+.PHONY: all deps build run test unit-asan minimal bench fuzz fuzz-merge deb format format-check clean
 
 all: build
 
@@ -134,6 +136,11 @@ fuzz-merge:
 	  ./$(FUZZ_DIR)/tests/fuzz/fuzz_$$name -merge=1 tests/fuzz/corpus/$$name "$$w/corpus" 2>&1 | tail -1; \
 	done
 
+# The Debian packages: a clean copy of the tree (what git tracks or does not ignore) in
+# $(DEB_DIR)/agenthost-VERSION, dpkg-buildpackage -b -us -uc, then lintian; the .deb files land in $(DEB_DIR).
+deb: deps
+	bash scripts/deb.sh $(DEB_DIR)
+
 format:
 	$(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) -i
 
@@ -141,4 +148,4 @@ format-check:
 	$(FORMAT_CHECK)
 
 clean:
-	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(MINIMAL_DIR) $(FUZZ_DIR)
+	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(MINIMAL_DIR) $(FUZZ_DIR) $(DEB_DIR)

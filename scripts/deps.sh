@@ -41,6 +41,14 @@ PACKAGES=(
   openssl                # tests: a CA and a server certificate made at test time
   wrk                    # make bench: HTTP load on the browser surface
   chromium               # browser end-to-end tests (playwright-core drives it)
+  debhelper              # make deb: the Debian packages (debian/, dh with meson) ...
+  dh-python              # ... python3-agenthost's dependencies (dh-sequence-python3)
+  dpkg-dev               # ... dpkg-buildpackage
+  fakeroot               # ... the packages' files owned by root without being root
+  lintian                # ... checked; the packaging test (tests/packaging) installs them
+  man-db                 # tests: man -l renders agenthost(1)
+  systemd                # tests: systemd-analyze verify checks the user unit
+  curl                   # tests: the installed browser plugin's pages fetched
 )
 
 if [[ "${AH_SKIP_DEPS:-0}" == 1 ]]; then
