@@ -4,6 +4,7 @@
 #   make test    every test, an ASan/UBSan run of the unit tests, format check, minimal build
 #   make bench   build, run the benchmarks
 #   make fuzz    build the libFuzzer harnesses (clang) and run each for FUZZ_SECONDS
+#   make soak    one daemon under load on every surface for SOAK_SECONDS (default 1800): RSS, fds, crashes
 #   make deb     the Debian packages (debian/) in a clean copy, into build-deb/, checked by lintian
 #
 # The build itself is described by meson.build; nothing here knows about individual sources.
@@ -34,6 +35,8 @@ FUZZ_OPTS := -Dfuzz=true -Dtests=disabled -Db_sanitize=address,undefined -Db_lun
 # How long each harness runs: `make fuzz` (FUZZ_SECONDS=300 make fuzz for longer) and within `make test`.
 FUZZ_SECONDS ?= 60
 TEST_FUZZ_SECONDS ?= 30
+# How long `make soak` runs (bench/soak.py; the test suite runs a 45 s version).
+SOAK_SECONDS ?= 1800
 # Sanitized code runs several times slower; stretch the per-test timeouts meson.build sets.
 ASAN_TIMEOUT_MULTIPLIER ?= 3
 
@@ -77,7 +80,7 @@ fuzz-run = ( export CC=$(CLANG) && $(call meson-setup,$(FUZZ_DIR),$(FUZZ_OPTS)) 
   env AH_FUZZ_SECONDS=$(1) $(MESON) test -C $(FUZZ_DIR) --suite fuzz --verbose --num-processes 2
 FORMAT_CHECK = $(LIST_SOURCES) | xargs -0 -r $(CLANG_FORMAT) --dry-run -Werror
 
-.PHONY: all deps build run test unit-asan minimal bench fuzz fuzz-merge deb format format-check clean
+.PHONY: all deps build run test unit-asan minimal bench soak fuzz fuzz-merge deb format format-check clean
 
 all: build
 
@@ -122,6 +125,11 @@ minimal: deps
 
 bench: build
 	$(MESON) test -C $(BUILD_DIR) --benchmark --verbose
+
+# The soak: bench/soak.py against the build tree's daemon for SOAK_SECONDS, figures and verdicts at the end.
+soak: build
+	$(PYTHON) bench/soak.py --agenthost $(BUILD_DIR)/host/agenthost --fake-model tests/fakes/fake_model.py \
+	  --python-client plugins/sdk/python --seconds $(SOAK_SECONDS)
 
 # The libFuzzer harnesses of tests/fuzz, each for FUZZ_SECONDS from its seed corpus; what they find stays
 # in $(FUZZ_DIR)/tests/fuzz/work/ (crashes included) until `make fuzz-merge`.
