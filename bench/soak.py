@@ -48,6 +48,18 @@ import time
 STOP = threading.Event()
 LOCK = threading.Lock()
 PROMPT_TIMEOUT = 60.0
+# The reloads so far: plugin name -> [(start, end)] (time.monotonic(); end None while running).
+RELOADS = {}
+
+
+def reloading(name, t0, t1=None):
+    """Whether a reload of plugin `name` overlapped [t0, t1] (1 s of margin on each side)."""
+    t1 = time.monotonic() if t1 is None else t1
+    with LOCK:
+        for start, end in RELOADS.get(name, []):
+            if start - 1.0 <= t1 and (end is None or end + 1.0 >= t0):
+                return True
+    return False
 
 
 class Counters:
@@ -225,6 +237,7 @@ class Mux:
         self.port, self.token = port, token
         self.cursor = 0
         self.ended = {}  # sessionId -> count of turn/ended seen
+        self.reason = {}  # sessionId -> the reason of its last turn/ended
         self.cond = threading.Condition()
 
     def run(self):
@@ -257,12 +270,17 @@ class Mux:
                         if ev["kind"] == "turn/ended":
                             sid = ev["sessionId"]
                             self.ended[sid] = self.ended.get(sid, 0) + 1
+                            self.reason[sid] = (ev.get("data") or {}).get("reason")
                             self.cond.notify_all()
                     C.add("mux events")
             except (EOFError, OSError):
                 C.add("mux connection lost")
             finally:
                 ws.sock.close()
+
+    def last_reason(self, sid):
+        with self.cond:
+            return self.reason.get(sid)
 
     def ended_count(self, sid):
         with self.cond:
@@ -304,13 +322,25 @@ def browser_worker(n, browser, mux, cwd):
             retrying(lambda: browser.call("session.prompt", {"sessionId": sid, "text": "soak %d" % i}),
                      "browser prompt")
         except (OSError, RuntimeError) as e:
-            C.add("browser prompt failed")
-            log("browser prompt failed: %s" % e)
-            time.sleep(1)
+            # Withdrawing the browser plugin cancels its calls in flight (documented): expected then.
+            if "'cancelled'" in str(e) and reloading("browser", t0):
+                C.add("browser prompts cancelled by a browser reload")
+            elif not STOP.is_set():
+                C.add("browser prompt failed")
+                log("browser prompt failed: %s" % e)
+            time.sleep(0.2)
             continue
         if mux.wait_ended(sid, seen, PROMPT_TIMEOUT):
-            C.add("browser prompts")
-            C.sample("browser", time.monotonic() - t0)
+            reason = mux.last_reason(sid)
+            if reason == "end":
+                C.add("browser prompts")
+                C.sample("browser", time.monotonic() - t0)
+            elif reloading("openai", t0):
+                # The provider withdrawn under a running turn: the turn ends, not as "end".
+                C.add("browser turns ended %s by an openai reload" % reason)
+            else:
+                C.add("browser prompt failed")
+                log("browser turn ended %s" % reason)
         elif not STOP.is_set():
             C.add("prompts without an end")
             log("browser session %s: no turn end within %.0f s" % (sid, PROMPT_TIMEOUT))
@@ -321,9 +351,12 @@ def browser_worker(n, browser, mux, cwd):
                     "args": {"session": sid, "title": "soak-browser-%d-%d" % (n, i)}}), "remote")
                 C.add("remote calls")
             except (OSError, RuntimeError) as e:
-                # While the remote plugin reloads, its descriptor is withdrawn: unavailable / not-found.
-                C.add("remote calls refused (reload)")
-                if "unavailable" not in str(e) and "not-found" not in str(e):
+                # While the remote plugin reloads its descriptor is withdrawn (unavailable, not-found),
+                # and a browser reload cancels the call in flight.
+                if any(w in str(e) for w in ("unavailable", "not-found", "cancelled")) and (
+                        reloading("remote", t0) or reloading("browser", t0)):
+                    C.add("remote calls refused (reload)")
+                elif not STOP.is_set():
                     C.add("remote calls failed")
                     log("remote.invoke failed: %s" % e)
 
@@ -456,8 +489,14 @@ def reloader(binary, args, names):
     while not STOP.wait(10):
         name = names[i % len(names)]
         i += 1
+        with LOCK:
+            window = [time.monotonic(), None]
+            RELOADS.setdefault(name, []).append(window)
         r = subprocess.run([binary] + args + ["plugins", "reload", name], capture_output=True, text=True,
                            timeout=60)
+        with LOCK:
+            window[1] = time.monotonic()
+            RELOADS[name][-1] = tuple(window)
         if r.returncode == 0 and r.stdout.startswith("reloaded " + name):
             C.add("reloads")
         else:
@@ -604,8 +643,12 @@ def main():
             print("  %-8s prompts %6d  failed %4d  prompt→end p50 %7.1f ms  p99 %7.1f ms"
                   % (surface, C.get(surface + " prompts"), C.get(surface + " prompt failed"),
                      percentile(lat, 50) * 1000, percentile(lat, 99) * 1000))
-        print("  remote   calls %d, refused while the remote plugin reloaded %d, failed otherwise %d"
+        print("  remote   calls %d, refused while the remote or browser plugin reloaded %d, failed otherwise %d"
               % (C.get("remote calls"), C.get("remote calls refused (reload)"), C.get("remote calls failed")))
+        with LOCK:
+            by_reload = sorted((k, v) for k, v in C.v.items() if "reload" in k and k.startswith("browser "))
+        print("  browser  expected outcomes of reloads: %s"
+              % (", ".join("%s %d" % (k, v) for k, v in by_reload) or "none"))
         print("  reloads  %d done, %d failed; mux connects %d (1001 closes %d), events %d, "
               "cursors out of order %d" % (C.get("reloads"), C.get("reloads failed"), C.get("mux connects"),
                                             C.get("mux closed 1001"), C.get("mux events"),

@@ -1488,7 +1488,6 @@ static void conn_close(conn *c) {
 #define WAL_RESTART_FRAMES 4096
 
 static int conn_open(conn *c, const char *path, int flags, char **why);
-static int query_one(sqlite3 *db, const char *sql, sqlite3_int64 *num, char **text);
 
 static void *ckpt_main(void *arg) {
   sq_store *q = arg;
