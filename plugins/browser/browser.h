@@ -35,14 +35,22 @@ typedef struct bp_follow bp_follow;
 /* The sessions followed at most (follow.c): the ones most recently used through the web UI. */
 #define BP_FOLLOW_MAX 64
 
-/* A queued downlink frame: LWS_PRE bytes of headroom, then `len` bytes of JSON text. */
+/* A downlink frame: one envelope, serialized once and shared by every socket it is queued on (refcounted).
+ * LWS_PRE bytes of headroom, then `len` bytes of JSON text. */
 typedef struct bp_frame {
-  struct bp_frame *next;
+  uint32_t refs;  /* queues holding it */
   int64_t cursor; /* a durable event's cursor, 0 for transient frames */
   char rid[64];   /* request.approval / request.question: the request id (dedup on the host stream) */
   size_t len;
   unsigned char data[];
 } bp_frame;
+
+/* A socket's queue of frames: a ring of references, in order. `bytes` is the sum of their lengths. */
+typedef struct bp_fq {
+  bp_frame **v;
+  size_t cap, head, n;
+  size_t bytes;
+} bp_fq;
 
 /* A response waiting for HTTP_WRITEABLE: headers and body in one buffer with LWS_PRE headroom. */
 typedef struct bp_out {
@@ -135,8 +143,9 @@ struct bp_ws {
   bool destroyed;        /* WSI_DESTROY ran while a call was in flight: the call's reply frees it */
   int calls;             /* core calls in flight for this socket */
   /* send queue */
-  bp_frame *head, *tail;
-  size_t queued;
+  bp_fq q;
+  bool batch;      /* ?batch=1: each message is a JSON array of the envelopes queued (ws.c) */
+  bool want_write; /* lws_callback_on_writable asked and SERVER_WRITEABLE not yet run */
   uint64_t frames_sent;
   /* mux: replay from the store, then live */
   bool has_after;
@@ -145,8 +154,7 @@ struct bp_ws {
   bool replaying;
   bool replay_dropped; /* live frames were dropped during the replay: read the store again */
   int replay_limit;    /* events asked per page (REPLAY_PAGE, fewer once large events filled the queue) */
-  bp_frame *live_head, *live_tail; /* live frames held during the replay */
-  size_t live_queued;
+  bp_fq held;          /* live frames held during the replay (mux) or the listing (host) */
   /* host: pending requests first */
   bool listing;
   json_t *listed; /* ids sent from request.list (dedup of request.pending during the listing) */
@@ -186,6 +194,10 @@ struct bp_state {
   uint64_t body_budget;
   uint64_t body_in_flight;
   size_t ws_queue_max;
+  size_t ws_budget_max; /* downlink bytes queued on all WebSockets together (ws_budget_bytes) */
+  size_t ws_bytes;      /* the distinct frames queued or held now, all sockets together */
+  unsigned char *wbuf;  /* the message a batched write builds (LWS_PRE headroom), reused */
+  size_t wbuf_cap;
   size_t max_ws; /* WebSockets at once (G7) */
   unsigned ping_s;
   unsigned header_timeout_s;

@@ -139,19 +139,22 @@ static int load_config(bp_state *st, const json_t *config) {
     return rc;
   st->hosts = split_list(json_string_value(json_object_get(config, "allowed_hosts")), &st->nhosts);
   st->origins = split_list(json_string_value(json_object_get(config, "allowed_origins")), &st->norigins);
-  uint64_t queue = 0, ping = 0, hto = 0, bto = 0, max_ws = 0;
+  uint64_t queue = 0, budget = 0, ping = 0, hto = 0, bto = 0, max_ws = 0;
   if (parse_u64(config, "max_body", 1u << 20, &st->max_body) ||
       parse_u64(config, "max_body_prompt", 160u << 20, &st->max_body_prompt) ||
       parse_u64(config, "body_budget", 512u << 20, &st->body_budget) ||
-      parse_u64(config, "ws_queue_bytes", 8u << 20, &queue) || parse_u64(config, "ping_s", 30, &ping) ||
+      parse_u64(config, "ws_queue_bytes", 8u << 20, &queue) ||
+      parse_u64(config, "ws_budget_bytes", 64u << 20, &budget) || parse_u64(config, "ping_s", 30, &ping) ||
       parse_u64(config, "header_timeout_s", 10, &hto) || parse_u64(config, "body_timeout_s", 10, &bto) ||
       parse_u64(config, "max_websockets", 256, &max_ws)) {
-    st->api->log(st->m, AH_PLOG_ERROR,
-                 "max_body, max_body_prompt, body_budget, ws_queue_bytes, ping_s, header_timeout_s, "
-                 "body_timeout_s and max_websockets must be non-negative integers");
+    st->api->log(
+        st->m, AH_PLOG_ERROR,
+        "max_body, max_body_prompt, body_budget, ws_queue_bytes, ws_budget_bytes, ping_s, header_timeout_s, "
+        "body_timeout_s and max_websockets must be non-negative integers");
     return AH_ECONFIG;
   }
   st->ws_queue_max = (size_t)queue;
+  st->ws_budget_max = (size_t)budget;
   st->max_ws = (size_t)max_ws;
   st->ping_s = (unsigned)(ping ? ping : 30);
   st->header_timeout_s = (unsigned)(hto ? hto : 10);
@@ -806,6 +809,7 @@ static void state_free(bp_state *st) {
   free_list(st->hosts, st->nhosts);
   free_list(st->origins, st->norigins);
   free(st->ui_dir);
+  free(st->wbuf);
   free(st->marked_js);
   free(st->dompurify_js);
   free(st->chartjs_js);

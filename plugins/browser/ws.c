@@ -27,25 +27,76 @@
 #endif
 
 #define REPLAY_PAGE 500
+/* A batched message holds the envelopes queued for its socket up to this much text (at least one). */
+#define BATCH_MAX (256u << 10)
 
-static void frames_free(bp_frame *f) {
-  while (f) {
-    bp_frame *next = f->next;
-    free(f);
-    f = next;
-  }
-}
+/* ---- frames and queues -----------------------------------------------------------------------------------
+ *
+ * An event is serialized once into one frame, and every socket it goes to queues a reference to it. The
+ * bytes of the distinct frames queued anywhere are st->ws_bytes, bounded by ws_budget_bytes. */
 
-static bp_frame *frame_new(const char *text, size_t len, int64_t cursor, const char *rid) {
+/* A new frame holding one reference (its maker's), or NULL. */
+static bp_frame *frame_new(bp_state *st, const char *text, size_t len, int64_t cursor, const char *rid) {
   bp_frame *f = malloc(sizeof *f + LWS_PRE + len);
   if (!f)
     return NULL;
-  f->next = NULL;
+  f->refs = 1;
   f->cursor = cursor;
   snprintf(f->rid, sizeof f->rid, "%s", rid ? rid : "");
   f->len = len;
   memcpy(f->data + LWS_PRE, text, len);
+  st->ws_bytes += len;
   return f;
+}
+
+static void frame_unref(bp_state *st, bp_frame *f) {
+  if (f && --f->refs == 0) {
+    st->ws_bytes -= f->len;
+    free(f);
+  }
+}
+
+/* Append a reference to `f`; false when out of memory. */
+static bool fq_push(bp_fq *q, bp_frame *f) {
+  if (q->n == q->cap) {
+    size_t cap = q->cap ? q->cap * 2 : 16;
+    bp_frame **v = malloc(cap * sizeof *v);
+    if (!v)
+      return false;
+    for (size_t i = 0; i < q->n; i++)
+      v[i] = q->v[(q->head + i) % q->cap];
+    free(q->v);
+    q->v = v;
+    q->cap = cap;
+    q->head = 0;
+  }
+  q->v[(q->head + q->n) % q->cap] = f;
+  q->n++;
+  q->bytes += f->len;
+  f->refs++;
+  return true;
+}
+
+/* The i-th frame from the oldest. */
+static bp_frame *fq_at(const bp_fq *q, size_t i) {
+  return q->v[(q->head + i) % q->cap];
+}
+
+/* Take the oldest frame off; the caller gets its reference. */
+static bp_frame *fq_shift(bp_fq *q) {
+  bp_frame *f = q->v[q->head];
+  q->head = (q->head + 1) % q->cap;
+  q->n--;
+  q->bytes -= f->len;
+  return f;
+}
+
+/* Drop every reference and the ring itself. */
+static void fq_clear(bp_state *st, bp_fq *q) {
+  while (q->n)
+    frame_unref(st, fq_shift(q));
+  free(q->v);
+  memset(q, 0, sizeof *q);
 }
 
 /* The envelope text of a frame (malloc'ed). cursor < 0: none; seq < 0: none. */
@@ -110,8 +161,8 @@ static void ws_unlink(bp_ws *w) {
 }
 
 static void ws_free(bp_ws *w) {
-  frames_free(w->head);
-  frames_free(w->live_head);
+  fq_clear(w->st, &w->q);
+  fq_clear(w->st, &w->held);
   json_decref(w->listed);
   w->magic = 0;
   free(w);
@@ -145,12 +196,8 @@ static bool call_done(bp_ws *w) {
 }
 
 static void drop_queues(bp_ws *w) {
-  frames_free(w->head);
-  w->head = w->tail = NULL;
-  w->queued = 0;
-  frames_free(w->live_head);
-  w->live_head = w->live_tail = NULL;
-  w->live_queued = 0;
+  fq_clear(w->st, &w->q);
+  fq_clear(w->st, &w->held);
 }
 
 /* Close from outside libwebsockets' callbacks (a bus event, a call's reply, a posted task): the close frame
@@ -196,46 +243,63 @@ static void ws_close_when_drained(bp_ws *w, int code) {
   lws_callback_on_writable(w->wsi);
 }
 
-static void append(bp_frame **head, bp_frame **tail, bp_frame *f) {
-  if (*tail)
-    (*tail)->next = f;
-  else
-    *head = f;
-  *tail = f;
+static void want_write(bp_ws *w) {
+  if (!w->want_write) {
+    w->want_write = true;
+    lws_callback_on_writable(w->wsi);
+  }
 }
 
-/* Put a frame on the send queue. Returns false when the socket was closed (1013, slow consumer): `w` may be
- * gone then. `bounded`: live frames are; replayed ones are paced by the replay instead. */
+/* Queue a reference to frame `f` for sending (the caller keeps its own). Returns false when the socket was
+ * closed instead (1013, slow consumer; 1011 out of memory). `bounded`: live frames are; replayed ones are
+ * paced by the replay instead. */
 static bool send_frame(bp_ws *w, bp_frame *f, bool bounded) {
   bp_state *st = w->st;
-  if (bounded && w->queued > 0 && w->queued + f->len > st->ws_queue_max) {
-    free(f);
+  if (w->closing || !w->wsi)
+    return false;
+  if (bounded && w->q.n > 0 && w->q.bytes + f->len > st->ws_queue_max) {
     st->api->log(st->m, AH_PLOG_WARN, "closing WebSocket %llu: slow consumer (%zu bytes queued)",
-                 (unsigned long long)w->id, w->queued);
+                 (unsigned long long)w->id, w->q.bytes);
     ws_close_when_drained(w, 1013);
     return false;
   }
-  append(&w->head, &w->tail, f);
-  w->queued += f->len;
+  if (!fq_push(&w->q, f)) {
+    ws_close_when_drained(w, 1011);
+    return false;
+  }
   if (f->cursor > w->sent_cursor)
     w->sent_cursor = f->cursor;
-  lws_callback_on_writable(w->wsi);
+  want_write(w);
   return true;
 }
 
-/* Hold a live frame while the replay (mux) or the listing (host) runs. */
+/* Hold a reference to a live frame while the replay (mux) or the listing (host) runs. */
 static void hold_frame(bp_ws *w, bp_frame *f) {
-  if (w->live_queued + f->len > w->st->ws_queue_max) {
+  if (w->held.bytes + f->len > w->st->ws_queue_max || !fq_push(&w->held, f)) {
     /* Every held session.event is in the store: drop them and read it again. */
-    frames_free(w->live_head);
-    w->live_head = w->live_tail = NULL;
-    w->live_queued = 0;
+    fq_clear(w->st, &w->held);
     w->replay_dropped = true;
-    free(f);
-    return;
   }
-  append(&w->live_head, &w->live_tail, f);
-  w->live_queued += f->len;
+}
+
+/* The downlink budget (ws_budget_bytes): while the frames queued on all sockets together take more, the
+ * consumer furthest behind (most bytes queued) is closed 1013, then the next. A frame several sockets
+ * share is freed when the last of them lets it go. */
+static void enforce_budget(bp_state *st) {
+  while (st->ws_budget_max && st->ws_bytes > st->ws_budget_max) {
+    bp_ws *slow = NULL;
+    for (bp_ws *w = st->ws; w; w = w->next)
+      if (!w->closing && w->q.bytes + w->held.bytes > 0 &&
+          (!slow || w->q.bytes + w->held.bytes > slow->q.bytes + slow->held.bytes))
+        slow = w;
+    if (!slow)
+      return;
+    st->api->log(st->m, AH_PLOG_WARN,
+                 "closing WebSocket %llu: the downlink budget is spent (%zu bytes queued on all sockets; "
+                 "this one the furthest behind, %zu bytes)",
+                 (unsigned long long)slow->id, st->ws_bytes, slow->q.bytes + slow->held.bytes);
+    ws_close_when_drained(slow, 1013);
+  }
 }
 
 static void stream_error(bp_ws *w, const char *source, int status, const char *message) {
@@ -246,9 +310,11 @@ static void stream_error(bp_ws *w, const char *source, int status, const char *m
   json_decref(payload);
   st->api->log(st->m, AH_PLOG_WARN, "WebSocket %llu: %s failed: %s", (unsigned long long)w->id, source,
                message ? message : ah_strerror(status));
-  bp_frame *f = text ? frame_new(text, strlen(text), 0, NULL) : NULL;
+  bp_frame *f = text ? frame_new(st, text, strlen(text), 0, NULL) : NULL;
   free(text);
-  if (f && send_frame(w, f, false)) {
+  bool queued = f && send_frame(w, f, false);
+  frame_unref(st, f);
+  if (queued) {
     w->close_after_flush = true;
     return;
   }
@@ -262,22 +328,20 @@ static void stream_error(bp_ws *w, const char *source, int status, const char *m
 static void fetch_page(bp_ws *w);
 
 static void flush_held(bp_ws *w) {
-  bp_frame *f = w->live_head;
-  w->live_head = w->live_tail = NULL;
-  w->live_queued = 0;
-  while (f) {
-    bp_frame *next = f->next;
-    f->next = NULL;
+  bp_state *st = w->st;
+  bp_fq held = w->held;
+  memset(&w->held, 0, sizeof w->held);
+  bool open = true;
+  while (held.n) {
+    bp_frame *f = fq_shift(&held);
     bool dup = (w->kind == BP_WS_MUX && f->cursor > 0 && f->cursor <= w->sent_cursor) ||
                (w->kind == BP_WS_HOST && f->rid[0] && json_object_get(w->listed, f->rid));
-    if (dup) {
-      free(f);
-    } else if (!send_frame(w, f, true)) {
-      frames_free(next);
-      return;
-    }
-    f = next;
+    if (open && !dup)
+      open = send_frame(w, f, true);
+    frame_unref(st, f);
   }
+  fq_clear(st, &held);
+  enforce_budget(st);
 }
 
 static void on_page(const ah_outcome *o, void *arg) {
@@ -301,7 +365,7 @@ static void on_page(const ah_outcome *o, void *arg) {
       continue;
     /* Bounded like live frames (finding 7: a page is 500 events of any size): at most ws_queue_bytes are
      * queued for the socket; the next page is read when it has drained (SERVER_WRITEABLE). */
-    if (w->queued > 0 && w->queued >= st->ws_queue_max / 2) {
+    if (w->q.bytes > 0 && w->q.bytes >= st->ws_queue_max / 2) {
       cut = true;
       w->replay_limit = i < 1 ? 1 : (int)i; /* what fits: the next pages are read no larger */
       break;
@@ -310,21 +374,23 @@ static void on_page(const ah_outcome *o, void *arg) {
     char *text = frame_text(st, "session.event", payload, false, NULL, cursor,
                             json_integer_value(json_object_get(ev, "seq")));
     json_decref(payload);
-    bp_frame *f = text ? frame_new(text, strlen(text), cursor, NULL) : NULL;
+    bp_frame *f = text ? frame_new(st, text, strlen(text), cursor, NULL) : NULL;
     free(text);
     if (f)
       send_frame(w, f, false);
+    frame_unref(st, f);
   }
   if (cut || json_array_size(events) >= (size_t)w->replay_limit || w->replay_dropped) {
     w->replay_dropped = false;
     /* Paced: the next page when the queue has drained (SERVER_WRITEABLE), at once when it is short. */
-    if (w->queued < st->ws_queue_max / 2)
+    if (w->q.bytes < st->ws_queue_max / 2)
       fetch_page(w);
+    enforce_budget(st);
     return;
   }
   w->replaying = false;
   st->api->log(st->m, AH_PLOG_DEBUG, "mux %llu: replay done at cursor %lld; %zu byte(s) held",
-               (unsigned long long)w->id, (long long)w->sent_cursor, w->live_queued);
+               (unsigned long long)w->id, (long long)w->sent_cursor, w->held.bytes);
   flush_held(w);
 }
 
@@ -356,7 +422,7 @@ static bp_frame *request_frame(bp_state *st, const json_t *request) {
   if (!method)
     return NULL;
   char *text = frame_text(st, method, request, true, id, -1, -1);
-  bp_frame *f = text ? frame_new(text, strlen(text), 0, id) : NULL;
+  bp_frame *f = text ? frame_new(st, text, strlen(text), 0, id) : NULL;
   free(text);
   return f;
 }
@@ -378,6 +444,7 @@ static void on_list(const ah_outcome *o, void *arg) {
       continue;
     json_object_set_new(w->listed, f->rid, json_true());
     send_frame(w, f, false);
+    frame_unref(w->st, f);
   }
   w->listing = false;
   flush_held(w);
@@ -402,6 +469,54 @@ static void close_posted(void *arg) {
   ws_close(w, code, code == 1013 ? "slow consumer" : "stream failed"); /* may free `w` */
 }
 
+/* SERVER_WRITEABLE: one message. A batched socket (?batch=1) gets every envelope queued, up to BATCH_MAX of
+ * text, as one JSON array — a thousand events cost one write instead of a thousand; another gets the oldest
+ * envelope alone. Each envelope is recorded as a frame of its own. -1 when the write failed. */
+static int write_queued(bp_state *st, bp_ws *w, struct lws *wsi) {
+  size_t k = 1, total = fq_at(&w->q, 0)->len;
+  unsigned char *msg = fq_at(&w->q, 0)->data + LWS_PRE;
+  if (w->batch) {
+    total += 2;
+    while (k < w->q.n && total + 1 + fq_at(&w->q, k)->len <= BATCH_MAX)
+      total += 1 + fq_at(&w->q, k++)->len;
+    if (st->wbuf_cap < LWS_PRE + total) {
+      size_t cap = LWS_PRE + (total > BATCH_MAX ? total : BATCH_MAX);
+      unsigned char *nb = malloc(cap);
+      if (!nb)
+        return -1;
+      free(st->wbuf);
+      st->wbuf = nb;
+      st->wbuf_cap = cap;
+    }
+    msg = st->wbuf + LWS_PRE;
+    unsigned char *p = msg;
+    *p++ = '[';
+    for (size_t i = 0; i < k; i++) {
+      const bp_frame *f = fq_at(&w->q, i);
+      if (i)
+        *p++ = ',';
+      memcpy(p, f->data + LWS_PRE, f->len);
+      p += f->len;
+    }
+    *p++ = ']';
+  }
+  int n = lws_write(wsi, msg, total, LWS_WRITE_TEXT);
+  for (size_t i = 0; i < k; i++) {
+    bp_frame *f = fq_shift(&w->q);
+    if (n >= 0 && w->rec)
+      st->api->record(w->rec, true, (const char *)f->data + LWS_PRE, f->len, NULL);
+    frame_unref(st, f);
+  }
+  if (w->q.n == 0 && w->q.cap > 64) {
+    free(w->q.v); /* a burst's ring goes back */
+    memset(&w->q, 0, sizeof w->q);
+  }
+  if (n < 0)
+    return -1;
+  w->frames_sent += k;
+  return 0;
+}
+
 int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d) {
   bp_ws *w = calloc(1, sizeof *w);
   if (!w)
@@ -410,6 +525,18 @@ int bp_ws_confirm(bp_state *st, struct lws *wsi, const bf_decision *d) {
   w->st = st;
   w->kind = d->route == BF_ROUTE_WS_MUX ? BP_WS_MUX : BP_WS_HOST;
   w->id = ++st->next_conn;
+  char arg[64];
+  const char *b = lws_get_urlarg_by_name(wsi, "batch=", arg, sizeof arg);
+  if (!b)
+    b = lws_get_urlarg_by_name(wsi, "batch", arg, sizeof arg);
+  if (b) {
+    if (strcmp(b, "0") != 0 && strcmp(b, "1") != 0) {
+      free(w);
+      bp_refuse_now(st, wsi, 400, "batch: 0 or 1 is required", NULL, false, true);
+      return 1;
+    }
+    w->batch = b[0] == '1';
+  }
   if (w->kind == BP_WS_MUX) {
     char buf[64];
     const char *v = lws_get_urlarg_by_name(wsi, "after=", buf, sizeof buf);
@@ -485,6 +612,8 @@ int bp_ws_callback(bp_state *st, struct lws *wsi, enum lws_callback_reasons reas
   case LWS_CALLBACK_ESTABLISHED:
     return on_established(st, wsi);
   case LWS_CALLBACK_SERVER_WRITEABLE: {
+    if (w)
+      w->want_write = false;
     if (w && w->close_code && !w->close_posted) {
       /* The socket drained: the close frame can go out now (not from inside this callback). */
       w->close_posted = true;
@@ -494,22 +623,12 @@ int bp_ws_callback(bp_state *st, struct lws *wsi, enum lws_callback_reasons reas
       }
       return 0;
     }
-    if (!w || w->closing || !w->head)
+    if (!w || w->closing || !w->q.n)
       return 0;
-    bp_frame *f = w->head;
-    w->head = f->next;
-    if (!w->head)
-      w->tail = NULL;
-    w->queued -= f->len;
-    int n = lws_write(wsi, f->data + LWS_PRE, f->len, LWS_WRITE_TEXT);
-    if (n >= 0 && w->rec)
-      st->api->record(w->rec, true, (const char *)f->data + LWS_PRE, f->len, NULL);
-    free(f);
-    if (n < 0)
+    if (write_queued(st, w, wsi) < 0)
       return -1;
-    w->frames_sent++;
-    if (w->head) {
-      lws_callback_on_writable(wsi);
+    if (w->q.n) {
+      want_write(w);
     } else if (w->close_after_flush) {
       /* Not from inside this callback (STACK-NOTES): from a posted task. */
       w->close_after_flush = false;
@@ -566,24 +685,29 @@ static bool is_host_event(const char *name) {
          strcmp(name, "host.config-changed") == 0 || strcmp(name, "tools.changed") == 0;
 }
 
-static void fan_out(bp_state *st, bp_ws_kind kind, const char *text, int64_t cursor, const char *rid) {
-  size_t len = strlen(text);
+/* Queue frame `f` (the caller keeps its reference) on every open socket of `kind`. */
+static void fan_out(bp_state *st, bp_ws_kind kind, bp_frame *f) {
   bp_ws *w = st->ws;
   while (w) {
     bp_ws *next = w->next;
     if (w->kind == kind && w->established && !w->closing) {
-      bp_frame *f = frame_new(text, len, cursor, rid);
-      if (f) {
-        if (w->replaying || w->listing)
-          hold_frame(w, f);
-        else if (kind == BP_WS_MUX && cursor > 0 && cursor <= w->sent_cursor)
-          free(f);
-        else
-          send_frame(w, f, true); /* may close and free w */
-      }
+      if (w->replaying || w->listing)
+        hold_frame(w, f);
+      else if (!(kind == BP_WS_MUX && f->cursor > 0 && f->cursor <= w->sent_cursor))
+        send_frame(w, f, true);
     }
     w = next;
   }
+  enforce_budget(st);
+}
+
+/* One envelope's text, serialized once, to every socket of `kind`. */
+static void fan_out_text(bp_state *st, bp_ws_kind kind, char *text, int64_t cursor) {
+  bp_frame *f = text ? frame_new(st, text, strlen(text), cursor, NULL) : NULL;
+  free(text);
+  if (f)
+    fan_out(st, kind, f);
+  frame_unref(st, f);
 }
 
 void bp_ws_on_event(bp_state *st, const char *name, const json_t *data) {
@@ -598,37 +722,25 @@ void bp_ws_on_event(bp_state *st, const char *name, const json_t *data) {
     }
     if (!st->ws)
       return;
-    char *text = frame_text(st, name, data, false, NULL, cursor ? cursor : st->last_cursor, seq);
-    if (text)
-      fan_out(st, BP_WS_MUX, text, cursor, NULL);
-    free(text);
+    fan_out_text(st, BP_WS_MUX,
+                 frame_text(st, name, data, false, NULL, cursor ? cursor : st->last_cursor, seq), cursor);
     return;
   }
   if (strcmp(name, "remote.event") == 0) {
     /* REMOTE-EVENT-FORWARD: the remote plugin's forwarded events, as host/remote-event {name, args}. */
     if (!st->ws)
       return;
-    char *text = frame_text(st, "host/remote-event", data, false, NULL, -1, -1);
-    if (text)
-      fan_out(st, BP_WS_HOST, text, 0, NULL);
-    free(text);
+    fan_out_text(st, BP_WS_HOST, frame_text(st, "host/remote-event", data, false, NULL, -1, -1), 0);
     return;
   }
   if (!is_host_event(name) || !st->ws)
     return;
   if (strcmp(name, "request.pending") == 0) {
-    bp_frame *proto = request_frame(st, json_object_get(data, "request"));
-    if (!proto)
-      return;
-    char *text = strndup((const char *)proto->data + LWS_PRE, proto->len);
-    if (text)
-      fan_out(st, BP_WS_HOST, text, 0, proto->rid);
-    free(text);
-    free(proto);
+    bp_frame *f = request_frame(st, json_object_get(data, "request"));
+    if (f)
+      fan_out(st, BP_WS_HOST, f);
+    frame_unref(st, f);
     return;
   }
-  char *text = frame_text(st, name, data, false, NULL, -1, -1);
-  if (text)
-    fan_out(st, BP_WS_HOST, text, 0, NULL);
-  free(text);
+  fan_out_text(st, BP_WS_HOST, frame_text(st, name, data, false, NULL, -1, -1), 0);
 }

@@ -782,6 +782,166 @@ Test(browser_http, slow_consumer_is_closed_1013) {
   stop(&d);
 }
 
+/* The envelopes of the next message on `ws` (an array for a batched socket, one object otherwise), in
+ * order; NULL on EOF, a close frame or timeout. *is_array tells which it was. */
+static json_t *ws_envelopes(int ws, int timeout_ms, bool *is_array) {
+  for (;;) {
+    int op = 0;
+    char *p = NULL;
+    size_t len = 0;
+    if (tc_ws_recv(ws, &op, &p, &len, timeout_ms) != 0)
+      return NULL;
+    if (op == 9 || op == 10) { /* ping/pong */
+      free(p);
+      continue;
+    }
+    json_t *v = op == 1 ? json_loadb(p, len, 0, NULL) : NULL;
+    free(p);
+    if (!v)
+      return NULL;
+    *is_array = json_is_array(v);
+    if (*is_array)
+      return v;
+    json_t *list = json_array();
+    json_array_append_new(list, v);
+    return list;
+  }
+}
+
+/* Every envelope that reaches `ws` until a session.event with cursor `last` (kept in order), and the
+ * number of messages they came in. */
+static json_t *ws_read_until(int ws, int64_t last, int *messages, bool want_array) {
+  json_t *all = json_array();
+  *messages = 0;
+  for (;;) {
+    bool is_array = false;
+    json_t *list = ws_envelopes(ws, 5000, &is_array);
+    cr_assert(list, "the stream stopped after %zu envelope(s)", json_array_size(all));
+    cr_expect_eq(is_array, want_array, "a batched socket gets arrays, another single envelopes");
+    cr_expect_gt(json_array_size(list), 0, "an empty batch");
+    (*messages)++;
+    json_array_extend(all, list);
+    json_decref(list);
+    json_t *tail = json_array_get(all, json_array_size(all) - 1);
+    if (strcmp(json_string_value(json_object_get(tail, "method")), "session.event") == 0 &&
+        json_integer_value(json_object_get(tail, "cursor")) >= last)
+      return all;
+  }
+}
+
+/* API-WS-HOST: ?batch=1 carries the very envelopes an unbatched socket gets, in the same order, several to
+ * a message (a JSON array); a replay comes in few messages; batch must be 0 or 1. */
+Test(browser_http, a_batched_mux_carries_the_same_envelopes_in_arrays) {
+  daemon_t d;
+  start(&d, NULL);
+  int plain = ws_open(&d, "/api/ws/mux", 0);
+  int batched = ws_open(&d, "/api/ws/mux?batch=1", 0);
+  char *sid = create_session(&d);
+  for (int i = 0; i < 5; i++)
+    prompt(&d, sid, "/chunks 20\nthe quick brown fox jumps over the lazy dog, again and again");
+  json_t *stored = wait_turns(&d, 5);
+  int64_t last =
+      json_integer_value(json_object_get(json_array_get(stored, json_array_size(stored) - 1), "cursor"));
+  int m_plain = 0, m_batched = 0;
+  json_t *a = ws_read_until(plain, last, &m_plain, false);
+  json_t *b = ws_read_until(batched, last, &m_batched, true);
+  cr_expect(json_equal(a, b), "the batched stream differs from the plain one (%zu and %zu envelopes)",
+            json_array_size(a), json_array_size(b));
+  cr_expect_eq((size_t)m_plain, json_array_size(a), "one envelope per message without batch");
+  size_t deltas = 0, i = 0;
+  json_t *e = NULL;
+  json_array_foreach(a, i, e) deltas +=
+      strcmp(json_string_value(json_object_get(e, "method")), "session.delta") == 0;
+  cr_expect_geq(deltas, 100, "deltas: %zu", deltas);
+  /* The replay from 0 of the whole log: pages of up to 500 events, each written as few messages. */
+  int replay = ws_open(&d, "/api/ws/mux?after=0&batch=1", 0);
+  int m_replay = 0;
+  json_t *r = ws_read_until(replay, last, &m_replay, true);
+  cr_expect_eq(json_array_size(r), json_array_size(stored), "the replay carries every stored event");
+  cr_expect_lt(m_replay, (int)json_array_size(stored) / 4, "%zu events in %d messages", json_array_size(r),
+               m_replay);
+  close(replay);
+  json_decref(r);
+  /* batch=2, batch=yes: refused before the upgrade. */
+  char auth[256];
+  ws_auth(&d, "", auth, sizeof auth);
+  static const char *const bad[] = {"/api/ws/mux?batch=2", "/api/ws/host?batch=yes", "/api/ws/mux?batch="};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    tc_resp hs;
+    cr_expect_lt(tc_ws_open(d.port, bad[k], auth, &hs, 0), 0, "%s was accepted", bad[k]);
+    cr_expect_eq(hs.status, 400, "%s → %d", bad[k], hs.status);
+    tc_resp_free(&hs);
+  }
+  close(plain);
+  close(batched);
+  json_decref(a);
+  json_decref(b);
+  json_decref(stored);
+  free(sid);
+  stop(&d);
+}
+
+static int count_in(const char *text, const char *needle);
+
+/* The downlink budget (ws_budget_bytes) across sockets: the consumer furthest behind is closed 1013, and
+ * only as many as needed — one that keeps up keeps its socket and gets every event. The one that keeps up
+ * is opened last (first in the plugin's list) and has frames queued whenever an event is fanned out. */
+Test(browser_http, the_downlink_budget_sheds_the_consumer_furthest_behind, .timeout = 120) {
+  daemon_t d;
+  start(&d, "ws_queue_bytes = 67108864\nws_budget_bytes = 3145728\n");
+  int behind = ws_open(&d, "/api/ws/mux", 4096); /* never read until the end */
+  int keeps_up = ws_open(&d, "/api/ws/mux?batch=1", 0);
+  char *sid = create_session(&d);
+  size_t big = 128 * 1024;
+  char *text = malloc(big + 1);
+  memset(text, 'x', big);
+  text[big] = '\0';
+  json_t *got = json_array();
+  int turns = 0;
+  for (int i = 0; i < 30; i++) { /* ~7.9 MB of events, 2 MiB at most of them in the kernel's buffers */
+    prompt(&d, sid, text);
+    while (turns <= i) { /* read until this turn's end */
+      bool is_array = false;
+      json_t *list = ws_envelopes(keeps_up, 5000, &is_array);
+      cr_assert(list, "the socket that keeps up was closed or stalled at turn %d", i);
+      size_t k = 0;
+      json_t *e = NULL;
+      json_array_foreach(list, k, e) {
+        const json_t *ev = json_object_get(json_object_get(e, "payload"), "event");
+        if (ev && strcmp(json_string_value(json_object_get(ev, "kind")), "turn/ended") == 0)
+          turns++;
+      }
+      json_array_extend(got, list);
+      json_decref(list);
+    }
+  }
+  free(text);
+  json_t *all = wait_turns(&d, 30);
+  cr_expect_eq(ws_close(behind, -1, 5000), 1013, "the consumer furthest behind was not closed 1013");
+  int64_t prev = 0;
+  size_t i = 0, events = 0;
+  json_t *e = NULL;
+  json_array_foreach(got, i, e) {
+    if (strcmp(json_string_value(json_object_get(e, "method")), "session.event") != 0)
+      continue;
+    int64_t c = json_integer_value(json_object_get(e, "cursor"));
+    cr_expect_gt(c, prev, "out of order or duplicated: %lld after %lld", (long long)c, (long long)prev);
+    prev = c;
+    events++;
+  }
+  cr_expect_eq(events, json_array_size(all), "the socket that keeps up lost events");
+  char *log = log_text(&d);
+  cr_expect_eq(count_in(log, "the downlink budget is spent"), 1, "one socket shed, not more");
+  cr_expect_null(strstr(log, "slow consumer"), "the per-socket bound is not what closed it");
+  free(log);
+  close(behind);
+  close(keeps_up);
+  json_decref(got);
+  json_decref(all);
+  free(sid);
+  stop(&d);
+}
+
 /* ---- static UI (T8) and export
  * ------------------------------------------------------------------------------ */
 

@@ -7,9 +7,12 @@
 // closed and a new generation is built after a backoff of 500 ms doubling to a 10 s cap, the delay drawn
 // between half the current step and the step. A generation that became ready resets the attempt count.
 //
-// Frames: every downlink frame is a server-request envelope. Binary frames, invalid JSON, invalid
-// envelopes and payloads that fail their method's schema are logged and dropped; they never end the
-// generation — only a socket's end does. An exception thrown by the sink is logged and the pump goes on.
+// Frames: every downlink frame is a server-request envelope. Both streams are opened with ?batch=1, so a
+// message carries a JSON array of envelopes, in order (all the host had queued for the socket when it could
+// write: one message instead of hundreds under load); a message that is a single object is one envelope.
+// Binary messages, invalid JSON, invalid envelopes and payloads that fail their method's schema are logged
+// and dropped (each envelope of a batch on its own); they never end the generation — only a socket's end
+// does. An exception thrown by the sink is logged and the pump goes on.
 
 export const SUBPROTOCOL = "agenthost.v1";
 export const BEARER_PREFIX = "agenthost.bearer.";
@@ -65,15 +68,28 @@ const PAYLOAD_SCHEMAS = {
   "stream/error": () => null,
 };
 
-// Stage one (envelope) and stage two (payload) of a downlink frame; throws FrameError.
-export function parseFrame(data) {
+// The envelopes of one downlink message: a batch (a JSON array) or a single envelope; throws FrameError
+// when the message is not JSON text. The envelopes are not checked yet (parseEnvelope).
+export function parseMessage(data) {
   if (!isStr(data)) throw new FrameError("binary frame");
-  let env;
+  let v;
   try {
-    env = JSON.parse(data);
+    v = JSON.parse(data);
   } catch {
     throw new FrameError("invalid JSON");
   }
+  return Array.isArray(v) ? v : [v];
+}
+
+// Stage one (envelope) and stage two (payload) of a downlink message holding one envelope; throws FrameError.
+export function parseFrame(data) {
+  const list = parseMessage(data);
+  if (list.length !== 1) throw new FrameError(`a batch of ${list.length} envelopes where one was expected`);
+  return parseEnvelope(list[0]);
+}
+
+// Stages one and two of one envelope (a parsed value); throws FrameError.
+export function parseEnvelope(env) {
   if (!isObject(env)) throw new FrameError("not an object");
   if (env.kind !== "server-request") throw new FrameError(`unexpected envelope kind ${JSON.stringify(env.kind)}`);
   if (!isStr(env.rpcId) || !isStr(env.method)) throw new FrameError("envelope needs rpcId and method");
@@ -265,8 +281,8 @@ export class Connection {
       };
 
       const after = this.getAfter();
-      openStream("mux", "/api/ws/mux" + (after !== null && after !== undefined ? "?after=" + after : ""));
-      openStream("host", "/api/ws/host");
+      openStream("mux", "/api/ws/mux?batch=1" + (after !== null && after !== undefined ? "&after=" + after : ""));
+      openStream("host", "/api/ws/host?batch=1");
 
       describeTimer = setTimeout(() => finish("host.describe timed out"), this.describeTimeoutMs);
       this.api.call("host.describe", {}, { signal: ac.signal }).then(
@@ -290,16 +306,31 @@ export class Connection {
   }
 
   pump(stream, data, gen) {
-    if (gen === this.generation) this.recorder?.message("received", typeof data === "string" ? data : "(a binary frame)");
-    let frame;
+    let list;
     try {
-      frame = parseFrame(data);
+      list = parseMessage(data);
     } catch (err) {
-      this.dropped++;
-      this.logger.warn(`agenthost: ${stream} stream: dropped a frame (${err.message})`);
+      if (gen === this.generation) this.recorder?.message("received", isStr(data) ? data : "(a binary frame)");
+      this.drop(stream, err);
       return;
     }
-    if (gen !== this.generation) return; // a late frame of an aborted generation
-    this.safe("onFrame", frame, stream);
+    for (const env of list) {
+      // Recorded as frames of their own, as the host records them.
+      if (gen === this.generation) this.recorder?.value("received", env);
+      let frame;
+      try {
+        frame = parseEnvelope(env);
+      } catch (err) {
+        this.drop(stream, err);
+        continue;
+      }
+      if (gen !== this.generation) return; // a late frame of an aborted generation
+      this.safe("onFrame", frame, stream);
+    }
+  }
+
+  drop(stream, err) {
+    this.dropped++;
+    this.logger.warn(`agenthost: ${stream} stream: dropped a frame (${err.message})`);
   }
 }

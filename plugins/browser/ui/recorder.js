@@ -119,6 +119,15 @@ export class Recorder {
     this.push(rec);
   }
 
+  // A message already parsed (one envelope of a batched WebSocket message).
+  value(dir, payload) {
+    if (!this.enabled || this.full) return;
+    const rec = this.head();
+    rec.dir = dir;
+    rec.payload = redact(payload);
+    this.push(rec);
+  }
+
   mark(event, detail) {
     if (!this.enabled || this.full) return;
     const rec = this.head();

@@ -386,14 +386,20 @@ test("frames the UI cannot parse are dropped without ending the generation; a la
   await c.routeWebSocket(/\/api\/ws\/host/, (ws) => {
     const server = ws.connectToServer();
     server.onMessage((m) => {
-      let method = null;
+      // The UI asks for batches (?batch=1): a message is an array of envelopes.
+      let list = null;
       try {
-        method = JSON.parse(m).method;
+        list = JSON.parse(m);
       } catch {
         // not ours to judge: forwarded as it is
       }
-      hostMethods.push(method);
-      if (method !== "request.resolved") ws.send(m);
+      if (!Array.isArray(list)) {
+        ws.send(m);
+        return;
+      }
+      hostMethods.push(...list.map((e) => e?.method));
+      const kept = list.filter((e) => e?.method !== "request.resolved");
+      if (kept.length) ws.send(JSON.stringify(kept));
     });
   });
   await c.goto(ctx.host.launchUrl);
@@ -774,8 +780,8 @@ test("connection loop: a generation is ready only when both streams are open and
   c.start();
   await tick();
   const [mux, host] = FakeSocket.all;
-  assert.equal(mux.url, "ws://h/api/ws/mux?after=41");
-  assert.equal(host.url, "ws://h/api/ws/host");
+  assert.equal(mux.url, "ws://h/api/ws/mux?batch=1&after=41");
+  assert.equal(host.url, "ws://h/api/ws/host?batch=1");
   assert.deepEqual(mux.protocols, ["agenthost.v1", "agenthost.bearer.T0K"]);
   assert.equal(c.state.state, "connecting");
   mux.open();
@@ -872,6 +878,20 @@ test("connection loop: bad frames are dropped and a sink exception is logged; th
   assert.equal(c.state.state, "ready", "bad frames never end the generation");
   assert.ok(errors.some((e) => String(e).includes("onFrame handler failed")));
   assert.equal(parseFrame(ok("session.event", { sessionId: "s", event: { cursor: 7, seq: 1, kind: "k" } })).cursor, 7);
+  // A batched message (?batch=1): its envelopes in order, a bad one dropped alone.
+  got.length = 0;
+  const env = (method, payload) => ({ kind: "server-request", rpcId: "r", method, payload, replyRequired: false });
+  mux.message(
+    JSON.stringify([
+      env("session.delta", { sessionId: "s", text: "a" }),
+      { kind: "server-response", rpcId: "r" },
+      env("session.status", { sessionId: "s", status: "running" }),
+      env("session.event", { sessionId: "s", event: { cursor: 8, sessionId: "s", seq: 2, kind: "k", data: {} } }),
+    ]),
+  );
+  assert.deepEqual(got, ["session.delta", "session.status", "session.event"]);
+  assert.equal(c.dropped, 5);
+  assert.throws(() => parseFrame(JSON.stringify([env("x", {}), env("y", {})])), /a batch of 2 envelopes/);
   c.stop();
 });
 
