@@ -8,11 +8,12 @@
  * read by the client: bus delivery, envelope, fan-out queue, libwebsockets, the kernel and this client's
  * own loop (one thread, one epoll set, on the same machine as the daemon).
  *
- * For each rate it prints: delta frames expected and received per client (min/max), p50/p99/max emit→frame
- * latency over all clients, frames/s delivered in total, whether the slow client was closed 1013 (it gets
- * a small receive buffer and is read only after the run) and whether any other client was closed, and the
- * daemon's VmRSS before, at the peak, at the end and after a settle time; then the RSS once every client
- * is closed, against the baseline taken before the clients connected. A verdict per target follows.
+ * The clients ask for batches (?batch=1, several envelopes to a message as the web UI does) unless
+ * --no-batch. For each rate it prints: delta frames expected and received per client (min/max), p50/p99/max
+ * emit→frame latency over all clients, frames/s delivered in total, whether the slow client was closed 1013
+ * (it gets a small receive buffer and is read only after the run) and whether any other client was closed,
+ * and the daemon's VmRSS before, at the peak, at the end and after a settle time; then the RSS once every
+ * client is closed, against the baseline taken before the clients connected. A verdict per target follows.
  *
  * usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]   start a daemon
  *        bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]
@@ -21,6 +22,10 @@
  * options: --clients N (100)  --rates R1,R2,… (1000,2500,5000,10000)  --seconds S (5)  --settle S (3)
  *          --queue-bytes B (the daemon's ws_queue_bytes: set when this program starts the daemon, assumed
  *          with --url; default: the plugin's default, 8 MiB)  --target-ms MS (5)
+ *          --no-batch: the clients ask for one envelope per message (without ?batch=1)
+ *          --floor BIN: then the same runs against BIN (bench/browser_broadcast_bare.c, a bare libwebsockets
+ *          broadcast of the same envelopes, fanned out the same way), and the host's frames/s against the
+ *          floor's at each rate (target: at least 70 %)
  *          --abuse N: instead, the hostile-use figures (N idle connections, non-reading replay sockets)
  *          --big-prompt MIB: instead, the large-prompt figures, for a prompt of MIB MiB
  * The slow client can be closed only when a run sends it more than the queue plus what the kernel holds
@@ -201,11 +206,10 @@ static bool write_config(const daemon_ctl *d, const char *fixture, const char *b
   return fclose(f) == 0;
 }
 
-/* Spawn `agenthost --config DIR/agenthost.ini serve` and read the launch URL from its stdout. Returns 0,
- * 1 on failure, 2 when the configuration was refused (the daemon exited with status 2). */
-static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
-  char cfg[512], err[512];
-  snprintf(cfg, sizeof cfg, "%s/agenthost.ini", d->dir);
+/* Spawn `argv` and read the launch URL from its stdout (stderr to DIR/host.err). Returns 0, 1 on failure,
+ * 2 when the configuration was refused (it exited with status 2). */
+static int spawn_server(daemon_ctl *d, char *const argv[]) {
+  char err[512];
   snprintf(err, sizeof err, "%s/host.err", d->dir);
   int pipefd[2];
   if (pipe2(pipefd, O_CLOEXEC) != 0)
@@ -218,7 +222,7 @@ static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
     dup2(pipefd[1], 1);
     if (e >= 0)
       dup2(e, 2);
-    execl(agenthost, "agenthost", "--config", cfg, "serve", (char *)NULL);
+    execv(argv[0], argv);
     _exit(127);
   }
   close(pipefd[1]);
@@ -251,6 +255,14 @@ static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
     }
   }
   return 1;
+}
+
+/* `agenthost --config DIR/agenthost.ini serve`. */
+static int spawn_daemon(daemon_ctl *d, const char *agenthost) {
+  char cfg[512];
+  snprintf(cfg, sizeof cfg, "%s/agenthost.ini", d->dir);
+  char *const argv[] = {(char *)agenthost, "--config", cfg, "serve", NULL};
+  return spawn_server(d, argv);
 }
 
 static void print_file(const char *path) {
@@ -360,8 +372,10 @@ static int open_mux_at(const daemon_ctl *d, const char *path, int rcvbuf) {
   return fd;
 }
 
+static bool batch = true; /* --no-batch: one envelope per message, as before ?batch=1 existed */
+
 static int open_mux(const daemon_ctl *d, int rcvbuf) {
-  return open_mux_at(d, "/api/ws/mux", rcvbuf);
+  return open_mux_at(d, batch ? "/api/ws/mux?batch=1" : "/api/ws/mux", rcvbuf);
 }
 
 /* The send queue of the daemon's side of the TCP connection whose client end is `fd` (IPv4 loopback). */
@@ -399,7 +413,7 @@ static void client_closed(int ep, client *c, int code) {
   c->fd = -1;
 }
 
-static void on_text(client *c, run *r, const char *p, size_t n, uint64_t now) {
+static void on_envelope(client *c, run *r, const char *p, size_t n, uint64_t now) {
   static const char delta[] = "\"method\":\"session.delta\"";
   static const char text[] = "\"text\":\"t=";
   if (memmem(p, n, delta, sizeof delta - 1)) {
@@ -421,6 +435,22 @@ static void on_text(client *c, run *r, const char *p, size_t n, uint64_t now) {
   }
   if (memmem(p, n, "\"kind\":\"turn/ended\"", 19) && memmem(p, n, r->session, strlen(r->session)))
     c->turn_ended = true;
+}
+
+/* One text message: one envelope, or (?batch=1) a JSON array of them, each starting with its kind. */
+static void on_text(client *c, run *r, const char *p, size_t n, uint64_t now) {
+  static const char start[] = "{\"kind\":\"server-request\"";
+  const char *end = p + n;
+  const char *e = memmem(p, n, start, sizeof start - 1);
+  if (!e) {
+    on_envelope(c, r, p, n, now);
+    return;
+  }
+  while (e) {
+    const char *next = memmem(e + 1, (size_t)(end - e - 1), start, sizeof start - 1);
+    on_envelope(c, r, e, (size_t)((next ? next : end) - e), now);
+    e = next;
+  }
 }
 
 /* Parse the complete frames in c->buf (server frames are not masked). */
@@ -838,10 +868,134 @@ static int run_abuse(const daemon_ctl *d, int idle_n) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]\n"
-                  "       bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]\n"
-                  "options: --clients N  --rates R1,R2,...  --seconds S  --settle S  --queue-bytes B  "
-                  "--target-ms MS  --abuse IDLE_CONNECTIONS  --big-prompt MIB\n");
+  fprintf(stderr,
+          "usage: bench_browser_fanout AGENTHOST BENCH_STREAM_SO BROWSER_SO [options]\n"
+          "       bench_browser_fanout --url LAUNCH_URL [--pid PID] [--provider NAME] [options]\n"
+          "options: --clients N  --rates R1,R2,...  --seconds S  --settle S  --queue-bytes B  "
+          "--target-ms MS  --floor BROADCAST_BARE  --no-batch  --abuse IDLE_CONNECTIONS  --big-prompt MIB\n");
+}
+
+/* One server's runs: a session, NC clients, every rate in turn (a row printed each), then the clients closed
+ * and the RSS over the settle time. */
+typedef struct series {
+  result *res;
+  int nrates;
+  long rss_idle, rss_base, rss_after;
+  char curve[512];
+} series;
+
+static bool run_series(daemon_ctl *d, const char *label, int nc, const double *rates, int nrates, double secs,
+                       double settle, size_t queue_bytes, bool queue_default, series *out) {
+  bool ok = false;
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  client *cs = calloc((size_t)nc, sizeof *cs);
+  run r = {.h.b = calloc(HIST_BUCKETS, sizeof(uint32_t))};
+  out->res = calloc((size_t)nrates, sizeof *out->res);
+  out->nrates = nrates;
+  json_t *created = NULL;
+  int opened = 0;
+  if (ep < 0 || !cs || !r.h.b || !out->res)
+    goto out;
+
+  char cwd[300];
+  snprintf(cwd, sizeof cwd, "%s", d->dir[0] ? d->dir : "/tmp");
+  created = api_call(d, "session.create", json_pack("{s:s, s:s}", "cwd", cwd, "provider", d->provider));
+  r.session = json_string_value(json_object_get(created, "sessionId"));
+  if (!r.session)
+    goto out;
+  usleep(200000);
+  out->rss_idle = rss_kib(d->rss_pid); /* the baseline: the session exists, no client is connected */
+  for (; opened < nc; opened++) {
+    int fd = open_mux(d, 0);
+    if (fd < 0 || !client_init(&cs[opened], fd, false) || !watch(ep, &cs[opened])) {
+      fprintf(stderr, "browser fanout: cannot open WebSocket client %d\n", opened + 1);
+      if (fd >= 0)
+        close(fd);
+      goto out;
+    }
+  }
+  /* Let the upgrades settle (the session.event frames of the creation, if any), then take the baseline. */
+  uint64_t until = bench_now_ns() + 500000000u;
+  while (bench_now_ns() < until)
+    pump(ep, &r, 50);
+  out->rss_base = rss_kib(d->rss_pid);
+
+  printf("%s: %d mux clients%s + 1 slow client (4 KiB receive buffer, read after the run) on one "
+         "session; %g s per rate; ws queue %zu bytes%s\n",
+         label, nc, batch ? " (?batch=1)" : " (one envelope per message)", secs, queue_bytes,
+         queue_default ? " (the plugin's default)" : "");
+  printf("  RSS idle (session created, no client) %ld KiB, with %d clients connected %ld KiB\n",
+         out->rss_idle, nc, out->rss_base);
+  printf("  %8s %9s %13s %8s %8s %8s %8s %11s %-13s %6s %11s %s\n", "rate/s", "expected", "min/max rcvd",
+         "p50 ms", "p99 ms", "p99.9", "max ms", "frames/s", "slow client", "others", "CPU% d/cl",
+         "RSS KiB before/peak/end/settled");
+  for (int i = 0; i < nrates; i++) {
+    result *o = &out->res[i];
+    if (!run_rate(d, ep, cs, nc, &r, rates[i], secs, settle, queue_bytes, o))
+      goto out;
+    char slow[64];
+    if (o->slow_code == 1013)
+      snprintf(slow, sizeof slow, "closed 1013");
+    else if (o->slow_code == 0)
+      snprintf(slow, sizeof slow, "open%s", o->slow_applies ? " (!)" : " (n/a)");
+    else
+      snprintf(slow, sizeof slow, "closed %d", o->slow_code);
+    printf("  %8.0f %9llu %6llu/%-6llu %8.2f %8.2f %8.2f %8.2f %11.0f %-13s %6d %5.0f/%-5.0f "
+           "%ld/%ld/%ld/%ld%s\n",
+           o->rate, (unsigned long long)o->expected, (unsigned long long)o->min_frames,
+           (unsigned long long)o->max_frames, o->p50, o->p99, o->p999, o->max, o->fps, slow, o->others_closed,
+           o->cpu_daemon, o->cpu_client, o->rss_before, o->rss_peak, o->rss_end, o->rss_settled,
+           o->complete ? "" : "  (turn end not seen by all)");
+    fflush(stdout);
+  }
+  /* Close every client, then the settle time, then the RSS against the baseline without clients. */
+  for (int i = 0; i < opened; i++)
+    if (cs[i].fd >= 0) {
+      close(cs[i].fd);
+      cs[i].fd = -1;
+    }
+  opened = 0;
+  /* RSS every 0.5 s of the settle time, then the last one is the figure. */
+  size_t cl = 0;
+  out->rss_after = rss_kib(d->rss_pid);
+  for (double t = 0.5; t <= settle + 1e-9 && cl < sizeof out->curve - 32; t += 0.5) {
+    usleep(500000);
+    out->rss_after = rss_kib(d->rss_pid);
+    cl += (size_t)snprintf(out->curve + cl, sizeof out->curve - cl, "%s%.1fs:%ld", cl ? " " : "", t,
+                           out->rss_after);
+  }
+  ok = true;
+
+out:
+  for (int i = 0; i < opened; i++)
+    if (cs[i].fd >= 0)
+      close(cs[i].fd);
+  for (int i = 0; cs && i < nc; i++)
+    free(cs[i].buf);
+  free(cs);
+  free(r.h.b);
+  json_decref(created);
+  if (ep >= 0)
+    close(ep);
+  return ok;
+}
+
+/* Start the floor (bench/browser_broadcast_bare.c) with the same per-socket queue. */
+static int start_floor(daemon_ctl *d, const char *bin, size_t queue_bytes) {
+  const char *tmp = getenv("TMPDIR");
+  snprintf(d->dir, sizeof d->dir, "%s/ah-fanout-floor-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(d->dir)) {
+    d->dir[0] = '\0';
+    return 1;
+  }
+  d->provider = "bench";
+  char q[32];
+  snprintf(q, sizeof q, "%zu", queue_bytes);
+  char *const argv[] = {(char *)bin, q, NULL};
+  if (spawn_server(d, argv) == 0)
+    return 0;
+  fprintf(stderr, "browser fanout: the floor %s did not start\n", bin);
+  return 1;
 }
 
 int main(int argc, char **argv) {
@@ -849,6 +1003,7 @@ int main(int argc, char **argv) {
   const char *pos[3] = {0};
   int npos = 0;
   const char *url = NULL, *rates_s = "1000,2500,5000,10000", *queue = NULL, *provider = "bench";
+  const char *floor_bin = NULL;
   int nc = 100;
   pid_t given_pid = 0;
   double secs = 5, settle = 3, target_ms = 5;
@@ -856,6 +1011,10 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--no-batch") == 0) {
+      batch = false;
+      continue;
+    }
     if (strncmp(a, "--", 2) == 0 && !val) {
       usage();
       return 1;
@@ -880,6 +1039,8 @@ int main(int argc, char **argv) {
       target_ms = atof(argv[++i]);
     else if (strcmp(a, "--abuse") == 0)
       abuse = atoi(argv[++i]);
+    else if (strcmp(a, "--floor") == 0)
+      floor_bin = argv[++i];
     else if (strcmp(a, "--big-prompt") == 0)
       big_prompt = atoi(argv[++i]);
     else if (a[0] == '-' || npos == 3) {
@@ -936,99 +1097,52 @@ int main(int argc, char **argv) {
   /* The queue the slow client must fill: the one configured here, else the plugin's default. */
   size_t queue_bytes = queue ? (size_t)strtoull(queue, NULL, 10) : (size_t)8 << 20;
   int exit_code = 1;
-  int ep = epoll_create1(EPOLL_CLOEXEC);
-  client *cs = calloc((size_t)nc, sizeof *cs);
-  run r = {.h.b = calloc(HIST_BUCKETS, sizeof(uint32_t))};
-  result *res = calloc((size_t)nrates, sizeof *res);
-  json_t *created = NULL;
-  int opened = 0;
-  if (ep < 0 || !cs || !r.h.b || !res)
+  series host = {0}, bare = {0};
+  printf(
+      "  emit→frame = CLOCK_MONOTONIC at the emit (the fixture's sink->delta; the floor's formatting of the "
+      "envelope) to this client's read of the frame (same machine, one client thread)\n");
+  if (!run_series(&d, "browser fanout", nc, rates, nrates, secs, settle, queue_bytes, !queue, &host))
     goto out;
-
-  char cwd[300];
-  snprintf(cwd, sizeof cwd, "%s", d.dir[0] ? d.dir : "/tmp");
-  created = api_call(&d, "session.create", json_pack("{s:s, s:s}", "cwd", cwd, "provider", d.provider));
-  r.session = json_string_value(json_object_get(created, "sessionId"));
-  if (!r.session)
-    goto out;
-  usleep(200000);
-  long rss_idle = rss_kib(d.rss_pid); /* the baseline: the session exists, no client is connected */
-  for (; opened < nc; opened++) {
-    int fd = open_mux(&d, 0);
-    if (fd < 0 || !client_init(&cs[opened], fd, false) || !watch(ep, &cs[opened])) {
-      fprintf(stderr, "browser fanout: cannot open WebSocket client %d\n", opened + 1);
-      if (fd >= 0)
-        close(fd);
+  if (!url)
+    stop_daemon(&d);
+  if (floor_bin) {
+    daemon_ctl f = {.out_fd = -1};
+    if (start_floor(&f, floor_bin, queue_bytes) != 0 ||
+        !run_series(&f, "floor (bare libwebsockets broadcast, bench/browser_broadcast_bare.c)", nc, rates,
+                    nrates, secs, settle, queue_bytes, !queue, &bare)) {
+      stop_daemon(&f);
       goto out;
     }
-  }
-  /* Let the upgrades settle (the session.event frames of the creation, if any), then take the baseline. */
-  uint64_t until = bench_now_ns() + 500000000u;
-  while (bench_now_ns() < until)
-    pump(ep, &r, 50);
-  long rss_base = rss_kib(d.rss_pid);
-
-  printf("browser fanout: %d mux clients + 1 slow client (4 KiB receive buffer, read after the run) on one "
-         "session; %g s per rate; provider %s%s; ws queue %zu bytes%s\n",
-         nc, secs, d.provider, "", queue_bytes, queue ? "" : " (the plugin's default)");
-  printf("  emit→frame = CLOCK_MONOTONIC at the fixture's sink->delta to this client's read of the frame "
-         "(same machine, one client thread)\n");
-  printf("  RSS idle (session created, no client) %ld KiB, with %d clients connected %ld KiB\n", rss_idle, nc,
-         rss_base);
-  printf("  %8s %9s %13s %8s %8s %8s %8s %11s %-13s %6s %11s %s\n", "rate/s", "expected", "min/max rcvd",
-         "p50 ms", "p99 ms", "p99.9", "max ms", "frames/s", "slow client", "others", "CPU% d/cl",
-         "RSS KiB before/peak/end/settled");
-  for (int i = 0; i < nrates; i++) {
-    result *o = &res[i];
-    if (!run_rate(&d, ep, cs, nc, &r, rates[i], secs, settle, queue_bytes, o))
-      goto out;
-    char slow[64];
-    if (o->slow_code == 1013)
-      snprintf(slow, sizeof slow, "closed 1013");
-    else if (o->slow_code == 0)
-      snprintf(slow, sizeof slow, "open%s", o->slow_applies ? " (!)" : " (n/a)");
-    else
-      snprintf(slow, sizeof slow, "closed %d", o->slow_code);
-    printf("  %8.0f %9llu %6llu/%-6llu %8.2f %8.2f %8.2f %8.2f %11.0f %-13s %6d %5.0f/%-5.0f "
-           "%ld/%ld/%ld/%ld%s\n",
-           o->rate, (unsigned long long)o->expected, (unsigned long long)o->min_frames,
-           (unsigned long long)o->max_frames, o->p50, o->p99, o->p999, o->max, o->fps, slow, o->others_closed,
-           o->cpu_daemon, o->cpu_client, o->rss_before, o->rss_peak, o->rss_end, o->rss_settled,
-           o->complete ? "" : "  (turn end not seen by all)");
-    fflush(stdout);
-  }
-  /* Close every client, then the settle time, then the RSS against the baseline without clients. */
-  for (int i = 0; i < opened; i++)
-    if (cs[i].fd >= 0) {
-      close(cs[i].fd);
-      cs[i].fd = -1;
-    }
-  opened = 0;
-  /* RSS every 0.5 s of the settle time, then the last one is the figure. */
-  char curve[512] = "";
-  size_t cl = 0;
-  long rss_after = rss_kib(d.rss_pid);
-  for (double t = 0.5; t <= settle + 1e-9 && cl < sizeof curve - 32; t += 0.5) {
-    usleep(500000);
-    rss_after = rss_kib(d.rss_pid);
-    cl += (size_t)snprintf(curve + cl, sizeof curve - cl, "%s%.1fs:%ld", cl ? " " : "", t, rss_after);
+    stop_daemon(&f);
   }
 
   printf("browser fanout: RSS idle %ld KiB → clients connected %ld KiB → after the runs, clients closed and "
          "%g s settle: %ld KiB (%+.1f %% of idle, %+.1f %% of connected)\n",
-         rss_idle, rss_base, settle, rss_after,
-         rss_idle > 0 ? 100.0 * (double)(rss_after - rss_idle) / (double)rss_idle : 0.0,
-         rss_base > 0 ? 100.0 * (double)(rss_after - rss_base) / (double)rss_base : 0.0);
-  printf("  RSS KiB after closing the clients: %s\n", curve);
+         host.rss_idle, host.rss_base, settle, host.rss_after,
+         host.rss_idle > 0 ? 100.0 * (double)(host.rss_after - host.rss_idle) / (double)host.rss_idle : 0.0,
+         host.rss_base > 0 ? 100.0 * (double)(host.rss_after - host.rss_base) / (double)host.rss_base : 0.0);
+  printf("  RSS KiB after closing the clients: %s\n", host.curve);
+  if (floor_bin) {
+    printf("against the floor (frames/s delivered to all clients together; at a rate both keep up with, both "
+           "deliver rate × clients):\n");
+    for (int i = 0; i < nrates; i++)
+      printf("  %8.0f/s: host %11.0f, floor %11.0f frames/s = %.2f; p99 host %.2f ms, floor %.2f ms\n",
+             rates[i], host.res[i].fps, bare.res[i].fps,
+             bare.res[i].fps > 0 ? host.res[i].fps / bare.res[i].fps : 0.0, host.res[i].p99, bare.res[i].p99);
+  }
   printf("verdicts (this machine, %ld online CPUs):\n", sysconf(_SC_NPROCESSORS_ONLN));
   for (int i = 0; i < nrates; i++) {
-    result *o = &res[i];
+    result *o = &host.res[i];
     bool all = o->min_frames == o->expected && o->complete;
     bool lat = all && o->p99 <= target_ms;
     printf("  %6.0f/s: p99 emit→frame ≤ %g ms: %s (p99 %.2f ms%s); every client got every delta: %s "
            "(min %llu of %llu)",
            o->rate, target_ms, bench_verdict(lat), o->p99, all ? "" : ", frames missing", bench_verdict(all),
            (unsigned long long)o->min_frames, (unsigned long long)o->expected);
+    if (floor_bin) {
+      double ratio = bare.res[i].fps > 0 ? o->fps / bare.res[i].fps : 0;
+      printf("; ≥ 70 %% of the floor's frames/s: %s (%.2f)", bench_verdict(all && ratio >= 0.70), ratio);
+    }
     if (o->slow_applies)
       printf("; slow client closed 1013, others unaffected: %s",
              bench_verdict(o->slow_code == 1013 && !o->others_closed && all));
@@ -1043,22 +1157,14 @@ int main(int argc, char **argv) {
            o->rss_settled);
   }
   printf("  RSS back to the idle baseline (within 10 %%) once the clients are gone: %s (%ld → %ld KiB)\n",
-         bench_verdict(rss_idle > 0 && rss_after > 0 && rss_after <= rss_idle + rss_idle / 10), rss_idle,
-         rss_after);
+         bench_verdict(host.rss_idle > 0 && host.rss_after > 0 &&
+                       host.rss_after <= host.rss_idle + host.rss_idle / 10),
+         host.rss_idle, host.rss_after);
   exit_code = 0;
 
 out:
-  for (int i = 0; i < opened; i++)
-    if (cs[i].fd >= 0)
-      close(cs[i].fd);
-  for (int i = 0; cs && i < nc; i++)
-    free(cs[i].buf);
-  free(cs);
-  free(r.h.b);
-  free(res);
-  json_decref(created);
-  if (ep >= 0)
-    close(ep);
+  free(host.res);
+  free(bare.res);
   if (!url)
     stop_daemon(&d);
   return exit_code;

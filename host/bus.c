@@ -1,13 +1,18 @@
 /* The event bus: ordered fan-out with a queue per subscriber.
  *
  * emit() copies nothing but a reference to the data and appends it to the queue of every matching active
- * subscriber; the host's pump delivers on later loop turns, one event per subscriber per pass, so one
- * subscriber's callback can unsubscribe (itself or others) or emit without disturbing another's order.
+ * subscriber; the host's pump delivers on later loop turns, in rounds of one event per subscriber, so one
+ * subscriber's callback can unsubscribe (itself or others) or emit without disturbing another's order. A
+ * drain runs up to BUS_ROUNDS rounds: a burst reaches a subscriber in a few loop turns, not one turn per
+ * event (a stream of 10k deltas a second to a hundred WebSockets needs them together in one turn, so that
+ * each socket is written once for many), and I/O still runs between drains.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+#define BUS_ROUNDS 256
 
 bool ah__pattern_match(const char *pattern, const char *name) {
   if (strcmp(pattern, "*") == 0)
@@ -105,33 +110,60 @@ bool ah__bus_pending(void *host) {
   ah_host *h = host;
   AH__LIST_EACH(it, &h->subs) {
     ah_sub *s = AH__CONTAINER(it, ah_sub, host_link);
-    if (s->active && json_array_size(s->queue) > 0)
+    if (s->active && json_array_size(s->queue) > s->qhead)
       return true;
   }
   return false;
 }
 
+/* Take the next event off a subscriber's queue (a reference for the caller). Delivered entries are let go
+ * at once when the queue empties, else in one copy once they are at least half of it (never one shift per
+ * event: a backlog of n would cost n^2). */
+static json_t *queue_take(ah_sub *s) {
+  json_t *item = json_incref(json_array_get(s->queue, s->qhead++));
+  size_t n = json_array_size(s->queue);
+  if (s->qhead == n) {
+    json_array_clear(s->queue);
+    s->qhead = 0;
+  } else if (s->qhead >= 64 && s->qhead >= n / 2) {
+    json_t *rest = json_array();
+    for (size_t i = s->qhead; rest && i < n; i++)
+      json_array_append(rest, json_array_get(s->queue, i));
+    if (rest) {
+      json_decref(s->queue);
+      s->queue = rest;
+      s->qhead = 0;
+    }
+  }
+  return item;
+}
+
 void ah__bus_deliver(void *host) {
   ah_host *h = host;
-  /* One event per subscriber per pass. A callback may unsubscribe any subscriber (freeing it), so no
+  /* Rounds of one event per subscriber. A callback may unsubscribe any subscriber (freeing it), so no
    * list pointer is held across a callback: each step scans from the head for the next subscriber that
-   * has not been served in this pass. */
-  uint64_t pass = ++h->bus_pass;
-  for (;;) {
-    ah_sub *s = NULL;
-    AH__LIST_EACH(it, &h->subs) {
-      ah_sub *c = AH__CONTAINER(it, ah_sub, host_link);
-      if (c->active && c->pass != pass && json_array_size(c->queue) > 0) {
-        s = c;
-        break;
+   * has not been served in this round. */
+  for (int round = 0; round < BUS_ROUNDS; round++) {
+    uint64_t pass = ++h->bus_pass;
+    bool served = false;
+    for (;;) {
+      ah_sub *s = NULL;
+      AH__LIST_EACH(it, &h->subs) {
+        ah_sub *c = AH__CONTAINER(it, ah_sub, host_link);
+        if (c->active && c->pass != pass && json_array_size(c->queue) > c->qhead) {
+          s = c;
+          break;
+        }
       }
+      if (!s)
+        break;
+      served = true;
+      s->pass = pass;
+      json_t *item = queue_take(s);
+      s->fn(json_string_value(json_array_get(item, 0)), json_array_get(item, 1), s->arg);
+      json_decref(item);
     }
-    if (!s)
+    if (!served)
       return;
-    s->pass = pass;
-    json_t *item = json_incref(json_array_get(s->queue, 0));
-    json_array_remove(s->queue, 0);
-    s->fn(json_string_value(json_array_get(item, 0)), json_array_get(item, 1), s->arg);
-    json_decref(item);
   }
 }

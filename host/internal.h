@@ -295,7 +295,8 @@ struct ah_sub {
   void *arg;
   bool active;
   uint64_t pass; /* the last delivery pass that served it */
-  json_t *queue; /* [[name, data], ...] */
+  json_t *queue; /* [[name, data], ...]; those before qhead are delivered */
+  size_t qhead;
   ah__link host_link;
   ah__link mount_link;
 };

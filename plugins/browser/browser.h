@@ -196,6 +196,7 @@ struct bp_state {
   size_t ws_queue_max;
   size_t ws_budget_max; /* downlink bytes queued on all WebSockets together (ws_budget_bytes) */
   size_t ws_bytes;      /* the distinct frames queued or held now, all sockets together */
+  size_t ws_peak;       /* the most of them since they last drained to none (ws.c: trim after a burst) */
   unsigned char *wbuf;  /* the message a batched write builds (LWS_PRE headroom), reused */
   size_t wbuf_cap;
   size_t max_ws; /* WebSockets at once (G7) */

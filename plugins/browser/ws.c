@@ -27,6 +27,8 @@
 #endif
 
 #define REPLAY_PAGE 500
+/* A burst of this many bytes queued gives the heap back once it has drained (trim_fired). */
+#define BURST_TRIM (1u << 20)
 /* A batched message holds the envelopes queued for its socket up to this much text (at least one). */
 #define BATCH_MAX (256u << 10)
 
@@ -46,13 +48,21 @@ static bp_frame *frame_new(bp_state *st, const char *text, size_t len, int64_t c
   f->len = len;
   memcpy(f->data + LWS_PRE, text, len);
   st->ws_bytes += len;
+  if (st->ws_bytes > st->ws_peak)
+    st->ws_peak = st->ws_bytes;
   return f;
 }
+
+static void schedule_trim(bp_state *st);
 
 static void frame_unref(bp_state *st, bp_frame *f) {
   if (f && --f->refs == 0) {
     st->ws_bytes -= f->len;
     free(f);
+    if (st->ws_bytes == 0 && st->ws_peak >= BURST_TRIM) {
+      st->ws_peak = 0;
+      schedule_trim(st);
+    }
   }
 }
 
@@ -120,15 +130,16 @@ static char *frame_text(bp_state *st, const char *method, const json_t *payload,
   return text;
 }
 
-/* When the last WebSocket of a burst has closed, hand the freed heap back to the system: glibc keeps freed
- * memory of a fan-out (frame queues of a hundred clients) mapped otherwise, and a daemon's RSS would stay at
- * its peak. Once a second after the count reached zero, on the loop thread. */
+/* When the last WebSocket has closed, or a burst of at least BURST_TRIM bytes queued has drained, hand the
+ * freed heap back to the system: glibc keeps freed memory of a fan-out (frame queues of a hundred clients)
+ * mapped otherwise, and a daemon's RSS would stay at its peak. A second later, on the loop thread, if
+ * nothing is queued again by then. */
 static void trim_fired(ah_timer *t, void *arg) {
   (void)t;
   bp_state *st = arg;
   st->trim_timer = NULL;
 #ifdef __GLIBC__
-  if (st->nws == 0 && !st->withdrawing)
+  if ((st->nws == 0 || st->ws_bytes == 0) && !st->withdrawing)
     malloc_trim(0);
 #endif
 }

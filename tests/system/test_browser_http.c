@@ -808,8 +808,8 @@ static json_t *ws_envelopes(int ws, int timeout_ms, bool *is_array) {
   }
 }
 
-/* Every envelope that reaches `ws` until a session.event with cursor `last` (kept in order), and the
- * number of messages they came in. */
+/* Every envelope that reaches `ws` up to the session.event with cursor `last`, in order, and the number of
+ * messages they came in. */
 static json_t *ws_read_until(int ws, int64_t last, int *messages, bool want_array) {
   json_t *all = json_array();
   *messages = 0;
@@ -820,12 +820,17 @@ static json_t *ws_read_until(int ws, int64_t last, int *messages, bool want_arra
     cr_expect_eq(is_array, want_array, "a batched socket gets arrays, another single envelopes");
     cr_expect_gt(json_array_size(list), 0, "an empty batch");
     (*messages)++;
-    json_array_extend(all, list);
+    size_t i = 0;
+    json_t *e = NULL;
+    json_array_foreach(list, i, e) {
+      json_array_append(all, e);
+      if (strcmp(json_string_value(json_object_get(e, "method")), "session.event") == 0 &&
+          json_integer_value(json_object_get(e, "cursor")) >= last) {
+        json_decref(list);
+        return all;
+      }
+    }
     json_decref(list);
-    json_t *tail = json_array_get(all, json_array_size(all) - 1);
-    if (strcmp(json_string_value(json_object_get(tail, "method")), "session.event") == 0 &&
-        json_integer_value(json_object_get(tail, "cursor")) >= last)
-      return all;
   }
 }
 

@@ -255,6 +255,36 @@ Test(bus, ordered_delivery_of_1000_events) {
   stop_free(&loop, h);
 }
 
+/* A burst reaches its subscribers in a few loop turns, not one turn per event (the fan-out of a stream to
+ * many WebSockets writes each socket once for all the events of a turn), still in order and round-robin. */
+Test(bus, a_burst_is_delivered_in_a_few_loop_turns) {
+  uv_loop_t loop;
+  cr_assert_eq(uv_loop_init(&loop), 0);
+  ah_host *h = th_host_new(&loop, 0);
+  cr_assert_not_null(h);
+  enum { N = 2000 };
+  rec a, b;
+  rec_init(&a);
+  rec_init(&b);
+  cr_assert_eq(subscribe(h, "*", &a, NULL), 0);
+  cr_assert_eq(subscribe(h, "session.event", &b, NULL), 0);
+  for (int i = 0; i < N; i++)
+    cr_assert_eq(ah__host_emit(h, "session.event", json_pack("{s:i}", "seq", i)), 0);
+  int turns = 0;
+  while ((rec_count(&a) < N || rec_count(&b) < N) && turns < 10 * N) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    turns++;
+  }
+  cr_expect_eq(rec_count(&a), (size_t)N);
+  cr_expect_eq(rec_count(&b), (size_t)N);
+  cr_expect_leq(turns, 20, "%d events took %d loop turns", N, turns);
+  for (size_t i = 0; i < rec_count(&b); i++)
+    cr_expect_eq(json_integer_value(json_object_get(rec_data(&b, i), "seq")), (json_int_t)i);
+  rec_free(&a);
+  rec_free(&b);
+  stop_free(&loop, h);
+}
+
 /* Emits another event from inside the callback: it must be queued, not delivered re-entrantly. */
 typedef struct reemit {
   rec r;
