@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "agenthost/errors.h"
 #include "log.h"
@@ -66,7 +67,8 @@ struct ah_store {
 
   _Atomic uint64_t commits;
   _Atomic uint64_t opsets;
-  uint64_t reads; /* loop thread: reads made (ah__store_reads) */
+  _Atomic uint64_t retries; /* groups tried again (retry_ms) */
+  uint64_t reads;           /* loop thread: reads made (ah__store_reads) */
 };
 
 static void fifo_push(store_fifo *f, store_item *it) {
@@ -92,6 +94,25 @@ static void item_free(store_item *it) {
   free(it);
 }
 
+/* A group that failed as a whole for a reason that may pass (an I/O error, a full disk) is tried again, in
+ * the same order, after each of these pauses; then its failure is reported. Only a group of which nothing
+ * was written is tried again, so no later write can overtake an earlier one. A write lock held elsewhere
+ * (AH_EBUSY) is not: the backend waited its busy timeout already. */
+static const unsigned retry_ms[] = {10, 100, 1000};
+
+static bool transient(int status) {
+  return status == AH_EIO;
+}
+
+/* Whether every opset of the group failed for a reason that may pass, and the store is not damaged. */
+static bool worth_retrying(ah_store *s, const int *statuses, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!transient(statuses[i]))
+      return false;
+  char detail[8];
+  return !s->be->health || s->be->health(s->impl, detail, sizeof detail) != AH_STORE_DAMAGED;
+}
+
 /* Commit one group: everything taken from the queue in one go. */
 static void write_group(ah_store *s, store_item *head) {
   size_t n = 0;
@@ -110,6 +131,19 @@ static void write_group(ah_store *s, store_item *head) {
     for (store_item *it = head; it; it = it->next)
       opsets[i++] = it->opset;
     s->be->write_group(s->impl, opsets, n, results, statuses);
+    for (size_t r = 0; r < sizeof retry_ms / sizeof retry_ms[0] && worth_retrying(s, statuses, n); r++) {
+      for (i = 0; i < n; i++) {
+        json_decref(results[i]);
+        results[i] = NULL;
+      }
+      AH_LOG_W(COMP, "a group of %zu opset(s) was not written (%s): trying again in %u ms", n,
+               ah_strerror(statuses[0]), retry_ms[r]);
+      struct timespec pause = {.tv_sec = retry_ms[r] / 1000,
+                               .tv_nsec = (long)(retry_ms[r] % 1000) * 1000000L};
+      nanosleep(&pause, NULL);
+      atomic_fetch_add(&s->retries, 1);
+      s->be->write_group(s->impl, opsets, n, results, statuses);
+    }
     i = 0;
     for (store_item *it = head; it; it = it->next, i++) {
       it->status = statuses[i] < 0 ? statuses[i] : 0;
@@ -251,6 +285,7 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
   s->read_only = opts->read_only;
   atomic_init(&s->commits, 0);
   atomic_init(&s->opsets, 0);
+  atomic_init(&s->retries, 0);
 
   int rc = backend->open(opts, &s->impl, why);
   if (rc < 0) {
@@ -425,6 +460,10 @@ uint64_t ah__store_commits(const ah_store *s) {
 
 uint64_t ah__store_opsets(const ah_store *s) {
   return s ? atomic_load(&((ah_store *)s)->opsets) : 0;
+}
+
+uint64_t ah__store_retries(const ah_store *s) {
+  return s ? atomic_load(&((ah_store *)s)->retries) : 0;
 }
 
 void ah__store_close(ah_store *s, void (*cb)(void *arg), void *arg) {

@@ -148,6 +148,9 @@ const char *ah__store_health_name(int health);
 /* Counters: commits (transactions) and opsets written since open. */
 uint64_t ah__store_commits(const ah_store *s);
 uint64_t ah__store_opsets(const ah_store *s);
+/* Groups tried again after failing as a whole for a reason that may pass (an I/O error, a full disk): up
+ * to three times, after 10, 100 and 1000 ms, before their failure is reported. */
+uint64_t ah__store_retries(const ah_store *s);
 
 /* Refuse new writes (AH_ECLOSED), let the queued ones commit and their callbacks run, stop the writer
  * thread and close the backend; `cb` runs on the loop thread once all of that is done and the store's

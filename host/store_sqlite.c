@@ -1312,10 +1312,12 @@ static void sq_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     fail_all(results, statuses, n, AH_EPERM);
     return;
   }
-  if (run(q, &q->w, W_BEGIN) != SQLITE_OK) {
+  int begin = run(q, &q->w, W_BEGIN);
+  if (begin != SQLITE_OK) {
     note_health(q, q->w.db, sqlite3_extended_errcode(q->w.db));
     AH_LOG_E(COMP, "%s: cannot begin a transaction (%zu opsets fail): %s", q->path, n, q->err);
-    fail_all(results, statuses, n, AH_EIO);
+    /* Busy: another connection held the write lock past the busy timeout (waited for already). */
+    fail_all(results, statuses, n, (begin & 0xff) == SQLITE_BUSY ? AH_EBUSY : AH_EIO);
     return;
   }
   for (size_t i = 0; i < n; i++) {

@@ -9,6 +9,7 @@
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <sqlite3.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -852,6 +853,84 @@ Test(store, group_commit_groups_one_loop_turn) {
   fx_fini(&f);
 }
 
+/* A backend whose next `flaky_failures` groups fail as a whole with `flaky_status`, as a full disk or an
+ * I/O error makes SQLite roll the whole transaction back: nothing of them is written. */
+static _Atomic int flaky_failures;
+static int flaky_status = AH_EIO;
+static _Atomic int flaky_calls;
+
+static void flaky_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
+  atomic_fetch_add(&flaky_calls, 1);
+  if (atomic_load(&flaky_failures) > 0) {
+    atomic_fetch_sub(&flaky_failures, 1);
+    for (size_t i = 0; i < n; i++) {
+      results[i] = NULL;
+      statuses[i] = flaky_status;
+    }
+    return;
+  }
+  ah__store_sqlite.write_group(impl, opsets, n, results, statuses);
+}
+
+/* A group that failed as a whole for a reason that may pass is written again, in order, after a pause
+ * (10, 100, 1000 ms); past the third retry its failure is reported; an opset refused for its content (or
+ * a fence) is never tried again. Issue 17: a failed event write is retried before the session stops. */
+Test(store, a_group_that_failed_as_a_whole_is_tried_again_in_order, .timeout = 30) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = ah__store_sqlite;
+  be.name = "flaky";
+  be.write_group = flaky_write_group;
+  f.s = open_ok(&f, &be);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  /* Two failures: the third attempt writes it, the callbacks see success in submission order. */
+  atomic_store(&flaky_failures, 2);
+  atomic_store(&flaky_calls, 0);
+  wres w[3];
+  for (int i = 0; i < 3; i++) {
+    memset(&w[i], 0, sizeof w[i]);
+    json_t *op = json_pack("[{s:s, s:s, s:i, s:s, s:s, s:{}}]", "op", "event", "sessionId", "s1", "seq",
+                           i + 1, "kind", "k", "time", "t", "data");
+    cr_assert_eq(ah__store_write(f.s, op, on_write, &w[i]), 0);
+  }
+  wres *ws[] = {&w[0], &w[1], &w[2], NULL};
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 10000));
+  for (int i = 0; i < 3; i++) {
+    cr_expect_eq(w[i].status, 0, "opset %d: %s", i, ah_err_name(w[i].status));
+    cr_expect_eq(w[i].order, w[0].order + i, "callbacks out of order");
+    json_decref(w[i].results);
+  }
+  cr_expect_eq(atomic_load(&flaky_calls), 3, "two failed attempts and the one that wrote");
+  cr_expect_eq(ah__store_retries(f.s), 2);
+  json_t *ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 3, "every event written once");
+  json_decref(ev);
+  /* Four failures: three retries are spent and the failure is reported, nothing written. */
+  atomic_store(&flaky_failures, 4);
+  atomic_store(&flaky_calls, 0);
+  wres lost;
+  uint64_t t0 = ts_now_ms();
+  cr_expect_eq(write_wait(&f, f.s,
+                          J("[{'op':'event','sessionId':'s1','seq':4,'kind':'k','time':'t','data':{}}]"),
+                          &lost),
+               AH_EIO);
+  cr_expect_geq(ts_now_ms() - t0, 1100, "the pauses were not made");
+  cr_expect_eq(atomic_load(&flaky_calls), 4);
+  atomic_store(&flaky_failures, 0);
+  /* An opset refused for its content is not tried again. */
+  atomic_store(&flaky_calls, 0);
+  wres dup;
+  cr_expect_eq(write_wait(&f, f.s,
+                          J("[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]"),
+                          &dup),
+               AH_EEXIST);
+  cr_expect_eq(atomic_load(&flaky_calls), 1);
+  ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 3);
+  json_decref(ev);
+  fx_fini(&f);
+}
+
 Test(store, failing_opset_fails_alone_in_its_group) {
   fx f;
   fx_init(&f);
@@ -1056,7 +1135,8 @@ Test(store, write_lock_held_elsewhere_waits_then_fails_whole_group, .timeout = 6
   cr_expect_eq(w.status, 0);
   json_decref(w.results);
 
-  /* Held past the busy timeout (5 s): every opset of the group fails with AH_EIO, nothing is written. The
+  /* Held past the busy timeout (5 s): every opset of the group fails with AH_EBUSY (not tried again: the
+   * timeout was waited for), nothing is written. The
    * writer is parked after a first commit so that the two opsets are queued as one group. */
   gate_close();
   wres x, a, b;
@@ -1080,8 +1160,8 @@ Test(store, write_lock_held_elsewhere_waits_then_fails_whole_group, .timeout = 6
   cr_expect_eq(x.status, 0);
   json_decref(x.results);
   cr_expect_eq(gate.sizes[gate_groups() - 1], 2, "the two opsets were one group");
-  cr_expect_eq(a.status, AH_EIO, "%s", ah_err_name(a.status));
-  cr_expect_eq(b.status, AH_EIO, "%s", ah_err_name(b.status));
+  cr_expect_eq(a.status, AH_EBUSY, "%s", ah_err_name(a.status));
+  cr_expect_eq(b.status, AH_EBUSY, "%s", ah_err_name(b.status));
   cr_assert_eq(sqlite3_exec(l.db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
   cr_assert_eq(sqlite3_close(l.db), SQLITE_OK);
   json_t *ev = ah__store_events(f.s, "s", 0, 0);
