@@ -595,11 +595,18 @@ void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, cha
     q->message_id = strdup(mid);
     q->content = json_incref(content);
   }
-  /* Queued in memory now (order = submission order); claimed only after the receipt is durable, since
-   * ah__turn_claim runs from the write callback. */
+  /* Queued in memory now (order = submission order). */
   if (q)
     ah__list_push(&s->queue, &q->link);
   ah__write_ops(s, ops, "inbox/received", NULL, mid, json_pack("{s:o}", "content", content), cb, arg);
+  /* An idle agent claims it at once, its writes in the same group commit as the inbox row: the provider
+   * starts while the receipt is being stored (the receipt itself is sent only once it is durable, from the
+   * write callback), and its first delta does not wait for a commit. Nothing of the turn with an effect
+   * outside can overtake the receipt: a tool runs only once its tool/call event, written after the inbox
+   * row, is stored, and the turn's events commit in seq order after it. A prompt_submit hook (a command
+   * the user configured) runs only for a stored prompt, so with one the claim waits for the receipt. */
+  if (!ah__hooks_any(s->m->host, "prompt_submit", NULL))
+    ah__turn_claim(s);
 }
 
 /* ---- close

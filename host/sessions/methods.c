@@ -273,8 +273,10 @@ typedef struct prompt_ctx {
 static void prompt_written(session *s, int status, const json_t *event, void *arg) {
   ah_call *call = arg;
   if (status) {
-    /* No receipt, no run: take the prompt out of the queue unless a turn already claimed it. */
+    /* No receipt, no run: take the prompt out of the queue, or end the turn that claimed it already. */
     const char *mid = event ? str(event, "messageId") : NULL;
+    if (mid && s->turn && s->turn->message_id && strcmp(s->turn->message_id, mid) == 0 && s->turn->cancel)
+      ah__cancel_trip(s->turn->cancel);
     AH__LIST_EACH(it, &s->queue) {
       queued *q = AH__CONTAINER(it, queued, link);
       if (mid && strcmp(q->message_id, mid) == 0) {

@@ -552,6 +552,7 @@ static void run_or_ask(turn *t, const char *call_id, const char *name, const jso
 }
 
 typedef struct pending_call {
+  turn *t;
   char *call_id;
   char *name;
   json_t *args;
@@ -575,51 +576,75 @@ static void before_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
   finish_pending_end(t);
 }
 
+/* The tool/call event is stored: only now may the call have an effect (a prompt that is not stored yet, or a
+ * call that could not be stored, never runs a tool). The policy, the before_tool hooks, then the run or the
+ * approval, as the session's policy says. */
+static void tool_call_written(session *s, int status, const json_t *event, void *arg) {
+  (void)s;
+  pending_call *pc = arg;
+  turn *t = pc->t;
+  t->tools_running--;
+  const char *call_id = pc->call_id, *name = pc->name;
+  const json_t *args = pc->args;
+  const json_t *tool = status == 0 ? offered(t, name) : NULL;
+  const char *why = NULL;
+  if (status != 0 || t->ended || t->cancelled || t->end_pending) {
+    if (!t->ended)
+      ah__turn_tool_refused(t, call_id, name, status != 0 ? "the call could not be stored" : "cancelled");
+  } else if (!tool) {
+    ah__turn_tool_refused(t, call_id, name, "unknown tool");
+  } else if (strcmp(policy_of(t, name, &why), "deny") == 0) {
+    ah__turn_tool_refused(t, call_id, name, why);
+  } else if (ah__hooks_any(t->m->host, "before_tool", name)) {
+    json_t *doc = ah__hook_doc(t->s, t);
+    json_object_set_new(doc, "tool",
+                        json_pack("{s:s, s:s, s:O}", "name", name, "callId", call_id, "arguments",
+                                  args ? args : json_object()));
+    int rc = ah__turn_hooks(t, "before_tool", name, call_id, doc, before_hooked, pc);
+    if (rc == 1)
+      return;   /* before_hooked frees pc */
+    if (rc < 0) /* the hooks could not run: the call does not either */
+      ah__turn_tool_refused(t, call_id, name, "the before_tool hooks could not run (out of memory)");
+    else
+      run_or_ask(t, call_id, name, args);
+  } else {
+    run_or_ask(t, call_id, name, args);
+  }
+  (void)event;
+  free(pc->call_id);
+  free(pc->name);
+  json_decref(pc->args);
+  free(pc);
+  finish_pending_end(t);
+}
+
 static void sink_tool_call(void *ctx, const char *call_id, const char *name, const json_t *args) {
   turn *t = ctx;
   if (t->ended)
     return;
   const json_t *tool = offered(t, name);
-  ah__write_event(t->s, "tool/call", t->id, NULL,
-                  json_pack("{s:s, s:s, s:O, s:s?}", "callId", call_id, "name", name, "args",
-                            args ? args : json_null(), "kind", str(tool, "kind")));
-  if (!tool) {
-    ah__turn_tool_refused(t, call_id, name, "unknown tool");
-    return;
+  json_t *data = json_pack("{s:s, s:s, s:O, s:s?}", "callId", call_id, "name", name, "args",
+                           args ? args : json_null(), "kind", str(tool, "kind"));
+  pending_call *pc = calloc(1, sizeof *pc);
+  if (pc) {
+    pc->t = t;
+    pc->call_id = strdup(call_id);
+    pc->name = strdup(name);
+    pc->args = args ? json_incref((json_t *)args) : json_object();
   }
-  const char *why = NULL;
-  if (strcmp(policy_of(t, name, &why), "deny") == 0) {
-    ah__turn_tool_refused(t, call_id, name, why);
-    return;
-  }
-  if (ah__hooks_any(t->m->host, "before_tool", name)) {
-    pending_call *pc = calloc(1, sizeof *pc);
-    json_t *doc = ah__hook_doc(t->s, t);
-    json_object_set_new(doc, "tool",
-                        json_pack("{s:s, s:s, s:O}", "name", name, "callId", call_id, "arguments",
-                                  args ? args : json_object()));
-    if (pc) {
-      pc->call_id = strdup(call_id);
-      pc->name = strdup(name);
-      pc->args = args ? json_incref((json_t *)args) : json_object();
-    }
-    if (!pc)
-      json_decref(doc);
-    int rc = pc ? ah__turn_hooks(t, "before_tool", name, call_id, doc, before_hooked, pc) : AH_ENOMEM;
-    if (rc == 1)
-      return;
+  if (!pc || !pc->call_id || !pc->name) {
+    ah__write_event(t->s, "tool/call", t->id, NULL, data);
     if (pc) {
       free(pc->call_id);
       free(pc->name);
       json_decref(pc->args);
       free(pc);
     }
-    if (rc < 0) { /* the hooks could not run: the call does not either */
-      ah__turn_tool_refused(t, call_id, name, "the before_tool hooks could not run (out of memory)");
-      return;
-    }
+    ah__turn_tool_refused(t, call_id, name, "out of memory");
+    return;
   }
-  run_or_ask(t, call_id, name, args);
+  t->tools_running++; /* until the call is stored: an end meanwhile waits for it */
+  ah__write_ops(t->s, NULL, "tool/call", t->id, NULL, data, tool_call_written, pc);
 }
 
 static void sink_ask(void *ctx, const char *question, const json_t *options) {

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,6 +150,90 @@ Test(sessions, receipt_only_after_the_inbox_row_is_committed) {
     got = got || strcmp(json_string_value(json_array_get(e, 0)), "receipt") == 0;
   }
   cr_assert(got);
+  free(id);
+  world_down(&w);
+}
+
+static void receipt_noted(const ah_outcome *o, void *arg) {
+  world *w = arg;
+  cr_assert_eq(o->status, 0, "%s", o->message ? o->message : "");
+  json_array_append_new(
+      w->events, json_pack("[ss]", "receipt", json_string_value(json_object_get(o->result, "messageId"))));
+}
+
+static size_t count_named(world *w, const char *name) {
+  size_t n = 0, i = 0;
+  json_t *e = NULL;
+  json_array_foreach(w->events, i, e) n += strcmp(json_string_value(json_array_get(e, 0)), name) == 0;
+  return n;
+}
+
+/* The write lock of the session store, held by another connection (as another process would). */
+static sqlite3 *hold_write_lock(world *w) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/agenthost.db", w->cfg.state_dir);
+  sqlite3 *db = NULL;
+  cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
+  sqlite3_busy_timeout(db, 5000); /* the host's writer may be committing */
+  cr_assert_eq(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(db));
+  return db;
+}
+
+static void release_write_lock(sqlite3 *db) {
+  cr_assert_eq(sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL), SQLITE_OK);
+  sqlite3_close(db);
+}
+
+/* Issue 17, a faster prompt path: an idle agent starts the turn while the receipt is being stored, so its
+ * first delta does not wait for a commit, and the receipt is still sent only once it is durable; a tool
+ * has no effect before its tool/call event (written after the prompt) is stored. The store's writer is held
+ * by another connection's write lock for a moment (within the busy timeout). */
+Test(sessions, the_turn_starts_before_the_receipt_commits_but_a_tool_waits_for_its_stored_call) {
+  world w;
+  world_up(&w);
+  char *id = create(&w);
+  json_decref(ok_call(&w, "session.set-policy",
+                      json_pack("{s:s, s:{s:s}}", "sessionId", id, "policy", "run_command", "allow")));
+  ah_caller c = {.struct_size = sizeof c, .authority = AH_AUTH_ADMIN, .surface = "test"};
+  /* A prompt: its delta is out while the write lock is held; its receipt only after. */
+  sqlite3 *db = hold_write_lock(&w);
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+                                 json_pack("{s:s, s:s}", "sessionId", id, "text", "hi"), NULL, receipt_noted,
+                                 &w),
+               0);
+  bus_wait delta = {&w, "session.delta", "text"};
+  cr_expect(ts_run_until_pred(&w.loop, bus_published, &delta, 3000),
+            "no delta while the receipt was being stored");
+  cr_expect_eq(count_named(&w, "receipt"), 0, "a receipt before the prompt was stored");
+  release_write_lock(db);
+  wait_for(&w, id, "turn/ended", 1);
+  cr_expect_eq(count_named(&w, "receipt"), 1);
+  /* A tool call: nothing runs while its call cannot be stored. */
+  char mark[600];
+  snprintf(mark, sizeof mark, "%s/mark", w.work);
+  db = hold_write_lock(&w);
+  char text[800];
+  snprintf(text, sizeof text, "/tool run_command {\"command\":\"touch %s\"}", mark);
+  cr_assert_eq(ah__host_dispatch(w.h, &c, "session.prompt",
+                                 json_pack("{s:s, s:s}", "sessionId", id, "text", text), NULL, receipt_noted,
+                                 &w),
+               0);
+  volatile bool never = false;
+  ts_run_until(&w.loop, &never, 800);
+  cr_expect_neq(access(mark, F_OK), 0, "the tool ran before its call was stored");
+  release_write_lock(db);
+  wait_for(&w, id, "turn/ended", 2);
+  cr_expect_eq(access(mark, F_OK), 0, "the tool never ran");
+  json_t *ev = history(&w, id);
+  cr_expect(seq_gapless(ev));
+  json_t *call = find_kind(ev, "tool/call", 0);
+  json_t *result = find_kind(ev, "tool/result", 0);
+  cr_assert(call && result);
+  cr_expect_lt(json_integer_value(json_object_get(call, "seq")),
+               json_integer_value(json_object_get(result, "seq")));
+  cr_expect_eq(json_is_false(json_object_get(json_object_get(result, "data"), "isError")), true, "%s",
+               json_dumps(result, JSON_COMPACT));
+  json_decref(ev);
   free(id);
   world_down(&w);
 }
