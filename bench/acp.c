@@ -11,7 +11,10 @@
  * 2. Prompt → first `agent_message_chunk`: one process of each kind, initialized, one session, WARMUP
  *    prompts, then PROMPTS (default 200) prompts one at a time, each timed from the write() of its
  *    `session/prompt` to the parse of the first agent_message_chunk of that session (and to its stopReason).
- *    agenthost runs its embedded echo provider (the default with an empty config).
+ *    agenthost runs its embedded echo provider (the default with an empty config), twice: sending each
+ *    committed message whole (the default) and streaming deltas (`[plugin.acp] stream_deltas = true`, where
+ *    the first chunk is the first delta). Target (issue 17): the first chunk at or below the Node agent's
+ *    time (median), the prompt still stored before the turn's answer.
  *
  * agenthost runs as `agenthost --state-dir D --runtime-dir D/run --config EMPTY acp` with one state
  * directory reused by every run; the Node agent as `node child-agent.mjs`. When node or the SDK (the
@@ -260,13 +263,19 @@ int main(int argc, char **argv) {
 
   if (bench_mkdtemp(top_dir, sizeof top_dir, getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", "bench-acp") != 0)
     return 1;
-  char empty_config[300], state_dir[300], run_dir[320];
+  char empty_config[300], stream_config[300], state_dir[300], run_dir[320];
   snprintf(empty_config, sizeof empty_config, "%s/empty.ini", top_dir);
+  snprintf(stream_config, sizeof stream_config, "%s/stream.ini", top_dir);
   snprintf(state_dir, sizeof state_dir, "%s/state", top_dir);
   snprintf(run_dir, sizeof run_dir, "%s/run", state_dir);
   FILE *f = fopen(empty_config, "w");
   if (f)
     fclose(f);
+  f = fopen(stream_config, "w");
+  if (f) {
+    fputs("[plugin.acp]\nstream_deltas = true\n", f);
+    fclose(f);
+  }
 
   target ah = {.label = "agenthost acp", .tag = "agenthost"};
   target nd = {.label = "Node ACP agent (official SDK)", .tag = "node"};
@@ -280,9 +289,13 @@ int main(int argc, char **argv) {
   ah.argv[7] = "acp";
   nd.argv[0] = (char *)node;
   nd.argv[1] = (char *)agent;
-  target *all[2] = {&ah, &nd};
+  target st = ah; /* the same, streaming deltas: latency only */
+  st.label = "agenthost acp, stream_deltas";
+  st.tag = "agenthost-stream";
+  st.argv[6] = stream_config;
+  target *all[3] = {&ah, &nd, &st};
   int kinds = skip_why ? 1 : 2;
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 3; i++) {
     all[i]->init_ns = calloc((size_t)runs, sizeof(uint64_t));
     all[i]->hwm_kib = calloc((size_t)runs, sizeof(long));
     all[i]->maxrss_kib = calloc((size_t)runs, sizeof(long));
@@ -298,6 +311,8 @@ int main(int argc, char **argv) {
       errors += spawn_run(all[i], r) != 0;
   for (int i = 0; i < kinds && !errors; i++)
     errors += latency_run(all[i], prompts) != 0;
+  if (!errors)
+    errors += latency_run(&st, prompts) != 0;
 
   bench_rm_tree(top_dir);
   if (bench_stopped(errors))
@@ -347,16 +362,25 @@ int main(int argc, char **argv) {
          "   then %d prompts \"echo hi\" one at a time; agenthost runs its echo provider)\n",
          WARMUP, prompts);
   printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p99", "max", "stopReason p50");
-  for (int i = 0; i < kinds; i++) {
+  int order[3] = {0, 2, 1}, shown = skip_why ? 2 : 3;
+  double first_med[3] = {0};
+  for (int k = 0; k < shown; k++) {
+    int i = skip_why ? (k == 0 ? 0 : 2) : order[k];
     target *t = all[i];
     qsort(t->first_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
     qsort(t->done_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
-    printf("   %-32s %7.1f us %7.1f us %7.1f us %11.1f us\n", t->label,
-           (double)t->first_ns[bench_rank((size_t)prompts, 50)] / 1e3,
+    first_med[i] = (double)t->first_ns[bench_rank((size_t)prompts, 50)] / 1e3;
+    printf("   %-32s %7.1f us %7.1f us %7.1f us %11.1f us\n", t->label, first_med[i],
            (double)t->first_ns[bench_rank((size_t)prompts, 99)] / 1e3, (double)t->first_ns[prompts - 1] / 1e3,
            (double)t->done_ns[bench_rank((size_t)prompts, 50)] / 1e3);
   }
-  for (int i = 0; i < 2; i++) {
+  if (!skip_why) {
+    printf("   target first chunk at or below the Node agent's (median), stream_deltas: %s (%.2fx)\n",
+           bench_verdict(first_med[2] <= first_med[1]), first_med[2] / first_med[1]);
+    printf("   the same, committed messages whole (the default): %s (%.2fx)\n",
+           bench_verdict(first_med[0] <= first_med[1]), first_med[0] / first_med[1]);
+  }
+  for (int i = 0; i < 3; i++) {
     free(all[i]->init_ns);
     free(all[i]->hwm_kib);
     free(all[i]->maxrss_kib);
