@@ -132,6 +132,69 @@ static int prompt(child *c, const char *sid, int64_t id, uint64_t *first_ns, uin
   return 0;
 }
 
+/* agenthost sdk, asking for the streamed text (capabilities.deltas). */
+static int sdk_initialize(child *c) {
+  if (send_line(c,
+                "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{\"cwd\":\"%s\","
+                "\"protocolVersion\":1,\"capabilities\":{\"deltas\":true}}}",
+                top_dir) != 0)
+    return -1;
+  json_t *a = await_answer(c, 1, NULL, NULL);
+  bool ok = a && json_is_true(json_object_get(json_object_get(json_object_get(a, "result"), "capabilities"),
+                                              "deltas"));
+  json_decref(a);
+  if (!ok)
+    bench_fail(&c->proc, "initialize did not grant deltas");
+  return ok ? 0 : -1;
+}
+
+/* One SDK prompt (the connection's default session): *first_ns to its first session.delta, *done_ns to
+ * its turn/ended event, both from the write; the receipt must come too. */
+static int sdk_prompt(child *c, int64_t id, uint64_t *first_ns, uint64_t *done_ns) {
+  uint64_t t0 = bench_now_ns(), first = 0, done = 0;
+  if (send_line(c,
+                "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":\"session/prompt\",\"params\":{\"text\":"
+                "\"echo hi\"}}",
+                (long long)id) != 0)
+    return -1;
+  char mid[64] = "";
+  bool receipt = false;
+  while (!(receipt && done)) {
+    json_t *m = next_msg(c, bench_now_ns() + WAIT_NS);
+    if (!m)
+      return -1;
+    uint64_t now = bench_now_ns();
+    const char *method = json_string_value(json_object_get(m, "method"));
+    json_t *p = json_object_get(m, "params");
+    if (!method && json_integer_value(json_object_get(m, "id")) == id) {
+      const char *got = json_string_value(json_object_get(json_object_get(m, "result"), "messageId"));
+      if (!got) {
+        bench_fail(&c->proc, "prompt %lld was refused", (long long)id);
+        json_decref(m);
+        return -1;
+      }
+      snprintf(mid, sizeof mid, "%s", got);
+      receipt = true;
+    } else if (method && strcmp(method, "session.delta") == 0 && !first) {
+      first = now;
+    } else if (method && strcmp(method, "session.event") == 0) {
+      json_t *ev = json_object_get(p, "event");
+      const char *kind = json_string_value(json_object_get(ev, "kind"));
+      const char *emid = json_string_value(json_object_get(ev, "messageId"));
+      if (kind && strcmp(kind, "turn/ended") == 0 && (!mid[0] || (emid && strcmp(emid, mid) == 0)))
+        done = now;
+    }
+    json_decref(m);
+  }
+  if (!first) {
+    bench_fail(&c->proc, "prompt %lld: no session.delta before the turn's end", (long long)id);
+    return -1;
+  }
+  *first_ns = first - t0;
+  *done_ns = done - t0;
+  return 0;
+}
+
 /* stdin EOF, then the exit (status 0) with its rusage. */
 static int finish(child *c, long *maxrss_kib) {
   close(c->proc.to_fd);
@@ -206,6 +269,25 @@ static int spawn_run(target *t, int run) {
   free(sid);
   t->hwm_kib[run] = bench_status_kib(c.proc.pid, "VmHWM:");
   return finish(&c, &t->maxrss_kib[run]);
+}
+
+static int sdk_latency_run(target *t, int n) {
+  child c = {.proc = {.label = t->label, .to_fd = -1, .from_fd = -1}};
+  snprintf(c.proc.log_path, sizeof c.proc.log_path, "%s/%s-latency.stderr", top_dir, t->tag);
+  if (bench_spawn(&c.proc, t->argv) != 0)
+    return -1;
+  int rc = sdk_initialize(&c);
+  uint64_t a = 0, b = 0;
+  for (int i = 0; rc == 0 && i < WARMUP; i++)
+    rc = sdk_prompt(&c, 10 + i, &a, &b);
+  for (int i = 0; rc == 0 && i < n; i++)
+    rc = sdk_prompt(&c, 10 + WARMUP + i, &t->first_ns[i], &t->done_ns[i]);
+  long rss = 0;
+  if (rc != 0) {
+    child_reap(&c);
+    return -1;
+  }
+  return finish(&c, &rss);
 }
 
 static int latency_run(target *t, int n) {
@@ -293,9 +375,13 @@ int main(int argc, char **argv) {
   st.label = "agenthost acp, stream_deltas";
   st.tag = "agenthost-stream";
   st.argv[6] = stream_config;
-  target *all[3] = {&ah, &nd, &st};
+  target sd = ah; /* the SDK surface, capabilities.deltas: latency only */
+  sd.label = "agenthost sdk, deltas";
+  sd.tag = "agenthost-sdk";
+  sd.argv[7] = "sdk";
+  target *all[4] = {&ah, &nd, &st, &sd};
   int kinds = skip_why ? 1 : 2;
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     all[i]->init_ns = calloc((size_t)runs, sizeof(uint64_t));
     all[i]->hwm_kib = calloc((size_t)runs, sizeof(long));
     all[i]->maxrss_kib = calloc((size_t)runs, sizeof(long));
@@ -313,6 +399,8 @@ int main(int argc, char **argv) {
     errors += latency_run(all[i], prompts) != 0;
   if (!errors)
     errors += latency_run(&st, prompts) != 0;
+  if (!errors)
+    errors += sdk_latency_run(&sd, prompts) != 0;
 
   bench_rm_tree(top_dir);
   if (bench_stopped(errors))
@@ -359,13 +447,15 @@ int main(int argc, char **argv) {
   printf("   target agenthost peak RSS <= 8 MB (8192 KiB, max): %s\n", bench_verdict(rss_max[0] <= 8192));
 
   printf("\n2. prompt -> first agent_message_chunk (one process each, one session, %d warm-up prompts,\n"
-         "   then %d prompts \"echo hi\" one at a time; agenthost runs its echo provider)\n",
+         "   then %d prompts \"echo hi\" one at a time; agenthost runs its echo provider; the SDK's first "
+         "chunk\n"
+         "   is its first session.delta and its end the turn/ended event, ACP's end the stopReason)\n",
          WARMUP, prompts);
-  printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p99", "max", "stopReason p50");
-  int order[3] = {0, 2, 1}, shown = skip_why ? 2 : 3;
-  double first_med[3] = {0};
+  printf("   %-32s %10s %10s %10s %14s\n", "", "median", "p99", "max", "end p50");
+  int order[4] = {0, 2, 3, 1}, shown = skip_why ? 3 : 4;
+  double first_med[4] = {0};
   for (int k = 0; k < shown; k++) {
-    int i = skip_why ? (k == 0 ? 0 : 2) : order[k];
+    int i = order[k];
     target *t = all[i];
     qsort(t->first_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
     qsort(t->done_ns, (size_t)prompts, sizeof(uint64_t), bench_cmp_u64);
@@ -379,8 +469,10 @@ int main(int argc, char **argv) {
            bench_verdict(first_med[2] <= first_med[1]), first_med[2] / first_med[1]);
     printf("   the same, committed messages whole (the default): %s (%.2fx)\n",
            bench_verdict(first_med[0] <= first_med[1]), first_med[0] / first_med[1]);
+    printf("   the same through the SDK (first session.delta, capabilities.deltas): %s (%.2fx)\n",
+           bench_verdict(first_med[3] <= first_med[1]), first_med[3] / first_med[1]);
   }
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     free(all[i]->init_ns);
     free(all[i]->hwm_kib);
     free(all[i]->maxrss_kib);

@@ -84,6 +84,7 @@ struct sdk {
   char *model;
   int64_t max_tokens; /* kept for the record; the core's session.create takes no token limit */
   bool can_requests;
+  bool can_deltas;     /* capabilities.deltas: session.delta and session.reasoning are forwarded */
   json_t *mcp_servers; /* initialize's mcpServers (ACP's shape), attached to every session it creates */
   /* the default session */
   char *default_sid;
@@ -268,6 +269,7 @@ static void m_initialize(sdk *s, ah_rpc_inbound *req, const json_t *p) {
   json_t *client = json_object_get(p, "clientInfo");
   json_t *caps = json_object_get(p, "capabilities");
   json_t *requests = json_is_object(caps) ? json_object_get(caps, "requests") : NULL;
+  json_t *deltas = json_is_object(caps) ? json_object_get(caps, "deltas") : NULL;
   if ((provider && !json_is_string(provider)) || (model && !json_is_string(model))) {
     bad_params(s, req, "params: provider and model must be strings");
     return;
@@ -286,6 +288,10 @@ static void m_initialize(sdk *s, ah_rpc_inbound *req, const json_t *p) {
   }
   if (requests && !json_is_boolean(requests)) {
     bad_params(s, req, "params.capabilities.requests: a boolean is required");
+    return;
+  }
+  if (deltas && !json_is_boolean(deltas)) {
+    bad_params(s, req, "params.capabilities.deltas: a boolean is required");
     return;
   }
   json_t *mcp = json_object_get(p, "mcpServers");
@@ -308,12 +314,13 @@ static void m_initialize(sdk *s, ah_rpc_inbound *req, const json_t *p) {
   }
   s->max_tokens = max_tokens ? json_integer_value(max_tokens) : 0;
   s->can_requests = json_is_true(requests);
+  s->can_deltas = json_is_true(deltas);
   s->phase = PHASE_READY;
   /* One protocol version exists: the answer is 1 whatever the client asked for; the client decides. */
-  s->api->rpc->respond(req,
-                       json_pack("{s:{s:s, s:s}, s:i, s:{s:b, s:b, s:b}}", "serverInfo", "name", "agenthost",
-                                 "version", s->api->host_version(), "protocolVersion", SDK_PROTOCOL_VERSION,
-                                 "capabilities", "cancel", 1, "close", 1, "requests", 1));
+  s->api->rpc->respond(req, json_pack("{s:{s:s, s:s}, s:i, s:{s:b, s:b, s:b, s:b}}", "serverInfo", "name",
+                                      "agenthost", "version", s->api->host_version(), "protocolVersion",
+                                      SDK_PROTOCOL_VERSION, "capabilities", "cancel", 1, "close", 1,
+                                      "requests", 1, "deltas", 1));
 }
 
 /* `prompt` ({text} or {content}) is stolen. */
@@ -620,7 +627,8 @@ static void on_event(const char *name, const json_t *data, void *arg) {
     return;
   if (strcmp(name, "session.event") == 0 || strcmp(name, "session.status") == 0 ||
       strcmp(name, "subagent.started") == 0 ||
-      (strcmp(name, "subagent.finished") == 0 && json_is_true(json_object_get(data, "local")))) {
+      (strcmp(name, "subagent.finished") == 0 && json_is_true(json_object_get(data, "local"))) ||
+      (s->can_deltas && (strcmp(name, "session.delta") == 0 || strcmp(name, "session.reasoning") == 0))) {
     s->api->rpc->notify(s->peer, name, json_incref((json_t *)data));
   } else if (strcmp(name, "request.pending") == 0 && s->can_requests) {
     forward_request(s, data);

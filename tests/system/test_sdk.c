@@ -198,6 +198,60 @@ Test(sdk, prompt_receipt_events_idle, .timeout = 60) {
   host_kill(&h);
 }
 
+/* SDK-SERVER-EVENTS: with capabilities.deltas the streamed text arrives as session.delta notifications
+ * (their text adds up to the committed message); without it none is sent; a non-boolean is -32602. */
+static void deltas_run(bool want, const char *text, char *streamed, size_t cap, char *committed,
+                       size_t ccap) {
+  sdk_host h;
+  host_start(&h);
+  json_t *r =
+      call(&h, 1, "initialize", json_pack("{s:s, s:{s:b}}", "cwd", h.work, "capabilities", "deltas", want));
+  cr_assert(
+      json_is_true(json_object_get(json_object_get(json_object_get(r, "result"), "capabilities"), "deltas")));
+  json_decref(r);
+  send_request(&h, 2, "session/prompt", json_pack("{s:s}", "text", text));
+  streamed[0] = committed[0] = '\0';
+  bool ended = false;
+  uint64_t end = ts_now_ms() + 10000;
+  while (!ended && ts_now_ms() < end) {
+    json_t *m = ts_stdio_next_msg(&h, 10000);
+    cr_assert(m, "the host stopped talking");
+    const char *method = ts_rpc_is_response(m) ? "" : ts_rpc_method(m);
+    json_t *p = json_object_get(m, "params");
+    if (strcmp(method, "session.delta") == 0) {
+      cr_expect(json_is_string(json_object_get(p, "turnId")) &&
+                json_is_string(json_object_get(p, "messageId")));
+      strncat(streamed, json_string_value(json_object_get(p, "text")), cap - strlen(streamed) - 1);
+    } else if (strcmp(method, "session.event") == 0) {
+      if (strcmp(event_kind(m), "message/committed") == 0)
+        snprintf(
+            committed, ccap, "%s",
+            json_string_value(json_object_get(json_object_get(json_object_get(p, "event"), "data"), "text")));
+      ended = strcmp(event_kind(m), "turn/ended") == 0;
+    }
+    json_decref(m);
+  }
+  cr_assert(ended, "the turn did not end");
+  host_kill(&h);
+}
+
+Test(sdk, deltas_only_when_asked, .timeout = 60) {
+  char streamed[256], committed[256];
+  deltas_run(true, "/chunks 4\nstreamed in pieces", streamed, sizeof streamed, committed, sizeof committed);
+  cr_expect_str_eq(committed, "echo: streamed in pieces");
+  cr_expect_str_eq(streamed, committed, "the deltas do not add up to the committed text");
+  deltas_run(false, "/chunks 4\nstreamed in pieces", streamed, sizeof streamed, committed, sizeof committed);
+  cr_expect_str_eq(streamed, "", "deltas without the capability");
+  cr_expect_str_eq(committed, "echo: streamed in pieces");
+  sdk_host h;
+  host_start(&h);
+  json_t *r =
+      call(&h, 1, "initialize", json_pack("{s:s, s:{s:s}}", "cwd", h.work, "capabilities", "deltas", "yes"));
+  cr_expect_eq(ts_rpc_error_code(r), -32602);
+  json_decref(r);
+  host_kill(&h);
+}
+
 /* SDK-SERVER-SESSIONS: prompts sent together before the first creation finished share one session. */
 Test(sdk, concurrent_prompts_coalesced, .timeout = 60) {
   sdk_host h;
