@@ -14,8 +14,7 @@
 #include <unistd.h>
 
 #include "browser.h"
-
-#define RPC_ID_MAX 256
+#include "envelope.h"
 
 /* A body this large is parsed on a pool thread: parsing a prompt of many MiB took the loop, and every
  * other client with it, for a second or more. */
@@ -351,10 +350,6 @@ int bp_api_body(bp_state *st, bp_http *h, struct lws *wsi, const void *in, size_
   return 0;
 }
 
-static const char *str_of(const json_t *o, const char *k) {
-  return json_string_value(json_object_get(o, k));
-}
-
 static int envelope_read(bp_req *r, json_t *env);
 
 /* A large body is read by the parser in order, once: what it has read goes back to the system as it goes,
@@ -470,50 +465,19 @@ static int envelope_read(bp_req *r, json_t *env) {
     respond(r, 400, error_body(NULL, "bad-request", "the body is not valid JSON", NULL));
     return 0;
   }
-  const char *rpc = json_is_object(env) ? str_of(env, "rpcId") : NULL;
-  if (rpc && strlen(rpc) <= RPC_ID_MAX)
-    r->rpc_id = strdup(rpc);
-  const char *kind = json_is_object(env) ? str_of(env, "kind") : NULL;
-  const char *why = NULL;
-  if (!json_is_object(env))
-    why = "the envelope must be a JSON object";
-  else if (!r->rpc_id)
-    why = "rpcId: a string of at most 256 bytes is required";
-  if (!why && r->kind == BP_REQ_API) {
-    const char *method = str_of(env, "method");
-    json_t *payload = json_object_get(env, "payload");
-    if (!kind || strcmp(kind, "client-request") != 0)
-      why = "kind: \"client-request\" is required";
-    else if (!method)
-      why = "method: a string is required";
-    else if (strcmp(method, r->method) != 0)
-      why = "the envelope's method differs from the URL's";
-    else if (payload && !json_is_null(payload) && !json_is_object(payload) && !json_is_array(payload))
-      why = "payload: an object or an array is required";
-    if (!why) {
-      json_t *params = payload && !json_is_null(payload) ? json_incref(payload) : json_object();
-      json_decref(env);
-      dispatch(r, r->method, params);
-      return 0;
-    }
-  } else if (!why) {
-    json_t *value = json_object_get(env, "value");
-    json_t *error = json_object_get(env, "error");
-    if (!kind || strcmp(kind, "client-response") != 0)
-      why = "kind: \"client-response\" is required";
-    else if ((value != NULL) == (error != NULL))
-      why = "exactly one of value or error is required";
-    else if (error && (!json_is_object(error) || !str_of(error, "code") || !str_of(error, "message")))
-      why = "error: {code, message} is required";
-    if (!why) {
-      json_t *params = json_pack("{s:s}", "id", r->rpc_id);
-      if (params)
-        json_object_set(params, value ? "value" : "error", value ? value : error);
-      json_decref(env);
-      dispatch(r, "request.respond", params);
-      return 0;
-    }
+  be_call call;
+  be_check(env, r->kind != BP_REQ_API, r->method, &call);
+  if (call.rpc_id)
+    r->rpc_id = strdup(call.rpc_id);
+  const char *why = call.why;
+  if (!why && !r->rpc_id)
+    why = "out of memory";
+  if (!why) {
+    json_decref(env);
+    dispatch(r, call.method, call.params);
+    return 0;
   }
+  json_decref(call.params);
   json_decref(env);
   respond(r, 400, error_body(r->rpc_id, "bad-request", why, NULL));
   return 0;
