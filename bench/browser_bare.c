@@ -15,6 +15,8 @@
 #include <string.h>
 #include <uv.h>
 
+#include "lws_floor.h"
+
 typedef struct conn {
   int post;    /* this transaction is a POST */
   int pending; /* an answer waits for HTTP_WRITEABLE */
@@ -23,9 +25,6 @@ typedef struct conn {
 
 static char *body;
 static size_t body_len;
-static struct lws_context *ctx;
-static uv_loop_t loop;
-static uv_signal_t sigint_h, sigterm_h;
 
 static int answer(struct lws *wsi, conn *c) {
   size_t cap = LWS_PRE + 512 + body_len;
@@ -88,16 +87,6 @@ static const struct lws_protocols protocols[] = {
     {0},
 };
 
-static void on_signal(uv_signal_t *h, int signum) {
-  (void)h;
-  (void)signum;
-  uv_signal_stop(&sigint_h);
-  uv_signal_stop(&sigterm_h);
-  uv_close((uv_handle_t *)&sigint_h, NULL);
-  uv_close((uv_handle_t *)&sigterm_h, NULL);
-  lws_context_destroy(ctx);
-}
-
 int main(int argc, char **argv) {
   if (argc != 3) {
     fprintf(stderr, "usage: browser_bare PORT BODY_FILE\n");
@@ -115,47 +104,11 @@ int main(int argc, char **argv) {
   body_len = n > 0 ? fread(body, 1, (size_t)n, f) : 0;
   fclose(f);
 
-  uv_loop_init(&loop);
-  lws_set_log_level(LLL_ERR, NULL);
-  void *loops[1] = {&loop};
-  struct lws_context_creation_info info;
-  memset(&info, 0, sizeof info);
-  info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
-  info.foreign_loops = loops;
-  info.fd_limit_per_thread = 1024;
-  info.port = CONTEXT_PORT_NO_LISTEN;
-  info.protocols = protocols;
-  info.count_threads = 1;
-  info.keepalive_timeout = 60;
-  info.max_http_header_data = 16384;
-  info.max_http_header_pool = 64;
-  ctx = lws_create_context(&info);
-  if (!ctx) {
-    fprintf(stderr, "browser_bare: cannot create the libwebsockets context (libwebsockets-evlib-uv?)\n");
+  lws_floor srv = {0};
+  if (lws_floor_open(&srv, "browser_bare", protocols, atoi(argv[1])) < 0)
     return 1;
-  }
-  struct lws_context_creation_info vi;
-  memset(&vi, 0, sizeof vi);
-  vi.vhost_name = "bare";
-  vi.port = atoi(argv[1]);
-  vi.iface = "127.0.0.1";
-  vi.protocols = protocols;
-  vi.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_DISABLE_IPV6;
-  vi.keepalive_timeout = 60;
-  if (!lws_create_vhost(ctx, &vi)) {
-    fprintf(stderr, "browser_bare: cannot listen on 127.0.0.1:%s\n", argv[1]);
-    lws_context_destroy(ctx);
-    return 1;
-  }
-  uv_signal_init(&loop, &sigint_h);
-  uv_signal_init(&loop, &sigterm_h);
-  uv_signal_start(&sigint_h, on_signal, SIGINT);
-  uv_signal_start(&sigterm_h, on_signal, SIGTERM);
   fprintf(stderr, "browser_bare: listening on 127.0.0.1:%s\n", argv[1]);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  /* A foreign loop: the context's handles close on the loop after lws_context_destroy(). */
-  uv_run(&loop, UV_RUN_DEFAULT);
-  uv_loop_close(&loop);
+  lws_floor_run(&srv);
   free(body);
   return 0;
 }

@@ -27,6 +27,8 @@
 #include <time.h>
 #include <uv.h>
 
+#include "lws_floor.h"
+
 #define BATCH_MAX (256u << 10)
 #define SID "0193f1b2-7c1e-7d4a-9b2e-5a1c0d9e8f70"
 #define TID "0193f1b2-7c1f-7000-8000-1a2b3c4d5e6f"
@@ -54,9 +56,6 @@ typedef struct http {
   char *answer;
 } http;
 
-static struct lws_context *ctx;
-static uv_loop_t loop;
-static uv_signal_t sigint_h, sigterm_h;
 static uv_timer_t tick;
 static sock *socks;
 static size_t queue_max = 8u << 20;
@@ -345,16 +344,10 @@ static const struct lws_protocols protocols[] = {
     {0},
 };
 
-static void on_signal(uv_signal_t *h, int signum) {
-  (void)h;
-  (void)signum;
-  uv_signal_stop(&sigint_h);
-  uv_signal_stop(&sigterm_h);
-  uv_close((uv_handle_t *)&sigint_h, NULL);
-  uv_close((uv_handle_t *)&sigterm_h, NULL);
+static void on_stop(lws_floor *f) {
+  (void)f;
   uv_timer_stop(&tick);
   uv_close((uv_handle_t *)&tick, NULL);
-  lws_context_destroy(ctx);
 }
 
 int main(int argc, char **argv) {
@@ -365,46 +358,14 @@ int main(int argc, char **argv) {
   if (argc == 2)
     queue_max = (size_t)atoll(argv[1]);
   signal(SIGPIPE, SIG_IGN);
-  uv_loop_init(&loop);
-  uv_timer_init(&loop, &tick);
-  lws_set_log_level(LLL_ERR, NULL);
-  void *loops[1] = {&loop};
-  struct lws_context_creation_info info;
-  memset(&info, 0, sizeof info);
-  info.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_EXPLICIT_VHOSTS;
-  info.foreign_loops = loops;
-  info.fd_limit_per_thread = 1024;
-  info.port = CONTEXT_PORT_NO_LISTEN;
-  info.protocols = protocols;
-  info.count_threads = 1;
-  ctx = lws_create_context(&info);
-  if (!ctx) {
-    fprintf(stderr,
-            "browser_broadcast_bare: cannot create the libwebsockets context (libwebsockets-evlib-uv?)\n");
+  lws_floor f = {.on_stop = on_stop};
+  int port = lws_floor_open(&f, "browser_broadcast_bare", protocols, 0);
+  if (port < 0)
     return 1;
-  }
-  struct lws_context_creation_info vi;
-  memset(&vi, 0, sizeof vi);
-  vi.vhost_name = "bare";
-  vi.port = 0;
-  vi.iface = "127.0.0.1";
-  vi.protocols = protocols;
-  vi.options = LWS_SERVER_OPTION_LIBUV | LWS_SERVER_OPTION_DISABLE_IPV6;
-  struct lws_vhost *vh = lws_create_vhost(ctx, &vi);
-  if (!vh || lws_get_vhost_listen_port(vh) <= 0) {
-    fprintf(stderr, "browser_broadcast_bare: cannot listen on 127.0.0.1\n");
-    lws_context_destroy(ctx);
-    return 1;
-  }
-  uv_signal_init(&loop, &sigint_h);
-  uv_signal_init(&loop, &sigterm_h);
-  uv_signal_start(&sigint_h, on_signal, SIGINT);
-  uv_signal_start(&sigterm_h, on_signal, SIGTERM);
-  printf("http://127.0.0.1:%d/#k=bare\n", lws_get_vhost_listen_port(vh));
+  uv_timer_init(&f.loop, &tick);
+  printf("http://127.0.0.1:%d/#k=bare\n", port);
   fflush(stdout);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  uv_run(&loop, UV_RUN_DEFAULT); /* a foreign loop: the context's handles close after the destroy */
-  uv_loop_close(&loop);
+  lws_floor_run(&f);
   free(wbuf);
   return 0;
 }
