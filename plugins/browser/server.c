@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -620,6 +621,10 @@ static void listen_poll_cb(uv_poll_t *p, int status, int events) {
       st->api->log(st->m, AH_PLOG_INFO, "accepting connections again (paused %llu time(s))",
                    (unsigned long long)st->accept_refused);
     }
+    /* No Nagle: a small frame or answer goes out at once, not after the peer's delayed ACK of the one
+     * before (tens of milliseconds), as on the sockets libwebsockets accepts itself. */
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     if (!lws_adopt_socket_vhost(st->vhosts[i], fd))
       close(fd); /* lws refused it (no room in its table): the peer sees the connection closed */
   }
