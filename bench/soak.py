@@ -23,7 +23,8 @@ the scripted fake model server streaming every answer in chunks):
 The daemon's VmRSS and open descriptors are sampled every 5 s. The baseline is taken once the warm-up is
 over (default: a tenth of the run, at least 20 s); the end figure after the load has stopped and the
 sessions had `--settle` seconds to leave memory (idle_unload_s = 5). Verdicts: RSS drift (end against
-baseline) < 5 %, descriptors at the end no more than at the baseline, 0 crashes (every process alive
+baseline) < 5 %, descriptors at the end no more than at the baseline, in total and of each kind (files,
+pipes, connections to the fake model, ...; no connection of the soak's clients left), 0 crashes (every process alive
 until stopped, the daemon's orderly stop with status 0), 0 prompts without an end within 60 s, 0 cursors
 out of order (--no-memory-verdicts: the figures of RSS and descriptors without a verdict, for the
 short run of the test suite). Prints the figures and the verdicts; exits 1 when a verdict is missed or
@@ -113,6 +114,60 @@ def fd_count(pid):
         return len(os.listdir("/proc/%d/fd" % pid))
     except OSError:
         return -1
+
+
+def socket_inodes(pid):
+    """Socket inode -> what it is: 'tcp to :PORT', 'tcp listening :PORT', 'tcp from :PORT' or 'unix'."""
+    out = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open("/proc/%d/net/%s" % (pid, name)) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local, remote, state, inode = parts[1], parts[2], parts[3], parts[9]
+                    lport, rport = int(local.split(":")[1], 16), int(remote.split(":")[1], 16)
+                    if state == "0A":
+                        out[inode] = "tcp listening :%d" % lport
+                    else:
+                        out[inode] = "tcp (:%d, :%d)" % (lport, rport)
+        except OSError:
+            pass
+    return out
+
+
+def fd_census(pid, names):
+    """The daemon's descriptors by kind: a count per kind; TCP sockets named by the port of a known peer
+    (names: port -> what listens there), the rest by their target (pipe, eventfd, a file...)."""
+    census = {}
+    inodes = socket_inodes(pid)
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+    except OSError:
+        return census
+    for fd in fds:
+        try:
+            target = os.readlink("/proc/%d/fd/%s" % (pid, fd))
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            kind = inodes.get(target[8:-1], "unix socket")
+            if kind.startswith("tcp ("):
+                lport, rport = [int(x.strip(" :)")) for x in kind[5:].split(",")]
+                kind = ("tcp to %s" % names[rport] if rport in names else
+                        "tcp from a client of %s" % names[lport] if lport in names else kind)
+        elif target.startswith("pipe:"):
+            kind = "pipe"
+        elif target.startswith("anon_inode:"):
+            kind = target
+        else:
+            kind = "file " + target
+        census[kind] = census.get(kind, 0) + 1
+    return census
+
+
+def census_text(c):
+    return ", ".join("%s %d" % (k, v) for k, v in sorted(c.items()))
 
 
 # ---- the browser carrier: POST envelopes, a WebSocket client ------------------------------------------
@@ -602,6 +657,8 @@ def main():
         samples = []
         start = time.monotonic()
         baseline = None
+        base_census = {}
+        peer_names = {fake_port: "the fake model", port: "the browser listener"}
         while time.monotonic() - start < opts.seconds:
             time.sleep(5)
             if daemon.poll() is not None:
@@ -612,7 +669,9 @@ def main():
             samples.append((now, rss_kib(daemon.pid), fd_count(daemon.pid)))
             if baseline is None and now >= warmup:
                 baseline = samples[-1]
+                base_census = fd_census(daemon.pid, peer_names)
                 log("baseline at %.0f s: RSS %d KiB, %d descriptors" % baseline)
+                log("descriptors at the baseline: %s" % census_text(base_census))
             if int(now) % 300 < 5:
                 log("%.0f s: RSS %d KiB, %d fds; prompts browser %d, sdk %d, acp %d; reloads %d"
                     % (now, samples[-1][1], samples[-1][2], C.get("browser prompts"), C.get("sdk prompts"),
@@ -625,6 +684,7 @@ def main():
             log("workers still running after the stop: %s" % ", ".join(alive))
         time.sleep(opts.settle)
         end = (time.monotonic() - start, rss_kib(daemon.pid), fd_count(daemon.pid))
+        end_census = fd_census(daemon.pid, peer_names)
         peak = max(s[1] for s in samples) if samples else -1
 
         stop = subprocess.run([binary] + args + ["stop"], capture_output=True, text=True, timeout=90)
@@ -669,11 +729,18 @@ def main():
         print("  daemon   RSS baseline %d KiB (at %.0f s), peak %d KiB, end %d KiB (after %.0f s settle): "
               "drift %+.1f %%" % (baseline[1], baseline[0], peak, end[1], opts.settle, drift))
         print("  daemon   descriptors baseline %d, end %d" % (baseline[2], end[2]))
+        grown = {k: end_census.get(k, 0) - base_census.get(k, 0) for k in set(end_census) | set(base_census)}
+        print("  daemon   descriptors at the end: %s; against the baseline: %s"
+              % (census_text(end_census), census_text({k: v for k, v in grown.items() if v}) or "the same"))
 
         verdicts = []
         if opts.memory_verdicts:
+            # Per kind: the soak's own connections come and go (none is left at the end), so a total
+            # taken while some were open could hide a leak of another kind.
+            flat = end[2] <= baseline[2] and all(v <= 0 for v in grown.values()) and \
+                not any(k.startswith("tcp from a client") for k in end_census)
             verdicts += [("RSS drift < 5 %", drift < 5.0),
-                         ("descriptors flat (end <= baseline)", end[2] <= baseline[2])]
+                         ("descriptors flat (none of any kind more than at the baseline)", flat)]
         verdicts += [
             ("every worker stopped when told", not alive),
             ("0 crashes", C.get("crashes") == 0 and C.get("workers died") == 0),
