@@ -185,6 +185,30 @@ class RealHostTest(TmpDirCase):
         self.assertEqual(r.events[0]["messageId"], r.message_id)
         self.assertEqual([e for e in r.events if e["kind"] == "turn/ended"][-1]["data"]["reason"], "end")
 
+    def test_deltas_stream_the_text_when_asked(self) -> None:
+        c = self.track(Client(AGENTHOST, args=["--state-dir", self.tmp, "--runtime-dir",
+                                                os.path.join(self.tmp, "run"), "--config", self.config]))
+        res = c.initialize(self.work, deltas=True)
+        self.assertIs(res.capabilities.get("deltas"), True)
+        with c.subscribe(lambda n: n.method == "session.delta") as sub:
+            r = c.session().run("/chunks 4\nstreamed in pieces", timeout=20)
+            pieces = []
+            while True:
+                try:
+                    n = sub.next(timeout=0.5)
+                except TimeoutError:
+                    break
+                assert n is not None
+                self.assertEqual(n.params["messageId"], r.message_id)
+                pieces.append(n.params["text"])
+        self.assertEqual(len(pieces), 4)
+        self.assertEqual("".join(pieces), r.final_response)
+        plain = self.client()  # without deltas=True: none
+        with plain.subscribe(lambda n: n.method == "session.delta") as sub:
+            plain.session().run("/chunks 4\nstreamed in pieces", timeout=20)
+            with self.assertRaises(TimeoutError):
+                sub.next(timeout=0.5)
+
     def test_run_twice_in_one_session(self) -> None:
         c = self.client()
         s = c.session()

@@ -673,7 +673,7 @@ class Client:
 
     def initialize(self, cwd: Optional[str] = None, *, provider: Optional[str] = None,
                    model: Optional[str] = None, max_tokens: Optional[int] = None, requests: bool = False,
-                   client_info: Optional[Mapping[str, Any]] = None,
+                   deltas: bool = False, client_info: Optional[Mapping[str, Any]] = None,
                    capabilities: Optional[Mapping[str, Any]] = None,
                    protocol_version: int = PROTOCOL_VERSION,
                    timeout: Union[float, None, str] = "default") -> InitializeResult:
@@ -681,9 +681,13 @@ class Client:
 
         ``requests=True`` declares that this client answers approvals and questions
         (see :meth:`next_request`); otherwise they stay pending for other surfaces.
+        ``deltas=True`` asks for the streamed text: ``session.delta`` (and ``session.reasoning``)
+        notifications ``{sessionId, turnId, messageId, text}`` as the provider streams.
         """
         caps: Dict[str, Any] = dict(capabilities or {})
         caps.setdefault("requests", requests)
+        if deltas:
+            caps.setdefault("deltas", True)
         params: Dict[str, Any] = {"cwd": os.path.abspath(cwd or os.getcwd()), "protocolVersion": protocol_version,
                                   "clientInfo": dict(client_info or {"name": "agenthost-python",
                                                                      "version": _version()}),
