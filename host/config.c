@@ -546,6 +546,16 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         return;
       }
       cfg->idle_unload_ms = v == 0 ? UINT64_MAX : (uint64_t)(v * 1000.0 + 0.5);
+    } else if (strcmp(key, "lease_ttl_ms") == 0) {
+      char *end = NULL;
+      errno = 0;
+      unsigned long long n = strtoull(value, &end, 10);
+      if (errno || *end || !value[0] || value[0] == '-' || n < 300 || n > 3600000) {
+        fail(L, "%s: must be a whole number of milliseconds from 300 to 3600000%s", where,
+             quote_value(q, sizeof q, key, value));
+        return;
+      }
+      cfg->lease_ttl_ms = n;
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,

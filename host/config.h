@@ -87,6 +87,9 @@ typedef struct ah_config {
   /* [host] idle_unload_s: how long a live session with nothing going on stays in memory (ms); 0: the
    * default (15 minutes); UINT64_MAX: never (idle_unload_s = 0). */
   uint64_t idle_unload_ms;
+  /* [host] lease_ttl_ms: the TTL of a live session's lease (docs/sessions.md "Leases"); 0: 30000. Read at
+   * start only. */
+  uint64_t lease_ttl_ms;
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */

@@ -70,6 +70,7 @@ int ah__host_new(const ah_host_opts *opts, ah_host **out) {
     /* A stdio child opens the store at its first session call: it answers `initialize` without it. */
     ah_sessions_opts so = {.host = h,
                            .config = h->config,
+                           .lease_ttl_ms = h->config->lease_ttl_ms,
                            .recover = opts->recover_sessions,
                            .lazy_store = strcmp(h->mode, "serve") != 0};
     rc = ah__sessions_new(&so, &h->sessions, &why);

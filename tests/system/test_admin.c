@@ -871,14 +871,14 @@ static const char *event_kind_of(const json_t *m) {
  * of S (every write is fenced), its prompt refused as agent-busy (not acknowledged); B's turn completes
  * and is stored whole; the event log of S stays gap-free and free of duplicates. */
 Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .fini = cleanup) {
-  test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
+  test_daemon *d = d_new(NO_DEFAULT_PLUGINS "[host]\nlease_ttl_ms = 2000\n");
   d_start(d);
   char *work = ts_mkdtemp();
   char sid[64];
   d_new_session(d, work, sid, sizeof sid);
 
   cr_assert_eq(kill(d->pid, SIGSTOP), 0);
-  sleep(33); /* past the 30 s lease */
+  usleep(3000 * 1000); /* past A's 2 s lease ([host] lease_ttl_ms) */
 
   ts_stdio b;
   ts_stdio_prepare(&b);

@@ -1155,6 +1155,25 @@ Test(config, idle_unload_s) {
   }
 }
 
+/* [host] lease_ttl_ms: whole milliseconds from 300 to 3600000; unset = 0 (the sessions apply 30000). */
+Test(config, lease_ttl_ms) {
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[host]\nlease_ttl_ms = 2000\n", NULL, &err), 0, "%s", err ? err : "");
+  cr_expect_eq(cfg.lease_ttl_ms, 2000);
+  ah__config_free(&cfg);
+  cr_assert_eq(load_text(&cfg, "[host]\n", NULL, &err), 0);
+  cr_expect_eq(cfg.lease_ttl_ms, 0, "unset: the sessions' default");
+  ah__config_free(&cfg);
+  const char *bad[] = {"299", "3600001", "-1", "2s", "", "1.5", "0x100"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char text[96];
+    snprintf(text, sizeof text, "[host]\nlease_ttl_ms = %s\n", bad[i]);
+    file_error_case(text,
+                    "2: [host] lease_ttl_ms: ", "must be a whole number of milliseconds from 300 to 3600000");
+  }
+}
+
 /* [mcp.NAME] sections become the mcp plugin's `servers`, their values as written (the plugin checks them);
  * an unknown key is ignored with a warning that names only the key; a bad server name is an error. */
 Test(config, mcp_sections_become_the_mcp_plugins_servers) {
