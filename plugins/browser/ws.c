@@ -310,6 +310,8 @@ static void enforce_budget(bp_state *st) {
                  "this one the furthest behind, %zu bytes)",
                  (unsigned long long)slow->id, st->ws_bytes, slow->q.bytes + slow->held.bytes);
     ws_close_when_drained(slow, 1013);
+    if (!slow->closing) /* it could not be closed (no socket): stop rather than pick it again */
+      return;
   }
 }
 
