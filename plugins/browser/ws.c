@@ -675,7 +675,20 @@ void bp_ws_close_all(bp_state *st, int code, const char *why) {
   bp_ws *w = st->ws;
   while (w) {
     bp_ws *next = w->next;
-    ws_close(w, code, why);
+    if (w->closing && w->close_code && w->wsi && !w->close_posted) {
+      /* A 1013 close waiting for a peer that does not read (up to 10 s): the connection goes now, or a
+       * withdraw would wait for it past the host's deadline. */
+      if (w->close_timer) {
+        st->api->timer_stop(w->close_timer);
+        w->close_timer = NULL;
+        w->calls--;
+        st->outstanding--;
+      }
+      w->close_code = 0;
+      lws_set_timeout(w->wsi, PENDING_TIMEOUT_USER_OK, LWS_TO_KILL_SYNC); /* may free `w` */
+    } else {
+      ws_close(w, code, why);
+    }
     w = next;
   }
 }

@@ -1224,6 +1224,41 @@ Test(browser_http, unload_reload_load_in_a_running_host) {
   stop(&d);
 }
 
+/* A reload while a slow consumer's 1013 close waits for its socket to drain (it never reads): the
+ * withdraw drops that connection at once and finishes in time — no zombie (the 30-minute soak kept one
+ * browser instance mapped, with its memory and descriptors, for each reload that came within 10 s of a
+ * slow consumer's close). */
+Test(browser_http, a_reload_during_a_slow_consumers_close_leaves_no_zombie, .timeout = 120) {
+  daemon_t d;
+  start(&d, "ws_queue_bytes = 1048576\n");
+  int slow = ws_open(&d, "/api/ws/mux", 4096);
+  char *sid = create_session(&d);
+  size_t big = 64 * 1024;
+  char *text = malloc(big + 1);
+  memset(text, 'x', big);
+  text[big] = '\0';
+  for (int i = 0; i < 100; i++)
+    prompt(&d, sid, text);
+  free(text);
+  json_decref(wait_turns(&d, 100));
+  char *log = log_text(&d);
+  cr_assert(strstr(log, "slow consumer"), "the slow consumer was not closed:\n%s", log);
+  free(log);
+  char *out = NULL;
+  cr_assert_eq(admin(&d, "reload", "browser", &out), 0, "%s", out ? out : "");
+  cr_expect_null(strstr(out, "zombie"), "%s", out);
+  free(out);
+  cr_assert_eq(admin(&d, "list", NULL, &out), 0);
+  cr_expect_null(strstr(out, "zombie"), "%s", out);
+  free(out);
+  log = log_text(&d);
+  cr_expect_null(strstr(log, "kept mapped as a zombie"), "%s", log);
+  free(log);
+  close(slow);
+  free(sid);
+  stop(&d);
+}
+
 /* Whether session.list says `id` is live (in the daemon's memory). session.list names no session: it never
  * makes the plugin follow one. */
 static bool listed_live(daemon_t *d, const char *id) {
