@@ -763,27 +763,34 @@ Test(browser_http, mux_replays_after_the_cursor_then_live_gap_free) {
   stop(&d);
 }
 
-/* A consumer that does not read is closed 1013 instead of growing the server's memory. */
-Test(browser_http, slow_consumer_is_closed_1013) {
-  daemon_t d;
-  start(&d, "ws_queue_bytes = 1048576\n");
-  int ws = ws_open(&d, "/api/ws/mux", 4096);
-  char *sid = create_session(&d);
+/* A daemon whose ws_queue_bytes is 1 MiB and a mux socket that never reads (4 KiB receive buffer), past
+ * which 100 turns of 64 KB were streamed (more than its queue and the kernel's buffers hold): the socket
+ * (returned) has been found slow. */
+static int slow_consumer(daemon_t *d) {
+  start(d, "ws_queue_bytes = 1048576\n");
+  int ws = ws_open(d, "/api/ws/mux", 4096);
+  char *sid = create_session(d);
   size_t big = 64 * 1024;
   char *text = malloc(big + 1);
   memset(text, 'x', big);
   text[big] = '\0';
   for (int i = 0; i < 100; i++)
-    prompt(&d, sid, text);
+    prompt(d, sid, text);
   free(text);
-  json_decref(wait_turns(&d, 100));
-  int code = ws_close(ws, -1, 5000);
-  cr_expect_eq(code, 1013);
-  char *log = log_text(&d);
-  cr_expect(strstr(log, "slow consumer"));
-  free(log);
-  close(ws);
+  json_decref(wait_turns(d, 100));
   free(sid);
+  char *log = log_text(d);
+  cr_expect(strstr(log, "slow consumer"), "the slow consumer was not closed:\n%s", log);
+  free(log);
+  return ws;
+}
+
+/* A consumer that does not read is closed 1013 instead of growing the server's memory. */
+Test(browser_http, slow_consumer_is_closed_1013) {
+  daemon_t d;
+  int ws = slow_consumer(&d);
+  cr_expect_eq(ws_close(ws, -1, 5000), 1013);
+  close(ws);
   stop(&d);
 }
 
@@ -1230,20 +1237,7 @@ Test(browser_http, unload_reload_load_in_a_running_host) {
  * slow consumer's close). */
 Test(browser_http, a_reload_during_a_slow_consumers_close_leaves_no_zombie, .timeout = 120) {
   daemon_t d;
-  start(&d, "ws_queue_bytes = 1048576\n");
-  int slow = ws_open(&d, "/api/ws/mux", 4096);
-  char *sid = create_session(&d);
-  size_t big = 64 * 1024;
-  char *text = malloc(big + 1);
-  memset(text, 'x', big);
-  text[big] = '\0';
-  for (int i = 0; i < 100; i++)
-    prompt(&d, sid, text);
-  free(text);
-  json_decref(wait_turns(&d, 100));
-  char *log = log_text(&d);
-  cr_assert(strstr(log, "slow consumer"), "the slow consumer was not closed:\n%s", log);
-  free(log);
+  int slow = slow_consumer(&d);
   char *out = NULL;
   cr_assert_eq(admin(&d, "reload", "browser", &out), 0, "%s", out ? out : "");
   cr_expect_null(strstr(out, "zombie"), "%s", out);
@@ -1251,11 +1245,10 @@ Test(browser_http, a_reload_during_a_slow_consumers_close_leaves_no_zombie, .tim
   cr_assert_eq(admin(&d, "list", NULL, &out), 0);
   cr_expect_null(strstr(out, "zombie"), "%s", out);
   free(out);
-  log = log_text(&d);
+  char *log = log_text(&d);
   cr_expect_null(strstr(log, "kept mapped as a zombie"), "%s", log);
   free(log);
   close(slow);
-  free(sid);
   stop(&d);
 }
 
