@@ -558,6 +558,15 @@ typedef struct pending_call {
   json_t *args;
 } pending_call;
 
+static void pending_call_free(pending_call *pc) {
+  if (!pc)
+    return;
+  free(pc->call_id);
+  free(pc->name);
+  json_decref(pc->args);
+  free(pc);
+}
+
 static void before_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
   pending_call *pc = arg;
   if (t->ended || t->cancelled || t->end_pending || v->cancelled) {
@@ -569,10 +578,7 @@ static void before_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
   } else {
     run_or_ask(t, pc->call_id, pc->name, v->arguments ? v->arguments : pc->args);
   }
-  free(pc->call_id);
-  free(pc->name);
-  json_decref(pc->args);
-  free(pc);
+  pending_call_free(pc);
   finish_pending_end(t);
 }
 
@@ -581,6 +587,7 @@ static void before_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
  * approval, as the session's policy says. */
 static void tool_call_written(session *s, int status, const json_t *event, void *arg) {
   (void)s;
+  (void)event;
   pending_call *pc = arg;
   turn *t = pc->t;
   t->tools_running--;
@@ -610,11 +617,7 @@ static void tool_call_written(session *s, int status, const json_t *event, void 
   } else {
     run_or_ask(t, call_id, name, args);
   }
-  (void)event;
-  free(pc->call_id);
-  free(pc->name);
-  json_decref(pc->args);
-  free(pc);
+  pending_call_free(pc);
   finish_pending_end(t);
 }
 
@@ -634,12 +637,7 @@ static void sink_tool_call(void *ctx, const char *call_id, const char *name, con
   }
   if (!pc || !pc->call_id || !pc->name) {
     ah__write_event(t->s, "tool/call", t->id, NULL, data);
-    if (pc) {
-      free(pc->call_id);
-      free(pc->name);
-      json_decref(pc->args);
-      free(pc);
-    }
+    pending_call_free(pc);
     ah__turn_tool_refused(t, call_id, name, "out of memory");
     return;
   }
