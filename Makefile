@@ -72,7 +72,7 @@ endef
 # `make -n test` stays a dry run). Each is a single &&-chain.
 UNIT_ASAN = $(call meson-setup,$(ASAN_DIR),$(ASAN_OPTS)) && \
   $(NINJA) -C $(ASAN_DIR) && \
-  env $(ASAN_ENV) $(MESON) test -C $(ASAN_DIR) --suite unit --suite system --print-errorlogs \
+  env $(ASAN_ENV) $(MESON) test -C $(ASAN_DIR) --suite unit --suite system --suite postgresql --print-errorlogs \
     --timeout-multiplier $(ASAN_TIMEOUT_MULTIPLIER)
 # $(call fuzz-run,SECONDS): set up and build $(FUZZ_DIR) with clang, run every harness (suite fuzz).
 fuzz-run = ( export CC=$(CLANG) && $(call meson-setup,$(FUZZ_DIR),$(FUZZ_OPTS)) ) && \
@@ -101,7 +101,7 @@ test: deps build minimal
 	@rc=0; \
 	echo '== meson test ($(BUILD_DIR))'; \
 	$(MESON) test -C $(BUILD_DIR) --print-errorlogs || rc=1; \
-	echo '== meson test --suite unit --suite system ($(ASAN_DIR): ASan + UBSan)'; \
+	echo '== meson test --suite unit --suite system --suite postgresql ($(ASAN_DIR): ASan + UBSan)'; \
 	{ $(UNIT_ASAN); } || rc=1; \
 	echo '== fuzz ($(FUZZ_DIR): libFuzzer, each harness $(TEST_FUZZ_SECONDS) s)'; \
 	{ $(call fuzz-run,$(TEST_FUZZ_SECONDS)); } || rc=1; \

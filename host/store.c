@@ -268,8 +268,8 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
                    ah_store **out, char **why) {
   if (why)
     *why = NULL;
-  if (!loop || !opts || !opts->path || !out) {
-    set_why(why, "store: missing loop, options, path or output");
+  if (!loop || !opts || (!opts->path && !opts->url) || !out) {
+    set_why(why, "store: missing loop, options, path (or connection string) or output");
     return AH_EINVAL;
   }
   *out = NULL;
@@ -337,7 +337,7 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     set_why(why, "store: cannot start the writer thread");
     return AH_EINTERNAL;
   }
-  AH_LOG_D(COMP, "opened %s (%s%s)", opts->path, backend->name, opts->read_only ? ", read-only" : "");
+  AH_LOG_D(COMP, "opened %s (%s%s)", opts->path ? opts->path : "the database", backend->name, opts->read_only ? ", read-only" : "");
   *out = s;
   return 0;
 }

@@ -57,7 +57,11 @@ typedef enum ah_store_sync {
 } ah_store_sync;
 
 typedef struct ah_store_opts {
-  const char *path; /* the database file (state_dir/agenthost.db) */
+  const char *path; /* SQLite: the database file (state_dir/agenthost.db) */
+  /* PostgreSQL: the connection string (a libpq URI or key=value list) and the password (NULL: none, or
+   * libpq's own sources). Neither is ever logged. */
+  const char *url;
+  const char *password;
   ah_store_sync sync;
   bool read_only; /* CLI readers: never create, never migrate, never write */
   /* SQLite: past this many frames in the WAL a checkpoint waits for the writer and the readers so that the
@@ -107,6 +111,7 @@ enum {
 };
 
 extern const ah_store_backend ah__store_sqlite;
+extern const ah_store_backend ah__store_pg; /* store_pg.c (docs/scaling.md) */
 /* The schema version this build writes (recordings' metadata). */
 int ah__store_schema_version(void);
 

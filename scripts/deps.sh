@@ -36,6 +36,8 @@ PACKAGES=(
   node-dompurify         # ... sanitized by DOMPurify (both served by the browser plugin at /vendor/)
   libjs-chart.js         # ... and draws the usage panel's chart with Chart.js (/vendor/chart.min.js)
   libcurl4-openssl-dev   # the core's HTTP client service (model providers, MCP over HTTP)
+  libpq-dev              # the store's PostgreSQL backend (several hosts on one store)
+  postgresql-15          # tests: a PostgreSQL cluster of their own (tests/support/with_pg.sh)
   uthash-dev             # the core's and the ACP plugin's tables by id (live sessions, requests)
   ca-certificates        # the system CA store libcurl verifies TLS against
   openssl                # tests: a CA and a server certificate made at test time

@@ -4,6 +4,10 @@
  * close and open, refusal of newer schemas and of corrupt or foreign files (left byte-for-byte unchanged),
  * read-only opens, another process holding the write lock, and JSON round trips.
  *
+ * The same suite runs against PostgreSQL when tests/support/with_pg.sh started a cluster for it (the
+ * `store-pg` test): each test gets a database of its own; tests of what only SQLite has (its file, its
+ * WAL, its migrations, simulated clocks) are skipped there and PostgreSQL's own come at the end.
+ *
  * A "gated" backend wraps the SQLite one: it can park the writer thread after a commit until the test has
  * queued everything it wants, so that "these opsets form one group" is certain rather than likely. */
 #include <criterion/criterion.h>
@@ -21,6 +25,15 @@
 #include "host_support.h"
 #include "store.h"
 #include "support.h"
+#ifdef AH_HAVE_POSTGRESQL
+#include <libpq-fe.h>
+
+#include "pg_support.h"
+#else
+static bool tpg_enabled(void) {
+  return false;
+}
+#endif
 
 /* ---- helpers ------------------------------------------------------------------------------------------ */
 
@@ -65,7 +78,26 @@ typedef struct fx {
   char *dir;
   char *path;
   ah_store *s;
+  char *url; /* PostgreSQL: the test's own database; NULL on SQLite */
+  char dbname[64];
 } fx;
+
+/* The backend under test. */
+static const ah_store_backend *backend(void) {
+#ifdef AH_HAVE_POSTGRESQL
+  if (tpg_enabled())
+    return &ah__store_pg;
+#endif
+  return &ah__store_sqlite;
+}
+
+/* What only SQLite has: skipped against PostgreSQL (which has its own tests of the same points). */
+#define SQLITE_ONLY(why)                    \
+  do {                                      \
+    if (tpg_enabled()) {                    \
+      cr_skip_test("SQLite only: %s", why); \
+    }                                       \
+  } while (0)
 
 static void fx_init(fx *f) {
   memset(f, 0, sizeof *f);
@@ -74,12 +106,20 @@ static void fx_init(fx *f) {
   f->dir = ts_mkdtemp();
   cr_assert_not_null(f->dir);
   cr_assert(asprintf(&f->path, "%s/agenthost.db", f->dir) > 0);
+#ifdef AH_HAVE_POSTGRESQL
+  if (tpg_enabled())
+    f->url = tpg_create_db(f->dbname);
+#endif
 }
 
 static int store_open(fx *f, const ah_store_backend *be, ah_store_sync sync, bool read_only, ah_store **out,
                       char **why) {
   ah_store_opts o = {.path = f->path, .sync = sync, .read_only = read_only};
-  return ah__store_open(&f->loop, be, &o, out, why);
+#ifdef AH_HAVE_POSTGRESQL
+  o.url = f->url;
+  o.password = tpg_password();
+#endif
+  return ah__store_open(&f->loop, be ? be : backend(), &o, out, why);
 }
 
 static ah_store *open_ok(fx *f, const ah_store_backend *be) {
@@ -117,6 +157,11 @@ static void fx_fini(fx *f) {
   ts_rmtree(f->dir);
   free(f->dir);
   free(f->path);
+#ifdef AH_HAVE_POSTGRESQL
+  if (f->url)
+    tpg_drop_db(f->dbname);
+#endif
+  free(f->url);
   cr_expect_eq(th_leak_check(), 0, "memory leaked (see the LeakSanitizer report)");
 }
 
@@ -171,7 +216,13 @@ static const char *sget(const json_t *o, const char *key) {
   return json_string_value(json_object_get(o, key));
 }
 
-static sqlite3_int64 raw_int(const char *path, const char *sql) {
+/* Raw SQL beside the store, on the database under test (the SQL must suit both, or the test one backend). */
+static sqlite3_int64 raw_int(fx *f, const char *sql) {
+#ifdef AH_HAVE_POSTGRESQL
+  if (f->url)
+    return tpg_int(f->url, sql);
+#endif
+  const char *path = f->path;
   sqlite3 *db = NULL;
   cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
   sqlite3_stmt *st = NULL;
@@ -183,7 +234,12 @@ static sqlite3_int64 raw_int(const char *path, const char *sql) {
   return v;
 }
 
-static char *raw_text(const char *path, const char *sql) {
+static char *raw_text(fx *f, const char *sql) {
+#ifdef AH_HAVE_POSTGRESQL
+  if (f->url)
+    return tpg_text(f->url, sql);
+#endif
+  const char *path = f->path;
   sqlite3 *db = NULL;
   cr_assert_eq(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
   sqlite3_stmt *st = NULL;
@@ -195,7 +251,14 @@ static char *raw_text(const char *path, const char *sql) {
   return v;
 }
 
-static void raw_exec(const char *path, const char *sql) {
+static void raw_exec(fx *f, const char *sql) {
+#ifdef AH_HAVE_POSTGRESQL
+  if (f->url) {
+    tpg_exec(f->url, sql);
+    return;
+  }
+#endif
+  const char *path = f->path;
   sqlite3 *db = NULL;
   cr_assert_eq(sqlite3_open(path, &db), SQLITE_OK);
   char *err = NULL;
@@ -222,7 +285,7 @@ static struct {
 /* Commits, then parks the writer thread while the gate is closed: whatever is submitted meanwhile is
  * taken as one group once it opens. */
 static void gated_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
-  ah__store_sqlite.write_group(impl, opsets, n, results, statuses);
+  backend()->write_group(impl, opsets, n, results, statuses);
   pthread_mutex_lock(&gate.mu);
   if (gate.ngroups < 64)
     gate.sizes[gate.ngroups++] = n;
@@ -236,7 +299,7 @@ static void gated_write_group(void *impl, json_t *const *opsets, size_t n, json_
 }
 
 static ah_store_backend gated_backend(void) {
-  ah_store_backend b = ah__store_sqlite;
+  ah_store_backend b = *backend();
   b.name = "gated";
   b.write_group = gated_write_group;
   return b;
@@ -309,14 +372,21 @@ Test(store, open_creates_wal_database_at_current_schema) {
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
-  cr_expect(exists(f.path));
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 5);
-  char *mode = raw_text(f.path, "PRAGMA journal_mode");
-  cr_expect_str_eq(mode, "wal");
-  free(mode);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
-                               "('sessions', 'events', 'inbox', 'inbox_content', 'requests', 'owners')"),
-               6);
+  if (f.url) {
+    cr_expect_eq(raw_int(&f, "SELECT max(version) FROM agenthost_schema"), 1);
+    cr_expect_eq(raw_int(&f, "SELECT count(*) FROM pg_tables WHERE tablename IN ('sessions', 'events', "
+                             "'inbox', 'inbox_content', 'requests', 'owners', 'commit_markers')"),
+                 7);
+  } else {
+    cr_expect(exists(f.path));
+    cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 5);
+    char *mode = raw_text(&f, "PRAGMA journal_mode");
+    cr_expect_str_eq(mode, "wal");
+    free(mode);
+    cr_expect_eq(raw_int(&f, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN "
+                             "('sessions', 'events', 'inbox', 'inbox_content', 'requests', 'owners')"),
+                 6);
+  }
   cr_expect_eq(ah__store_commits(f.s), 0);
   cr_expect_eq(ah__store_opsets(f.s), 0);
   expect_json(ah__store_list_sessions(f.s, NULL, 0), "[]");
@@ -325,6 +395,7 @@ Test(store, open_creates_wal_database_at_current_schema) {
 }
 
 Test(store, backend_open_failure_is_returned_with_its_reason) {
+  SQLITE_ONLY("a database path (PostgreSQL: pg_an_unreachable_server_is_refused_with_its_reason)");
   fx f;
   fx_init(&f);
   free(f.path);
@@ -664,6 +735,8 @@ Test(store, sessions_to_recover) {
 /* lease.renew: one heartbeat row per owner keeps every session it leased, whatever their own lease_until;
  * lapsed says whether it had run out before; a lapsed owner's sessions can be taken; lease.end removes it. */
 Test(store, one_heartbeat_per_owner_keeps_all_its_leases) {
+  SQLITE_ONLY("leases on a simulated clock (PostgreSQL leases go by the server clock: "
+              "pg_leases_go_by_the_servers_clock)");
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
@@ -700,13 +773,13 @@ Test(store, one_heartbeat_per_owner_keeps_all_its_leases) {
   s = ah__store_get_session(f.s, "s2");
   cr_expect_str_eq(sget(s, "leaseOwner"), "A", "renewed again in time for s2: still A's");
   json_decref(s);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners"), 2);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM owners"), 2);
   write_ok(&f, f.s, "[{'op':'lease.end','owner':'A'}]");
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners WHERE owner = 'A'"), 0);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM owners WHERE owner = 'A'"), 0);
   /* A heartbeat dead for a day is removed at the next renewal of anyone. */
   write_ok(&f, f.s, "[{'op':'lease.renew','owner':'C','until':90000000,'now':86410000}]");
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners WHERE owner = 'B'"), 0);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM owners"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM owners WHERE owner = 'B'"), 0);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM owners"), 1);
   /* Malformed operations fail their opset. */
   cr_expect_neq(write_wait(&f, f.s, J("[{'op':'lease.renew','owner':'A','until':'x','now':0}]"), &w), 0);
   cr_expect_neq(write_wait(&f, f.s, J("[{'op':'lease.end'}]"), &w), 0);
@@ -714,6 +787,7 @@ Test(store, one_heartbeat_per_owner_keeps_all_its_leases) {
 }
 
 Test(store, leases) {
+  SQLITE_ONLY("leases on a simulated clock (PostgreSQL: pg_leases_go_by_the_servers_clock)");
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
@@ -759,6 +833,7 @@ Test(store, leases) {
 }
 
 Test(store, two_stores_on_one_file_share_leases_and_rows) {
+  SQLITE_ONLY("a simulated clock (PostgreSQL: pg_two_stores_share_leases_and_rows)");
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
@@ -869,7 +944,7 @@ static void flaky_write_group(void *impl, json_t *const *opsets, size_t n, json_
     }
     return;
   }
-  ah__store_sqlite.write_group(impl, opsets, n, results, statuses);
+  backend()->write_group(impl, opsets, n, results, statuses);
 }
 
 /* A group that failed as a whole for a reason that may pass is written again, in order, after a pause
@@ -878,7 +953,7 @@ static void flaky_write_group(void *impl, json_t *const *opsets, size_t n, json_
 Test(store, a_group_that_failed_as_a_whole_is_tried_again_in_order, .timeout = 30) {
   fx f;
   fx_init(&f);
-  ah_store_backend be = ah__store_sqlite;
+  ah_store_backend be = *backend();
   be.name = "flaky";
   be.write_group = flaky_write_group;
   f.s = open_ok(&f, &be);
@@ -1107,6 +1182,7 @@ static void lock_db(locker *l, const char *path) {
 }
 
 Test(store, write_lock_held_elsewhere_waits_then_fails_whole_group, .timeout = 60) {
+  SQLITE_ONLY("SQLite's write lock (PostgreSQL: pg_a_lock_held_elsewhere_fails_the_group_as_busy)");
   fx f;
   fx_init(&f);
   ah_store_backend be = gated_backend();
@@ -1190,10 +1266,12 @@ Test(store, reopen_keeps_everything) {
   json_t *inbox = ah__store_inbox_open(s, "s1");
   json_t *req = ah__store_requests_pending(s, NULL);
   close_store(&f, s);
-  char *wal = NULL;
-  cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
-  cr_expect_not(exists(wal), "a clean close checkpoints the WAL into the database and removes it");
-  free(wal);
+  if (!f.url) {
+    char *wal = NULL;
+    cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
+    cr_expect_not(exists(wal), "a clean close checkpoints the WAL into the database and removes it");
+    free(wal);
+  }
   f.s = open_ok(&f, NULL);
   json_t *sess2 = ah__store_get_session(f.s, "s1");
   json_t *ev2 = ah__store_events_after(f.s, 0, 0);
@@ -1254,19 +1332,21 @@ static void expect_refused(fx *f, int want_rc, const char *const *needles) {
 }
 
 Test(store, newer_schema_is_refused_and_left_unchanged) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_newer_or_foreign_database_is_refused)");
   fx f;
   fx_init(&f);
   ah_store *s = open_ok(&f, NULL);
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
-  raw_exec(f.path, "PRAGMA user_version = 99");
+  raw_exec(&f, "PRAGMA user_version = 99");
   const char *needles[] = {"version 99", "version 5 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 99);
+  cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 99);
   fx_fini(&f);
 }
 
 Test(store, random_bytes_are_refused_and_left_unchanged) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_newer_or_foreign_database_is_refused)");
   fx f;
   fx_init(&f);
   unsigned char buf[16384];
@@ -1285,6 +1365,7 @@ Test(store, random_bytes_are_refused_and_left_unchanged) {
 }
 
 Test(store, text_file_is_refused_and_left_unchanged) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_newer_or_foreign_database_is_refused)");
   fx f;
   fx_init(&f);
   char *p = ts_write_file(f.dir, "agenthost.db", "[store]\npath = not a database\nthis is a text file\n");
@@ -1296,6 +1377,7 @@ Test(store, text_file_is_refused_and_left_unchanged) {
 }
 
 Test(store, truncated_database_is_refused_and_left_unchanged) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_newer_or_foreign_database_is_refused)");
   fx f;
   fx_init(&f);
   ah_store *s = open_ok(&f, NULL);
@@ -1321,6 +1403,7 @@ Test(store, truncated_database_is_refused_and_left_unchanged) {
 }
 
 Test(store, corrupt_page_is_refused_and_left_unchanged) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_newer_or_foreign_database_is_refused)");
   fx f;
   fx_init(&f);
   ah_store *s = open_ok(&f, NULL);
@@ -1354,6 +1437,7 @@ Test(store, corrupt_page_is_refused_and_left_unchanged) {
 }
 
 Test(store, read_only_open_of_a_missing_file_fails_and_creates_nothing) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_read_only_open_of_an_empty_database_creates_nothing)");
   fx f;
   fx_init(&f);
   ah_store *s = NULL;
@@ -1403,9 +1487,10 @@ Test(store, read_only_open_reads_but_never_writes) {
 }
 
 Test(store, read_only_open_of_an_unmigrated_file_is_refused) {
+  SQLITE_ONLY("a database file (PostgreSQL: pg_a_read_only_open_of_an_empty_database_creates_nothing)");
   fx f;
   fx_init(&f);
-  raw_exec(f.path, "CREATE TABLE t (x)");
+  raw_exec(&f, "CREATE TABLE t (x)");
   ah_store *s = NULL;
   char *why = NULL;
   int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, true, &s, &why);
@@ -1446,7 +1531,7 @@ Test(store, sync_settings_open) {
     write_ok(&f, s, text);
     close_store(&f, s);
   }
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM events"), 4);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 4);
   fx_fini(&f);
 }
 
@@ -1509,6 +1594,7 @@ Test(store, json_unicode_and_big_data_round_trip) {
 /* Reliability finding 12: a JSON value of 1 MiB or more is written in pieces (never whole in memory three
  * times), in the same transaction as the rest of its opset, and reads back equal. */
 Test(store, large_values_are_written_in_pieces_and_read_back_whole) {
+  SQLITE_ONLY("SQLite's incremental blob I/O and WAL");
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
@@ -1540,13 +1626,12 @@ Test(store, large_values_are_written_in_pieces_and_read_back_whole) {
   json_decref(evs);
   /* Stored as the value's JSON text, byte for byte (a BLOB of those bytes). */
   size_t want = json_dumpb(content, NULL, 0, JSON_COMPACT | JSON_ENCODE_ANY);
-  cr_expect_eq(raw_int(f.path, "SELECT length(CAST(content AS BLOB)) FROM inbox_content"),
-               (sqlite3_int64)want);
-  cr_expect_eq(raw_int(f.path, "SELECT typeof(content) = 'blob' FROM inbox_content"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT length(CAST(content AS BLOB)) FROM inbox_content"), (sqlite3_int64)want);
+  cr_expect_eq(raw_int(&f, "SELECT typeof(content) = 'blob' FROM inbox_content"), 1);
   /* A state change does not rewrite the content (SQLite rewrites a whole row on UPDATE): what it adds to
    * the write-ahead log, emptied first, is a few pages, not the 3 MiB. (Checkpoints are passive: they never
    * shrink the log file.) */
-  raw_exec(f.path, "PRAGMA wal_checkpoint(TRUNCATE)");
+  raw_exec(&f, "PRAGMA wal_checkpoint(TRUNCATE)");
   char *wal = NULL;
   cr_assert(asprintf(&wal, "%s-wal", f.path) > 0);
   struct stat sb;
@@ -1561,9 +1646,9 @@ Test(store, large_values_are_written_in_pieces_and_read_back_whole) {
                           "messageId", "m2", "sessionId", "s1", "content", content, "op", "event",
                           "sessionId", "s1", "seq", 1, "kind", "dup", "data", "content", content);
   cr_expect_eq(write_wait(&f, f.s, bad, &w), AH_EEXIST);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox"), 1);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox_content"), 1);
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM events"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM inbox"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM inbox_content"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 1);
   json_decref(content);
   free(text);
   fx_fini(&f);
@@ -1571,10 +1656,11 @@ Test(store, large_values_are_written_in_pieces_and_read_back_whole) {
 
 /* Schema v2 moved a prompt's content out of the inbox row: a version 1 store keeps its prompts, in order. */
 Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
+  SQLITE_ONLY("SQLite's schema history (PostgreSQL starts at its version 1)");
   fx f;
   fx_init(&f);
   raw_exec(
-      f.path,
+      &f,
       "CREATE TABLE sessions (id TEXT PRIMARY KEY NOT NULL, cwd TEXT, title TEXT, provider TEXT, model TEXT,"
       " parent TEXT, local INTEGER NOT NULL DEFAULT 0, depth INTEGER NOT NULL DEFAULT 0, status TEXT,"
       " closed INTEGER NOT NULL DEFAULT 0, created, updated, policy TEXT NOT NULL DEFAULT '{}',"
@@ -1590,7 +1676,7 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
       "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
       "PRAGMA user_version = 1;");
   f.s = open_ok(&f, NULL);
-  cr_expect_eq(raw_int(f.path, "PRAGMA user_version"), 5);
+  cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 5);
   /* v3 gave every session its settings, v4 its usage, both empty; the rest of the row is as it was. */
   json_t *row = ah__store_get_session(f.s, "s1");
   cr_assert(row);
@@ -1603,7 +1689,7 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
               "[{'messageId':'m2','sessionId':'s1','content':[{'type':'text','text':'two'}],'state':'queued',"
               "'turnId':null,'time':2},"
               "{'messageId':'m1','sessionId':'s1','content':[],'state':'claimed','turnId':'t1','time':1}]");
-  cr_expect_eq(raw_int(f.path, "SELECT count(*) FROM inbox_content"), 3);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM inbox_content"), 3);
   fx_fini(&f);
 }
 
@@ -1629,6 +1715,7 @@ static json_t *blob_batch(int *seq) {
  * ever written: batches of ~256 KB with a pause between them leave the database holding the data and the
  * WAL smaller than half of them (it starts over once copied; a loaded machine may miss a few moments). */
 Test(store, the_wal_is_checkpointed_while_open_and_stays_bounded, .timeout = 60) {
+  SQLITE_ONLY("the WAL");
   fx f;
   fx_init(&f);
   f.s = open_ok(&f, NULL);
@@ -1719,6 +1806,7 @@ static void stream_next(stream *st) {
 }
 
 Test(store, the_wal_starts_over_under_writes_that_never_pause, .timeout = 120) {
+  SQLITE_ONLY("the WAL");
   fx f;
   fx_init(&f);
   ah_store_opts o = {.path = f.path, .sync = AH_STORE_SYNC_NORMAL, .wal_restart_frames = 256};
@@ -1743,3 +1831,308 @@ Test(store, the_wal_starts_over_under_writes_that_never_pause, .timeout = 120) {
   free(wal);
   fx_fini(&f);
 }
+
+/* ---- PostgreSQL's own ------------------------------------------------------------------------------------
+ */
+
+#ifdef AH_HAVE_POSTGRESQL
+
+static void ts_sleep_ms(unsigned ms) {
+  usleep(ms * 1000u);
+}
+
+#define PG_ONLY()                                          \
+  do {                                                     \
+    if (!tpg_enabled())                                    \
+      cr_skip_test("PostgreSQL only (the store-pg test)"); \
+  } while (0)
+
+/* A lease's expiry is the server's: the TTL is until - now of the caller, placed on the server's clock, so
+ * a host whose clock is far ahead (or behind) neither expires others' leases early nor holds its own longer.
+ * The heartbeat (lease.renew) likewise; a lapsed heartbeat is reported. */
+Test(store, pg_leases_go_by_the_servers_clock, .timeout = 30) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 ",{'op':'session.put','session':{'id':'s2'}}]");
+  wres w;
+  /* A's clock says 0; B's is a year ahead: B's now does not expire A's lease of 600 ms. */
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'A','until':600,'now':0},"
+                            "{'op':'lease','id':'s1','owner':'B','until':31536000600,'now':31536000000}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[true,false]");
+  json_t *s = ah__store_get_session(f.s, "s1");
+  int64_t server_now = raw_int(&f, "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint");
+  cr_expect(iget(s, "leaseUntil") > server_now - 5000 && iget(s, "leaseUntil") <= server_now + 600,
+            "leaseUntil %lld is not on the server's clock (%lld)", (long long)iget(s, "leaseUntil"),
+            (long long)server_now);
+  json_decref(s);
+  /* The heartbeat holds A's lease past its own lease_until; once it lapses, B takes it. */
+  cr_assert_eq(write_wait(&f, f.s, J("[{'op':'lease.renew','owner':'A','until':1200,'now':0}]"), &w), 0);
+  json_decref(w.results);
+  ts_sleep_ms(800);
+  cr_assert_eq(write_wait(&f, f.s, J("[{'op':'lease','id':'s1','owner':'B','until':700,'now':0}]"), &w), 0);
+  expect_json(w.results, "[false]");
+  ts_sleep_ms(600);
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'B','until':700,'now':0},"
+                            "{'op':'lease.renew','owner':'A','until':1000,'now':0}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[true,{'lapsed':true}]");
+  s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "B");
+  json_decref(s);
+  /* Steal and release as on SQLite; a free lease is taken at once. */
+  cr_assert_eq(write_wait(&f, f.s,
+                          J("[{'op':'lease','id':'s1','owner':'C','until':60000,'now':0,'steal':'B'},"
+                            "{'op':'lease','id':'s2','owner':'C','until':60000,'now':0},"
+                            "{'op':'lease','id':'nope','owner':'C','until':60000,'now':0}]"),
+                          &w),
+               0);
+  expect_json(w.results, "[true,true,false]");
+  write_ok(&f, f.s,
+           "[{'op':'lease.release','id':'s1','owner':'B'},{'op':'lease.release','id':'s2','owner':'C'}]");
+  s = ah__store_get_session(f.s, "s1");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "C", "a release by a non-owner is ignored");
+  json_decref(s);
+  s = ah__store_get_session(f.s, "s2");
+  cr_expect(json_is_null(json_object_get(s, "leaseOwner")));
+  json_decref(s);
+  write_ok(&f, f.s, "[{'op':'lease.end','owner':'A'}]");
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM owners WHERE owner = 'A'"), 0);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'lease','id':'s1','owner':'B'}]"), AH_EINVAL);
+  fx_fini(&f);
+}
+
+/* Two stores on one database (two hosts): each reads the other's rows, and the fence of one refuses its
+ * writes once the other took the session over. */
+Test(store, pg_two_stores_share_leases_and_rows) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  ah_store *other = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  wres w;
+  cr_assert_eq(write_wait(&f, f.s, J("[{'op':'lease','id':'s1','owner':'host-1','until':400,'now':0}]"), &w),
+               0);
+  expect_json(w.results, "[true]");
+  cr_assert_eq(
+      write_wait(&f, other, J("[{'op':'lease','id':'s1','owner':'host-2','until':400,'now':0}]"), &w), 0);
+  expect_json(w.results, "[false]");
+  json_t *s = ah__store_get_session(other, "s1");
+  cr_assert_not_null(s, "the second store reads the first one's rows");
+  cr_expect_str_eq(sget(s, "leaseOwner"), "host-1");
+  json_decref(s);
+  write_ok(&f, f.s,
+           "[{'op':'fence','id':'s1','owner':'host-1'},"
+           "{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{'from':1}}]");
+  json_t *ev = ah__store_events(other, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1, "the second reads the first one's events");
+  json_decref(ev);
+  /* host-1's lease and heartbeat run out (it never renewed): host-2 takes the session; host-1's fenced
+   * write is refused and nothing of it is stored. */
+  ts_sleep_ms(600);
+  cr_assert_eq(
+      write_wait(&f, other, J("[{'op':'lease','id':'s1','owner':'host-2','until':60000,'now':0}]"), &w), 0);
+  expect_json(w.results, "[true]");
+  cr_expect_eq(write_status(&f, f.s,
+                            "[{'op':'fence','id':'s1','owner':'host-1'},"
+                            "{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}}]"),
+               AH_EAGENTBUSY);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 1);
+  close_store(&f, other);
+  fx_fini(&f);
+}
+
+/* A lock held by another connection: the write waits (the loop keeps running) and commits once it goes;
+ * held past lock_timeout (5 s) every opset of the group fails with AH_EBUSY and nothing is written. */
+Test(store, pg_a_lock_held_elsewhere_fails_the_group_as_busy, .timeout = 60) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  const char *keys[] = {"dbname", "password", NULL};
+  const char *vals[] = {f.url, tpg_password(), NULL};
+  PGconn *c = PQconnectdbParams(keys, vals, 1);
+  cr_assert_eq(PQstatus(c), CONNECTION_OK);
+  PQclear(PQexec(c, "BEGIN; SELECT 1 FROM sessions WHERE id = 's1' FOR UPDATE"));
+  wres w;
+  memset(&w, 0, sizeof w);
+  uint64_t t0 = ts_now_ms();
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'fence','id':'s1','owner':'A'},{'op':'session.update','id':'s1',"
+                                 "'set':{'title':'x'}}]"),
+                               on_write, &w),
+               0);
+  cr_expect_lt(ts_now_ms() - t0, 100, "ah__store_write blocked the loop");
+  volatile bool never = false;
+  ts_run_until(&f.loop, &never, 300);
+  cr_expect_not(w.done, "went past a row lock held by another connection");
+  PQclear(PQexec(c, "ROLLBACK"));
+  cr_assert(ts_run_until(&f.loop, &w.done, 10000));
+  cr_expect_eq(w.status, AH_EAGENTBUSY, "the fence ran once the lock went: %s", ah_err_name(w.status));
+  /* Held past lock_timeout. */
+  PQclear(PQexec(c, "BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE"));
+  t0 = ts_now_ms();
+  cr_expect_eq(
+      write_status(&f, f.s, "[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]"),
+      AH_EBUSY);
+  cr_expect_geq(ts_now_ms() - t0, 4500, "gave up before the lock timeout");
+  PQclear(PQexec(c, "ROLLBACK"));
+  PQfinish(c);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 0);
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
+  fx_fini(&f);
+}
+
+/* A database of a newer agenthost, or one whose tables are not agenthost's, is refused and left as it was;
+ * a read-only open of either too. */
+Test(store, pg_a_newer_or_foreign_database_is_refused) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  ah_store *s = open_ok(&f, NULL);
+  close_store(&f, s);
+  raw_exec(&f, "UPDATE agenthost_schema SET version = 99");
+  for (int ro = 0; ro < 2; ro++) {
+    char *why = NULL;
+    int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, ro, &s, &why);
+    cr_expect_eq(rc, AH_ECONFIG, "%s", ah_err_name(rc));
+    cr_expect(why && strstr(why, "version 99") && strstr(why, "newer"), "why: %s", why ? why : "-");
+    cr_expect(why && !strstr(why, tpg_password()), "the password is in the reason");
+    free(why);
+  }
+  cr_expect_eq(raw_int(&f, "SELECT max(version) FROM agenthost_schema"), 99);
+  raw_exec(&f, "DROP TABLE agenthost_schema");
+  char *why = NULL;
+  cr_expect_eq(store_open(&f, NULL, AH_STORE_SYNC_NORMAL, false, &s, &why), AH_ECONFIG);
+  cr_expect(why && strstr(why, "not an agenthost database"), "why: %s", why ? why : "-");
+  free(why);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM pg_tables WHERE tablename = 'agenthost_schema'"), 0);
+  fx_fini(&f);
+}
+
+Test(store, pg_a_read_only_open_of_an_empty_database_creates_nothing) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  ah_store *s = NULL;
+  char *why = NULL;
+  int rc = store_open(&f, NULL, AH_STORE_SYNC_NORMAL, true, &s, &why);
+  cr_expect_eq(rc, AH_ENOENT, "%s", ah_err_name(rc));
+  cr_expect_null(s);
+  cr_expect(why && strstr(why, "version 0"), "why: %s", why ? why : "-");
+  free(why);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"), 0);
+  fx_fini(&f);
+}
+
+/* An unreachable server, or a wrong password, fails the open with a reason that names the server and never
+ * the password. */
+Test(store, pg_an_unreachable_server_is_refused_with_its_reason) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  ah_store_opts o = {.url = "host=127.0.0.1 port=1 dbname=x user=agenthost connect_timeout=2",
+                     .password = "sekrit-CANARY",
+                     .sync = AH_STORE_SYNC_NORMAL};
+  ah_store *s = NULL;
+  char *why = NULL;
+  cr_expect_eq(ah__store_open(&f.loop, &ah__store_pg, &o, &s, &why), AH_EIO);
+  cr_expect(why && strstr(why, "cannot connect"), "why: %s", why ? why : "-");
+  cr_expect(why && !strstr(why, "CANARY"), "why: %s", why ? why : "-");
+  free(why);
+  why = NULL;
+  o.url = f.url;
+  cr_expect_eq(ah__store_open(&f.loop, &ah__store_pg, &o, &s, &why), AH_EIO);
+  cr_expect(why && strstr(why, "password"), "why: %s", why ? why : "-");
+  cr_expect(why && !strstr(why, "CANARY"), "why: %s", why ? why : "-");
+  free(why);
+  fx_fini(&f);
+}
+
+/* The connection is cut under the store (the server ends its backends): the next write reconnects and
+ * commits; the next read too. */
+Test(store, pg_a_dropped_connection_is_opened_again) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '%s' AND "
+           "application_name LIKE 'agenthost-%%'",
+           f.dbname);
+  cr_expect_eq(raw_int(&f, sql), 2, "the writer and the reader");
+  write_ok(&f, f.s, "[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
+  json_t *ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_eq(json_array_size(ev), 1);
+  json_decref(ev);
+  cr_expect_eq(ah__store_read_status(f.s), 0);
+  fx_fini(&f);
+}
+
+/* Events are numbered in commit order across stores (hosts): with two stores writing at once, every cursor
+ * a reader has seen is below every cursor committed after it. */
+Test(store, pg_cursors_follow_commit_order_across_stores, .timeout = 60) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  ah_store *other = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[{'op':'session.put','session':{'id':'a'}},{'op':'session.put','session':{'id':'b'}}]");
+  enum { N = 400 };
+  static wres w[2 * N];
+  static wres *ws[2 * N + 1];
+  int64_t seen = 0;
+  size_t followed = 0;
+  for (int i = 0; i < N; i++) {
+    for (int k = 0; k < 2; k++) {
+      json_t *op = json_pack("[{s:s, s:s, s:i, s:s, s:s, s:{}}]", "op", "event", "sessionId", k ? "b" : "a",
+                             "seq", i + 1, "kind", "k", "time", "t", "data");
+      memset(&w[2 * i + k], 0, sizeof w[0]);
+      cr_assert_eq(ah__store_write(k ? other : f.s, op, on_write, &w[2 * i + k]), 0);
+      ws[2 * i + k] = &w[2 * i + k];
+    }
+    uv_run(&f.loop, UV_RUN_NOWAIT);
+    /* A reader following by cursor: what it reads after `seen` must never contain a cursor it skipped. */
+    json_t *ev = ah__store_events_after(f.s, seen, 0);
+    size_t j;
+    json_t *e;
+    json_array_foreach(ev, j, e) {
+      seen = iget(e, "cursor");
+      followed++;
+    }
+    json_decref(ev);
+  }
+  ws[2 * N] = NULL;
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 30000));
+  for (int i = 0; i < 2 * N; i++) {
+    cr_expect_eq(w[i].status, 0);
+    json_decref(w[i].results);
+  }
+  json_t *ev = ah__store_events_after(f.s, seen, 0);
+  size_t j;
+  json_t *e;
+  json_array_foreach(ev, j, e) {
+    seen = iget(e, "cursor");
+    followed++;
+  }
+  json_decref(ev);
+  /* Every event reached the follower: one that committed after a higher cursor was read would have been
+   * skipped (the follower never reads below what it has seen). */
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 2 * N);
+  cr_expect_eq(followed, 2 * N, "the follower missed %zu events", 2 * N - followed);
+  cr_expect_eq(raw_int(&f, "SELECT max(\"cursor\") FROM events"), seen);
+  close_store(&f, other);
+  fx_fini(&f);
+}
+
+#endif

@@ -1,0 +1,1474 @@
+/* The PostgreSQL backend of the durable store (docs/scaling.md).
+ *
+ * Two connections, each used by one thread only: `w`, the writer (the loop thread while opening, then only
+ * the store's writer thread), and `r`, used by the reads on the loop thread. Both are opened from the same
+ * connection string (a libpq URI or key=value string) with the password, when one is configured, passed
+ * apart from it: neither the string nor the password is ever logged (a log line names the server by host,
+ * port and database only).
+ *
+ * The logical schema is SQLite's (host/store_sqlite.c): the same tables and columns, JSON kept as compact
+ * text (so exports are byte-identical), times kept as the JSON text of the value written (a string or a
+ * number comes back as it went in). The schema version lives in agenthost_schema; migrations run in one
+ * transaction under an advisory lock, so hosts starting together migrate once.
+ *
+ * What PostgreSQL changes:
+ *  - The store's clock decides leases: a lease or heartbeat operation takes its TTL from the caller
+ *    (until - now) and its times from the server's clock, so hosts whose clocks disagree still agree on
+ *    when a lease expires.
+ *  - The fence locks the session's row (SELECT ... FOR UPDATE) inside the writing transaction, so a
+ *    takeover waits for a write already fenced and a write waits for a takeover already made: no event of
+ *    an owner commits after its session was taken over.
+ *  - Events are numbered (cursor) under a transaction-level advisory lock, so their commit order is their
+ *    cursor order across every host: a reader that saw cursor N never later sees a smaller one commit.
+ *  - Every group writes a marker row with its own token. When the connection drops during COMMIT, the
+ *    writer reconnects and looks the marker up: the group committed or it did not, never guessed.
+ *  - lock_timeout and idle_in_transaction_session_timeout bound what a paused process can hold.
+ */
+#include <errno.h>
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "agenthost/errors.h"
+#include "internal.h"
+#include "log.h"
+#include "store.h"
+
+#define COMP "store"
+
+/* A lock held by another host past this fails the group as busy (SQLite's busy timeout is the same). */
+#define LOCK_TIMEOUT "5s"
+/* A transaction left open by a paused or hung process is ended by the server after this. */
+#define IDLE_TX_TIMEOUT "5s"
+/* A read that takes longer than this fails (the loop waits for reads). */
+#define READ_TIMEOUT "10s"
+/* How long the writer keeps trying to learn the outcome of a commit whose answer was lost. */
+#define UNKNOWN_COMMIT_WAIT_MS 30000
+/* Advisory lock keys ("agnt" and "agnt"+1). */
+#define LOCK_MIGRATE "1634168436"
+#define LOCK_EVENTS "1634168437"
+/* Markers older than this are removed (every MARKER_PRUNE_EVERY groups). */
+#define MARKER_PRUNE_EVERY 1000
+
+#define PG_SCHEMA_VERSION 1
+
+static const char *const pg_migrations[PG_SCHEMA_VERSION] = {
+    /* v1: SQLite's schema at its version 5, in one step. */
+    "CREATE TABLE sessions ("
+    "  id text COLLATE \"C\" PRIMARY KEY NOT NULL, cwd text, title text, provider text, model text, parent "
+    "text,"
+    "  \"local\" boolean NOT NULL DEFAULT false, depth bigint NOT NULL DEFAULT 0, status text,"
+    "  closed boolean NOT NULL DEFAULT false, created text, updated text,"
+    "  policy text NOT NULL DEFAULT '{}', tags text NOT NULL DEFAULT '[]', last_seq bigint NOT NULL DEFAULT "
+    "0,"
+    "  lease_owner text, lease_until bigint NOT NULL DEFAULT 0, settings text NOT NULL DEFAULT '{}',"
+    "  \"usage\" text NOT NULL DEFAULT '{}');"
+    "CREATE INDEX sessions_parent ON sessions (parent);"
+    "CREATE TABLE events ("
+    "  \"cursor\" bigserial PRIMARY KEY, session_id text NOT NULL, seq bigint NOT NULL, kind text NOT NULL,"
+    "  \"time\" text, turn_id text, message_id text, data text NOT NULL, UNIQUE (session_id, seq));"
+    "CREATE TABLE inbox ("
+    "  n bigserial, message_id text PRIMARY KEY NOT NULL, session_id text NOT NULL, state text NOT NULL,"
+    "  turn_id text, created text);"
+    "CREATE INDEX inbox_session_state ON inbox (session_id, state);"
+    "CREATE TABLE inbox_content (message_id text PRIMARY KEY NOT NULL, content text NOT NULL);"
+    "CREATE TABLE requests ("
+    "  n bigserial, id text PRIMARY KEY NOT NULL, session_id text NOT NULL, turn_id text, kind text NOT NULL,"
+    "  params text, options text, state text NOT NULL, answer text, created text, resolved text);"
+    "CREATE INDEX requests_state ON requests (state);"
+    "CREATE INDEX requests_session ON requests (session_id);"
+    "CREATE TABLE owners (owner text PRIMARY KEY NOT NULL, until bigint NOT NULL);"
+    "CREATE TABLE commit_markers (token text PRIMARY KEY NOT NULL, at timestamptz NOT NULL DEFAULT now());",
+};
+
+/* The server's clock in Unix milliseconds. */
+#define DB_NOW "(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+
+#define SESSION_COLS                                                                                      \
+  "id, cwd, title, provider, model, parent, \"local\", depth, status, closed, created, updated, policy, " \
+  "tags, last_seq, lease_owner, lease_until, settings, \"usage\""
+#define EVENT_COLS "\"cursor\", session_id, seq, kind, \"time\", turn_id, message_id, data"
+#define INBOX_COLS "i.message_id, i.session_id, c.content, i.state, i.turn_id, i.created"
+#define INBOX_FROM "inbox i JOIN inbox_content c ON c.message_id = i.message_id"
+#define REQUEST_COLS "id, session_id, turn_id, kind, params, options, state, answer, created, resolved"
+#define OPEN_INBOX "state NOT IN ('done', 'cancelled')"
+
+typedef struct pg_store {
+  char *conninfo;
+  char *password;  /* NULL: none configured (libpq may still find one: PGPASSFILE, ~/.pgpass) */
+  char label[256]; /* "postgresql HOST:PORT/DB" for messages */
+  ah_store_sync sync;
+  bool read_only;
+  PGconn *w; /* NULL when read-only */
+  PGconn *r;
+  char err[512]; /* the writer thread's description of the last failed operation */
+  char sqlstate[6];
+  uint64_t groups;
+  bool events_locked; /* writer: this transaction holds LOCK_EVENTS */
+  pthread_mutex_t health_mu;
+  int health;
+  char health_detail[300];
+  bool read_failed;
+} pg_store;
+
+static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_why(char **why, const char *fmt, ...) {
+  if (!why)
+    return;
+  free(*why);
+  va_list ap;
+  va_start(ap, fmt);
+  if (vasprintf(why, fmt, ap) < 0)
+    *why = NULL;
+  va_end(ap);
+}
+
+static void set_err(pg_store *q, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(pg_store *q, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(q->err, sizeof q->err, fmt, ap);
+  va_end(ap);
+}
+
+/* A server message on one line, without libpq's trailing newline and "ERROR:  " prefix. */
+static void one_line(char *out, size_t cap, const char *msg) {
+  snprintf(out, cap, "%s", msg ? msg : "no message");
+  size_t n = strlen(out);
+  while (n && (out[n - 1] == '\n' || out[n - 1] == ' '))
+    out[--n] = '\0';
+  for (char *p = out; *p; p++)
+    if (*p == '\n')
+      *p = ' ';
+}
+
+/* ---- health ------------------------------------------------------------------------------------------ */
+
+/* DAMAGED while the server cannot be reached (cleared by the next commit, unlike SQLite's damage: the
+ * database itself is not known to be harmed); FULL on disk_full. */
+static void note_health(pg_store *q, int h, const char *detail) {
+  pthread_mutex_lock(&q->health_mu);
+  if (h > q->health) {
+    q->health = h;
+    snprintf(q->health_detail, sizeof q->health_detail, "%s", detail);
+    AH_LOG_E(COMP, "%s: the store is %s: %s", q->label, h == AH_STORE_FULL ? "full" : "unavailable", detail);
+  }
+  pthread_mutex_unlock(&q->health_mu);
+}
+
+static void note_commit(pg_store *q) {
+  pthread_mutex_lock(&q->health_mu);
+  if (q->health != AH_STORE_OK) {
+    q->health = AH_STORE_OK;
+    q->health_detail[0] = '\0';
+    AH_LOG_I(COMP, "%s: writes succeed again", q->label);
+  }
+  pthread_mutex_unlock(&q->health_mu);
+}
+
+static int pg_health(void *impl, char *detail, size_t cap) {
+  pg_store *q = impl;
+  pthread_mutex_lock(&q->health_mu);
+  int h = q->health;
+  if (detail && cap)
+    snprintf(detail, cap, "%s", q->health_detail);
+  pthread_mutex_unlock(&q->health_mu);
+  return h;
+}
+
+static bool pg_read_failed(void *impl) {
+  return ((pg_store *)impl)->read_failed;
+}
+
+static void pg_release_memory(void *impl) {
+  (void)impl; /* the server keeps the caches */
+}
+
+static int64_t pg_memory_used(void *impl) {
+  (void)impl;
+  return -1;
+}
+
+/* ---- connections ------------------------------------------------------------------------------------- */
+
+static const char *sync_setting(ah_store_sync sync) {
+  /* OFF: commits return before the server flushed its WAL (a server crash may lose the last ones); NORMAL
+   * and FULL: flushed (PostgreSQL's own durability; replicas are the server's configuration). */
+  return sync == AH_STORE_SYNC_OFF ? "off" : "on";
+}
+
+static PGconn *connect_one(pg_store *q, bool reader, char **why) {
+  char options[256];
+  snprintf(options, sizeof options,
+           "-c lock_timeout=%s -c idle_in_transaction_session_timeout=%s -c synchronous_commit=%s%s",
+           LOCK_TIMEOUT, IDLE_TX_TIMEOUT, sync_setting(q->sync),
+           reader ? " -c statement_timeout=" READ_TIMEOUT " -c default_transaction_read_only=on" : "");
+  const char *keys[8];
+  const char *vals[8];
+  int n = 0;
+  keys[n] = "dbname";
+  vals[n++] = q->conninfo;
+  keys[n] = "application_name";
+  vals[n++] = reader ? "agenthost-reader" : "agenthost-writer";
+  keys[n] = "options";
+  vals[n++] = options;
+  keys[n] = "connect_timeout";
+  vals[n++] = "5";
+  keys[n] = "tcp_user_timeout";
+  vals[n++] = "10000";
+  if (q->password) {
+    keys[n] = "password";
+    vals[n++] = q->password;
+  }
+  keys[n] = NULL;
+  vals[n] = NULL;
+  /* expand_dbname: "dbname" holds the whole connection string; the keys after it override its values. */
+  PGconn *c = PQconnectdbParams(keys, vals, 1);
+  if (!c || PQstatus(c) != CONNECTION_OK) {
+    char msg[300];
+    one_line(msg, sizeof msg, c ? PQerrorMessage(c) : "out of memory");
+    set_why(why, "store: cannot connect to %s: %s", q->label, msg);
+    PQfinish(c);
+    return NULL;
+  }
+  if (!q->label[0] || strstr(q->label, "(unknown)"))
+    snprintf(q->label, sizeof q->label, "postgresql %s:%s/%s", PQhost(c), PQport(c), PQdb(c));
+  return c;
+}
+
+/* The writer's connection is good, or reconnected now; false when the server cannot be reached. */
+static bool writer_ready(pg_store *q) {
+  if (q->w && PQstatus(q->w) == CONNECTION_OK)
+    return true;
+  char *why = NULL;
+  PGconn *c = connect_one(q, false, &why);
+  if (!c) {
+    set_err(q, "%s", why ? why : "cannot connect");
+    note_health(q, AH_STORE_DAMAGED, q->err);
+    free(why);
+    return false;
+  }
+  PQfinish(q->w);
+  q->w = c;
+  AH_LOG_I(COMP, "%s: the writer reconnected", q->label);
+  return true;
+}
+
+static bool reader_ready(pg_store *q) {
+  if (q->r && PQstatus(q->r) == CONNECTION_OK)
+    return true;
+  char *why = NULL;
+  PGconn *c = connect_one(q, true, &why);
+  if (!c) {
+    AH_LOG_E(COMP, "%s", why ? why : "store: cannot connect");
+    free(why);
+    return false;
+  }
+  PQfinish(q->r);
+  q->r = c;
+  return true;
+}
+
+/* ---- statements ---------------------------------------------------------------------------------------- */
+
+/* Parameters as text (NULL = SQL NULL); owned copies are freed after the call. */
+typedef struct params {
+  int n;
+  bool oom; /* an owned copy could not be made */
+  const char *v[24];
+  char *own[24];
+} params;
+
+static void p_text(params *p, const char *s) {
+  p->own[p->n] = NULL;
+  p->v[p->n++] = s;
+}
+
+static void p_own(params *p, char *s) {
+  if (!s)
+    p->oom = true;
+  p->own[p->n] = s;
+  p->v[p->n++] = s;
+}
+
+static void p_int(params *p, long long v) {
+  char *s = NULL;
+  if (asprintf(&s, "%lld", v) < 0)
+    s = NULL;
+  p_own(p, s);
+}
+
+static void p_bool(params *p, bool v) {
+  p_text(p, v ? "true" : "false");
+}
+
+#define DUMP_FLAGS (JSON_COMPACT | JSON_ENCODE_ANY)
+
+/* v as compact JSON text; NULL or json null → `dflt` (which may be NULL: SQL NULL). */
+static void p_json(params *p, const json_t *v, const char *dflt) {
+  if (!v || json_is_null(v))
+    p_text(p, dflt);
+  else
+    p_own(p, json_dumps(v, DUMP_FLAGS));
+}
+
+/* A string column: a string as itself, anything else as SQL NULL. */
+static void p_str(params *p, const json_t *v) {
+  p_text(p, json_string_value(v));
+}
+
+/* A time column (a scalar kept as written): its JSON text, SQL NULL for none or null. */
+static void p_scalar(params *p, const json_t *v) {
+  p_json(p, v, NULL);
+}
+
+static void p_free(params *p) {
+  for (int i = 0; i < p->n; i++)
+    free(p->own[i]);
+  p->n = 0;
+  p->oom = false;
+}
+
+static int map_state(const char *st) {
+  if (!st || !*st)
+    return AH_EIO;
+  if (strcmp(st, "23505") == 0)
+    return AH_EEXIST;
+  if (strncmp(st, "23", 2) == 0 || strncmp(st, "22", 2) == 0)
+    return AH_EINVAL;
+  if (strcmp(st, "55P03") == 0 || strcmp(st, "40P01") == 0 || strcmp(st, "40001") == 0 ||
+      strcmp(st, "57014") == 0)
+    return AH_EBUSY;
+  if (strcmp(st, "54000") == 0)
+    return AH_E2BIG;
+  if (strcmp(st, "53200") == 0)
+    return AH_ENOMEM;
+  return AH_EIO;
+}
+
+/* Run `sql` with `p` on the writer; returns 0 with *out (may be NULL: cleared) or an AH_E* code with q->err
+ * set. Rows affected go to *changed when not NULL. The parameters are freed. */
+static int wexec(pg_store *q, const char *sql, params *p, PGresult **out, long *changed) {
+  if (out)
+    *out = NULL;
+  if (p && p->oom) {
+    p_free(p);
+    set_err(q, "out of memory");
+    return AH_ENOMEM;
+  }
+  PGresult *res = PQexecParams(q->w, sql, p ? p->n : 0, NULL, p ? p->v : NULL, NULL, NULL, 0);
+  if (p)
+    p_free(p);
+  ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+    if (changed)
+      *changed = atol(PQcmdTuples(res));
+    if (out)
+      *out = res;
+    else
+      PQclear(res);
+    q->sqlstate[0] = '\0';
+    return 0;
+  }
+  const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+  snprintf(q->sqlstate, sizeof q->sqlstate, "%s", st ? st : "");
+  char msg[400];
+  one_line(msg, sizeof msg, res ? PQresultErrorMessage(res) : PQerrorMessage(q->w));
+  if (!*msg || strcmp(msg, "no message") == 0)
+    one_line(msg, sizeof msg, PQerrorMessage(q->w));
+  set_err(q, "%s", msg);
+  PQclear(res);
+  if (st && strcmp(st, "53100") == 0)
+    note_health(q, AH_STORE_FULL, q->err);
+  return PQstatus(q->w) != CONNECTION_OK ? AH_EIO : map_state(q->sqlstate);
+}
+
+static int wexec_sql(pg_store *q, const char *sql) {
+  return wexec(q, sql, NULL, NULL, NULL);
+}
+
+/* ---- rows ------------------------------------------------------------------------------------------------
+ */
+
+static json_t *col_text(const PGresult *r, int row, int col) {
+  if (PQgetisnull(r, row, col))
+    return json_null();
+  json_t *s = json_stringn(PQgetvalue(r, row, col), (size_t)PQgetlength(r, row, col));
+  return s ? s : json_null();
+}
+
+static json_t *col_json(const PGresult *r, int row, int col, json_t *dflt) {
+  if (PQgetisnull(r, row, col))
+    return dflt ? dflt : json_null();
+  json_error_t e;
+  json_t *v = json_loadb(PQgetvalue(r, row, col), (size_t)PQgetlength(r, row, col),
+                         JSON_DECODE_ANY | JSON_ALLOW_NUL, &e);
+  if (!v) {
+    AH_LOG_E(COMP, "column %s holds invalid JSON: %s", PQfname(r, col), e.text);
+    v = json_null();
+  }
+  json_decref(dflt);
+  return v;
+}
+
+static long long col_int(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+static bool col_bool(const PGresult *r, int row, int col) {
+  return !PQgetisnull(r, row, col) && PQgetvalue(r, row, col)[0] == 't';
+}
+
+static json_t *row_session(const PGresult *r, int i) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "id", col_text(r, i, 0));
+  json_object_set_new(o, "cwd", col_text(r, i, 1));
+  json_object_set_new(o, "title", col_text(r, i, 2));
+  json_object_set_new(o, "provider", col_text(r, i, 3));
+  json_object_set_new(o, "model", col_text(r, i, 4));
+  json_object_set_new(o, "parent", col_text(r, i, 5));
+  json_object_set_new(o, "local", json_boolean(col_bool(r, i, 6)));
+  json_object_set_new(o, "depth", json_integer(col_int(r, i, 7)));
+  json_object_set_new(o, "status", col_text(r, i, 8));
+  json_object_set_new(o, "closed", json_boolean(col_bool(r, i, 9)));
+  json_object_set_new(o, "created", col_json(r, i, 10, NULL));
+  json_object_set_new(o, "updated", col_json(r, i, 11, NULL));
+  json_object_set_new(o, "policy", col_json(r, i, 12, json_object()));
+  json_object_set_new(o, "tags", col_json(r, i, 13, json_array()));
+  json_object_set_new(o, "lastSeq", json_integer(col_int(r, i, 14)));
+  json_object_set_new(o, "leaseOwner", col_text(r, i, 15));
+  json_object_set_new(o, "leaseUntil", json_integer(col_int(r, i, 16)));
+  json_object_set_new(o, "settings", col_json(r, i, 17, json_object()));
+  json_object_set_new(o, "usage", col_json(r, i, 18, json_object()));
+  return o;
+}
+
+static json_t *row_event(const PGresult *r, int i) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "cursor", json_integer(col_int(r, i, 0)));
+  json_object_set_new(o, "sessionId", col_text(r, i, 1));
+  json_object_set_new(o, "seq", json_integer(col_int(r, i, 2)));
+  json_object_set_new(o, "kind", col_text(r, i, 3));
+  json_object_set_new(o, "time", col_json(r, i, 4, NULL));
+  if (!PQgetisnull(r, i, 5))
+    json_object_set_new(o, "turnId", col_text(r, i, 5));
+  if (!PQgetisnull(r, i, 6))
+    json_object_set_new(o, "messageId", col_text(r, i, 6));
+  json_object_set_new(o, "data", col_json(r, i, 7, json_object()));
+  return o;
+}
+
+static json_t *row_inbox(const PGresult *r, int i) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "messageId", col_text(r, i, 0));
+  json_object_set_new(o, "sessionId", col_text(r, i, 1));
+  json_object_set_new(o, "content", col_json(r, i, 2, NULL));
+  json_object_set_new(o, "state", col_text(r, i, 3));
+  json_object_set_new(o, "turnId", col_text(r, i, 4));
+  json_object_set_new(o, "time", col_json(r, i, 5, NULL));
+  return o;
+}
+
+static json_t *row_request(const PGresult *r, int i) {
+  json_t *o = json_object();
+  if (!o)
+    return NULL;
+  json_object_set_new(o, "id", col_text(r, i, 0));
+  json_object_set_new(o, "sessionId", col_text(r, i, 1));
+  json_object_set_new(o, "turnId", col_text(r, i, 2));
+  json_object_set_new(o, "kind", col_text(r, i, 3));
+  json_object_set_new(o, "params", col_json(r, i, 4, NULL));
+  json_object_set_new(o, "options", col_json(r, i, 5, NULL));
+  json_object_set_new(o, "state", col_text(r, i, 6));
+  json_object_set_new(o, "answer", col_json(r, i, 7, NULL));
+  json_object_set_new(o, "created", col_json(r, i, 8, NULL));
+  json_object_set_new(o, "resolved", col_json(r, i, 9, NULL));
+  return o;
+}
+
+static json_t *row_tree(const PGresult *r, int i) {
+  return json_pack("{s:o, s:o, s:o}", "id", col_text(r, i, 0), "parent", col_text(r, i, 1), "usage",
+                   col_json(r, i, 2, json_object()));
+}
+
+/* ---- operations (writer thread) -------------------------------------------------------------------------
+ */
+
+static const char *get_str(const json_t *o, const char *key) {
+  return json_string_value(json_object_get(o, key));
+}
+
+static bool one_of(const char *s, const char *const *set) {
+  for (; s && *set; set++)
+    if (strcmp(s, *set) == 0)
+      return true;
+  return false;
+}
+
+static bool scalar_or_absent(const json_t *v) {
+  return !v || (!json_is_object(v) && !json_is_array(v));
+}
+
+static int op_session_put(pg_store *q, const json_t *op, json_t *res) {
+  const json_t *s = json_object_get(op, "session");
+  const char *id = get_str(s, "id");
+  if (!json_is_object(s) || !id || !*id) {
+    set_err(q, "session.put needs a session object with a string id");
+    return AH_EINVAL;
+  }
+  const json_t *last_seq = json_object_get(s, "lastSeq");
+  const json_t *lease_until = json_object_get(s, "leaseUntil");
+  if ((last_seq && !json_is_integer(last_seq)) || (lease_until && !json_is_integer(lease_until))) {
+    set_err(q, "session.put: lastSeq and leaseUntil must be integers");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, id);
+  static const char *const text_keys[] = {"cwd", "title", "provider", "model", "parent"};
+  for (int i = 0; i < 5; i++)
+    p_str(&p, json_object_get(s, text_keys[i]));
+  p_bool(&p, json_is_true(json_object_get(s, "local")));
+  p_int(&p, json_integer_value(json_object_get(s, "depth")));
+  p_str(&p, json_object_get(s, "status"));
+  p_bool(&p, json_is_true(json_object_get(s, "closed")));
+  p_scalar(&p, json_object_get(s, "created"));
+  p_scalar(&p, json_object_get(s, "updated"));
+  p_json(&p, json_object_get(s, "policy"), "{}");
+  p_json(&p, json_object_get(s, "tags"), "[]");
+  p_int(&p, json_integer_value(last_seq));
+  p_str(&p, json_object_get(s, "leaseOwner"));
+  p_int(&p, json_integer_value(lease_until));
+  p_json(&p, json_object_get(s, "settings"), "{}");
+  p_json(&p, json_object_get(s, "usage"), "{}");
+  int rc =
+      wexec(q,
+            "INSERT INTO sessions (" SESSION_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
+            "$11, $12, $13, $14, $15, $16, $17, $18, $19) ON CONFLICT (id) DO UPDATE SET cwd = "
+            "excluded.cwd, title = excluded.title, provider = excluded.provider, model = excluded.model, "
+            "parent = excluded.parent, \"local\" = excluded.\"local\", depth = excluded.depth, status = "
+            "excluded.status, closed = excluded.closed, created = excluded.created, updated = "
+            "excluded.updated, policy = excluded.policy, tags = excluded.tags, settings = "
+            "excluded.settings, \"usage\" = excluded.\"usage\", last_seq = greatest(sessions.last_seq, "
+            "excluded.last_seq)",
+            &p, NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+typedef enum col_kind {
+  COL_INVALID = 0,
+  COL_TEXT,  /* string or null */
+  COL_BOOL,  /* true/false */
+  COL_INT,   /* integer */
+  COL_VALUE, /* any scalar, kept as written (times) */
+  COL_JSON,  /* any JSON, stored as text */
+} col_kind;
+
+static const struct {
+  const char *key;
+  const char *column;
+  col_kind kind;
+} update_cols[] = {
+    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},       {"provider", "provider", COL_TEXT},
+    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},     {"local", "\"local\"", COL_BOOL},
+    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},     {"closed", "closed", COL_BOOL},
+    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE},  {"policy", "policy", COL_JSON},
+    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON}, {"usage", "\"usage\"", COL_JSON},
+};
+#define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
+
+static int op_session_update(pg_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const json_t *set = json_object_get(op, "set");
+  if (!id || !json_is_object(set)) {
+    set_err(q, "session.update needs a string id and a set object");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  char sql[1024] = "UPDATE sessions SET id = id";
+  size_t len = strlen(sql);
+  const char *key = NULL;
+  json_t *v = NULL;
+  json_object_foreach((json_t *)set, key, v) {
+    size_t k = 0;
+    while (k < UPDATE_COLS && strcmp(update_cols[k].key, key) != 0)
+      k++;
+    bool ok = false;
+    if (k < UPDATE_COLS) {
+      switch (update_cols[k].kind) {
+      case COL_TEXT:
+        ok = json_is_string(v) || json_is_null(v);
+        break;
+      case COL_BOOL:
+        ok = json_is_boolean(v);
+        break;
+      case COL_INT:
+        ok = json_is_integer(v);
+        break;
+      case COL_VALUE:
+        ok = scalar_or_absent(v);
+        break;
+      case COL_JSON:
+        ok = !json_is_null(v);
+        break;
+      default:
+        break;
+      }
+    }
+    if (k == UPDATE_COLS || !ok) {
+      p_free(&p);
+      set_err(q,
+              k == UPDATE_COLS ? "session.update: field \"%s\" cannot be set"
+                               : "session.update: field \"%s\" has the wrong type",
+              key);
+      return AH_EINVAL;
+    }
+    switch (update_cols[k].kind) {
+    case COL_TEXT:
+      p_str(&p, v);
+      break;
+    case COL_BOOL:
+      p_bool(&p, json_is_true(v));
+      break;
+    case COL_INT:
+      p_int(&p, json_integer_value(v));
+      break;
+    default:
+      p_json(&p, v, NULL);
+      break;
+    }
+    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = $%d", update_cols[k].column, p.n);
+  }
+  p_text(&p, id);
+  snprintf(sql + len, sizeof sql - len, " WHERE id = $%d", p.n);
+  long changed = 0;
+  int rc = wexec(q, sql, &p, NULL, &changed);
+  if (rc == 0 && changed == 0) {
+    set_err(q, "session.update: no session %s", id);
+    rc = AH_ENOENT;
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_session_delete(pg_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  if (!id) {
+    set_err(q, "session.delete needs a string id");
+    return AH_EINVAL;
+  }
+  static const char *const dels[] = {
+      "DELETE FROM events WHERE session_id = $1",
+      "DELETE FROM inbox_content WHERE message_id IN (SELECT message_id FROM inbox WHERE session_id = $1)",
+      "DELETE FROM inbox WHERE session_id = $1",
+      "DELETE FROM requests WHERE session_id = $1",
+      "DELETE FROM sessions WHERE id = $1",
+  };
+  for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
+    params p = {0};
+    p_text(&p, id);
+    int rc = wexec(q, dels[i], &p, NULL, NULL);
+    if (rc < 0)
+      return rc;
+  }
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+static int op_event(pg_store *q, const json_t *op, json_t *res) {
+  const char *sid = get_str(op, "sessionId");
+  const char *kind = get_str(op, "kind");
+  const json_t *seq = json_object_get(op, "seq");
+  const json_t *turn = json_object_get(op, "turnId");
+  const json_t *msg = json_object_get(op, "messageId");
+  const json_t *time = json_object_get(op, "time");
+  if (!sid || !kind || !json_is_integer(seq) || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
+      (msg && !json_is_string(msg) && !json_is_null(msg)) || !scalar_or_absent(time)) {
+    set_err(q, "event needs sessionId, kind (strings), seq (integer); turnId/messageId must be strings");
+    return AH_EINVAL;
+  }
+  /* The events of one transaction are numbered under LOCK_EVENTS, taken once per group (held to its end). */
+  if (!q->events_locked) {
+    int rc = wexec_sql(q, "SELECT pg_advisory_xact_lock(" LOCK_EVENTS ")");
+    if (rc < 0)
+      return rc;
+    q->events_locked = true;
+  }
+  params p = {0};
+  p_text(&p, sid);
+  p_int(&p, json_integer_value(seq));
+  p_text(&p, kind);
+  p_scalar(&p, time);
+  p_str(&p, turn);
+  p_str(&p, msg);
+  p_json(&p, json_object_get(op, "data"), "{}");
+  PGresult *r = NULL;
+  int rc = wexec(q,
+                 "WITH e AS (INSERT INTO events (session_id, seq, kind, \"time\", turn_id, message_id, data) "
+                 "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING \"cursor\"), s AS (UPDATE sessions SET "
+                 "last_seq = $2 WHERE id = $1 AND last_seq < $2) SELECT \"cursor\" FROM e",
+                 &p, &r, NULL);
+  if (rc == 0) {
+    json_array_append_new(res, json_integer(col_int(r, 0, 0)));
+    PQclear(r);
+  }
+  return rc;
+}
+
+static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
+  const char *mid = get_str(op, "messageId");
+  const char *sid = get_str(op, "sessionId");
+  const json_t *content = json_object_get(op, "content");
+  if (!mid || !sid || !content || json_is_null(content)) {
+    set_err(q, "inbox.put needs messageId, sessionId (strings) and content");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, mid);
+  p_text(&p, sid);
+  p_scalar(&p, json_object_get(op, "time"));
+  p_json(&p, content, NULL);
+  int rc = wexec(q,
+                 "WITH i AS (INSERT INTO inbox (message_id, session_id, state, turn_id, created) VALUES ($1, "
+                 "$2, 'queued', NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)",
+                 &p, NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_inbox_state(pg_store *q, const json_t *op, json_t *res) {
+  static const char *const states[] = {"claimed", "done", "cancelled", NULL};
+  const char *mid = get_str(op, "messageId");
+  const char *state = get_str(op, "state");
+  const json_t *turn = json_object_get(op, "turnId");
+  if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
+    set_err(q, "inbox.state needs messageId and a state of claimed, done or cancelled");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, mid);
+  p_text(&p, state);
+  p_str(&p, turn);
+  long changed = 0;
+  int rc = wexec(q, "UPDATE inbox SET state = $2, turn_id = coalesce($3, turn_id) WHERE message_id = $1", &p,
+                 NULL, &changed);
+  if (rc == 0 && changed == 0) {
+    set_err(q, "inbox.state: no message %s", mid);
+    rc = AH_ENOENT;
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_request_put(pg_store *q, const json_t *op, json_t *res) {
+  const json_t *r = json_object_get(op, "request");
+  const char *id = get_str(r, "id");
+  const char *sid = get_str(r, "sessionId");
+  const char *kind = get_str(r, "kind");
+  const json_t *turn = json_object_get(r, "turnId");
+  const json_t *state = json_object_get(r, "state");
+  if (!id || !sid || !kind || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
+      (state && !json_is_string(state))) {
+    set_err(q, "request.put needs a request with id, sessionId and kind (strings)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, id);
+  p_text(&p, sid);
+  p_str(&p, turn);
+  p_text(&p, kind);
+  p_json(&p, json_object_get(r, "params"), NULL);
+  p_json(&p, json_object_get(r, "options"), NULL);
+  p_text(&p, state ? json_string_value(state) : "pending");
+  p_json(&p, json_object_get(r, "answer"), NULL);
+  p_scalar(&p, json_object_get(r, "created"));
+  p_scalar(&p, json_object_get(r, "resolved"));
+  int rc =
+      wexec(q, "INSERT INTO requests (" REQUEST_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)", &p,
+            NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_request_state(pg_store *q, const json_t *op, json_t *res) {
+  static const char *const states[] = {"granted", "denied", "answered", "cancelled", NULL};
+  const char *id = get_str(op, "id");
+  const char *state = get_str(op, "state");
+  if (!id || !one_of(state, states)) {
+    set_err(q, "request.state needs id and a state of granted, denied, answered or cancelled");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, id);
+  p_text(&p, state);
+  p_json(&p, json_object_get(op, "answer"), NULL);
+  p_scalar(&p, json_object_get(op, "resolved"));
+  long changed = 0;
+  int rc = wexec(q,
+                 "UPDATE requests SET state = $2, answer = $3, resolved = $4 WHERE id = $1 AND state = "
+                 "'pending'",
+                 &p, NULL, &changed);
+  if (rc == 0 && changed == 0) {
+    params e = {0};
+    p_text(&e, id);
+    PGresult *r = NULL;
+    rc = wexec(q, "SELECT 1 FROM requests WHERE id = $1", &e, &r, NULL);
+    if (rc == 0) {
+      bool exists = PQntuples(r) > 0;
+      PQclear(r);
+      set_err(q, "request.state: request %s %s", id, exists ? "is already resolved" : "does not exist");
+      rc = exists ? AH_ESTATE : AH_ENOENT;
+    }
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+/* The owner's heartbeat, `ttl` ms past the server's clock; never moved back. */
+static int owner_put(pg_store *q, const char *owner, long long ttl) {
+  params p = {0};
+  p_text(&p, owner);
+  p_int(&p, ttl);
+  return wexec(q,
+               "INSERT INTO owners (owner, until) VALUES ($1, " DB_NOW " + $2) ON CONFLICT (owner) DO UPDATE "
+               "SET until = greatest(owners.until, excluded.until)",
+               &p, NULL, NULL);
+}
+
+/* The caller's TTL: until - now (its clock only measures the length; the server's clock places it). */
+static long long ttl_of(const json_t *op) {
+  long long ttl = (long long)(json_integer_value(json_object_get(op, "until")) -
+                              json_integer_value(json_object_get(op, "now")));
+  return ttl;
+}
+
+static int op_lease(pg_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  const json_t *until = json_object_get(op, "until");
+  const json_t *now = json_object_get(op, "now");
+  const json_t *steal = json_object_get(op, "steal");
+  if (!id || !owner || !json_is_integer(until) || !json_is_integer(now) ||
+      (steal && !json_is_string(steal) && !json_is_null(steal))) {
+    set_err(q, "lease needs id, owner (strings), until and now (integers); steal must be a string");
+    return AH_EINVAL;
+  }
+  long long ttl = ttl_of(op);
+  params p = {0};
+  p_text(&p, id);
+  p_text(&p, owner);
+  p_int(&p, ttl);
+  p_str(&p, steal);
+  long changed = 0;
+  int rc = wexec(
+      q,
+      "UPDATE sessions SET lease_owner = $2, lease_until = " DB_NOW " + $3 WHERE id = $1 AND ("
+      "lease_owner IS NULL OR lease_owner = $2 OR lease_owner = $4 OR (lease_until < " DB_NOW
+      " AND NOT EXISTS (SELECT 1 FROM owners WHERE owner = sessions.lease_owner AND until >= " DB_NOW ")))",
+      &p, NULL, &changed);
+  bool taken = rc == 0 && changed > 0;
+  if (taken)
+    rc = owner_put(q, owner, ttl);
+  if (rc == 0)
+    json_array_append_new(res, json_boolean(taken));
+  return rc;
+}
+
+#define OWNER_PRUNE_MS (24ll * 3600 * 1000)
+
+static int op_lease_renew(pg_store *q, const json_t *op, json_t *res) {
+  const char *owner = get_str(op, "owner");
+  if (!owner || !json_is_integer(json_object_get(op, "until")) ||
+      !json_is_integer(json_object_get(op, "now"))) {
+    set_err(q, "lease.renew needs owner (a string), until and now (integers)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, owner);
+  PGresult *r = NULL;
+  int rc = wexec(q, "SELECT until < " DB_NOW " FROM owners WHERE owner = $1", &p, &r, NULL);
+  if (rc < 0)
+    return rc;
+  bool lapsed = PQntuples(r) == 0 || col_bool(r, 0, 0);
+  PQclear(r);
+  rc = owner_put(q, owner, ttl_of(op));
+  if (rc == 0) {
+    params d = {0};
+    p_int(&d, OWNER_PRUNE_MS);
+    rc = wexec(q, "DELETE FROM owners WHERE until < " DB_NOW " - $1", &d, NULL, NULL);
+  }
+  if (rc == 0)
+    json_array_append_new(res, json_pack("{s:b}", "lapsed", lapsed));
+  return rc;
+}
+
+static int op_store_shrink(pg_store *q, const json_t *op, json_t *res) {
+  (void)q;
+  (void)op;
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+static int op_lease_end(pg_store *q, const json_t *op, json_t *res) {
+  const char *owner = get_str(op, "owner");
+  if (!owner) {
+    set_err(q, "lease.end needs owner (a string)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, owner);
+  int rc = wexec(q, "DELETE FROM owners WHERE owner = $1", &p, NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+static int op_lease_release(pg_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  if (!id || !owner) {
+    set_err(q, "lease.release needs id and owner (strings)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, id);
+  p_text(&p, owner);
+  int rc =
+      wexec(q, "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = $1 AND lease_owner = $2",
+            &p, NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
+/* The fence (see store_sqlite.c): the row is locked until the transaction ends, so a takeover cannot
+ * commit between this check and this transaction's commit. */
+static int op_fence(pg_store *q, const json_t *op, json_t *res) {
+  const char *id = get_str(op, "id");
+  const char *owner = get_str(op, "owner");
+  if (!id || !owner) {
+    set_err(q, "fence needs id and owner (strings)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, id);
+  PGresult *r = NULL;
+  int rc = wexec(q, "SELECT lease_owner FROM sessions WHERE id = $1 FOR UPDATE", &p, &r, NULL);
+  if (rc < 0)
+    return rc;
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    set_err(q, "fence: session %s: no such session", id);
+    return AH_ENOENT;
+  }
+  const char *holder = PQgetisnull(r, 0, 0) ? NULL : PQgetvalue(r, 0, 0);
+  bool mine = holder && strcmp(holder, owner) == 0;
+  if (!mine)
+    set_err(q, "fence: session %s is owned by %s, not by this process", id, holder ? holder : "no process");
+  PQclear(r);
+  if (!mine)
+    return AH_EAGENTBUSY;
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  int (*fn)(pg_store *q, const json_t *op, json_t *res);
+} ops[] = {
+    {"fence", op_fence},
+    {"event", op_event},
+    {"session.put", op_session_put},
+    {"session.update", op_session_update},
+    {"session.delete", op_session_delete},
+    {"inbox.put", op_inbox_put},
+    {"inbox.state", op_inbox_state},
+    {"request.put", op_request_put},
+    {"request.state", op_request_state},
+    {"lease", op_lease},
+    {"lease.release", op_lease_release},
+    {"lease.renew", op_lease_renew},
+    {"lease.end", op_lease_end},
+    {"store.shrink", op_store_shrink},
+};
+
+static int apply_opset(pg_store *q, const json_t *opset, json_t *res, size_t *failed_at) {
+  size_t i = 0;
+  const json_t *op = NULL;
+  json_array_foreach(opset, i, op) {
+    *failed_at = i;
+    const char *name = get_str(op, "op");
+    size_t k = 0;
+    while (name && k < sizeof ops / sizeof ops[0] && strcmp(ops[k].name, name) != 0)
+      k++;
+    if (!name || k == sizeof ops / sizeof ops[0]) {
+      set_err(q, "unknown operation %s", name ? name : "(no \"op\" string)");
+      return AH_EINVAL;
+    }
+    int rc = ops[k].fn(q, op, res);
+    if (rc < 0)
+      return rc;
+  }
+  return 0;
+}
+
+static void fail_all(json_t **results, int *statuses, size_t n, int code) {
+  for (size_t i = 0; i < n; i++) {
+    json_decref(results[i]);
+    results[i] = NULL;
+    statuses[i] = code;
+  }
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* The answer to COMMIT was lost with the connection: reconnect and look for the group's marker. 1: it
+ * committed, 0: it did not, -1: still unknown after UNKNOWN_COMMIT_WAIT_MS. */
+static int commit_outcome(pg_store *q, const char *token) {
+  long waited = 0;
+  for (long delay = 10;; delay = delay < 1000 ? delay * 10 : 1000) {
+    if (writer_ready(q)) {
+      params p = {0};
+      p_text(&p, token);
+      PGresult *r = NULL;
+      if (wexec(q, "SELECT 1 FROM commit_markers WHERE token = $1", &p, &r, NULL) == 0) {
+        int found = PQntuples(r) > 0;
+        PQclear(r);
+        return found;
+      }
+    }
+    if (waited >= UNKNOWN_COMMIT_WAIT_MS)
+      return -1;
+    sleep_ms(delay);
+    waited += delay;
+  }
+}
+
+static void pg_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
+  pg_store *q = impl;
+  for (size_t i = 0; i < n; i++) {
+    results[i] = NULL;
+    statuses[i] = AH_EIO;
+  }
+  if (q->read_only) {
+    fail_all(results, statuses, n, AH_EPERM);
+    return;
+  }
+  if (!writer_ready(q)) {
+    AH_LOG_E(COMP, "%s: %zu opsets not written: %s", q->label, n, q->err);
+    fail_all(results, statuses, n, AH_EIO);
+    return;
+  }
+  q->events_locked = false;
+  char token[40];
+  ah__uuid7(token);
+  int begin = wexec_sql(q, "BEGIN");
+  if (begin < 0) {
+    AH_LOG_E(COMP, "%s: cannot begin a transaction (%zu opsets fail): %s", q->label, n, q->err);
+    fail_all(results, statuses, n, begin == AH_EBUSY ? AH_EBUSY : AH_EIO);
+    return;
+  }
+  int abort_code = AH_EIO;
+  for (size_t i = 0; i < n; i++) {
+    if ((abort_code = wexec_sql(q, "SAVEPOINT opset")) < 0)
+      goto abort;
+    json_t *res = json_array();
+    size_t at = 0;
+    bool locked_before = q->events_locked;
+    int rc = res ? apply_opset(q, opsets[i], res, &at) : AH_ENOMEM;
+    if (rc == 0) {
+      if ((abort_code = wexec_sql(q, "RELEASE opset")) < 0) {
+        json_decref(res);
+        goto abort;
+      }
+      results[i] = res;
+      statuses[i] = 0;
+      continue;
+    }
+    json_decref(res);
+    statuses[i] = rc;
+    AH_LOG_W(COMP, "opset failed at operation %zu (%s): %s", at, ah_err_name(rc), q->err);
+    if (PQstatus(q->w) != CONNECTION_OK) {
+      abort_code = AH_EIO;
+      goto abort;
+    }
+    /* A lock the server gave up waiting for, or a lock the rollback below gives back: the group goes on. */
+    if (wexec_sql(q, "ROLLBACK TO opset") < 0 || wexec_sql(q, "RELEASE opset") < 0) {
+      abort_code = AH_EIO;
+      goto abort;
+    }
+    q->events_locked = locked_before; /* a lock taken inside the rolled-back savepoint is released with it */
+  }
+  {
+    params p = {0};
+    p_text(&p, token);
+    if ((abort_code = wexec(q, "INSERT INTO commit_markers (token) VALUES ($1)", &p, NULL, NULL)) < 0)
+      goto abort;
+    if (++q->groups % MARKER_PRUNE_EVERY == 0 &&
+        (abort_code = wexec_sql(q, "DELETE FROM commit_markers WHERE at < now() - interval '1 hour'")) < 0)
+      goto abort;
+  }
+  int crc = wexec_sql(q, "COMMIT");
+  if (crc == 0) {
+    note_commit(q);
+    return;
+  }
+  if (PQstatus(q->w) != CONNECTION_OK) {
+    char lost[512];
+    snprintf(lost, sizeof lost, "%s", q->err);
+    int outcome = commit_outcome(q, token);
+    if (outcome == 1) {
+      AH_LOG_W(COMP, "%s: the answer to a commit was lost (%s); its marker shows it committed", q->label,
+               lost);
+      note_commit(q);
+      return;
+    }
+    if (outcome < 0) {
+      AH_LOG_E(COMP, "%s: the outcome of a commit of %zu opsets is unknown (%s)", q->label, n, lost);
+      fail_all(results, statuses, n, AH_ETIMEDOUT);
+      return;
+    }
+    AH_LOG_W(COMP, "%s: a commit's answer was lost (%s); its marker shows it did not commit", q->label, lost);
+    fail_all(results, statuses, n, AH_EIO);
+    return;
+  }
+  abort_code = crc;
+abort:
+  AH_LOG_E(COMP, "%s: transaction failed, %zu opsets not written: %s", q->label, n, q->err);
+  if (PQstatus(q->w) == CONNECTION_OK)
+    wexec_sql(q, "ROLLBACK");
+  else
+    note_health(q, AH_STORE_DAMAGED, q->err);
+  fail_all(results, statuses, n, abort_code == AH_EBUSY ? AH_EBUSY : AH_EIO);
+}
+
+/* ---- reads (loop thread) ------------------------------------------------------------------------------- */
+
+/* Run a read; an array of rows, or the first row alone when `single` (json NULL when none). NULL on error
+ * (logged; read_failed set). A connection found broken is opened again once. */
+static json_t *collect(pg_store *q, const char *sql, params *p, json_t *(*row)(const PGresult *, int),
+                       bool single) {
+  q->read_failed = false;
+  PGresult *r = NULL;
+  if (p->oom) {
+    p_free(p);
+    q->read_failed = true;
+    return NULL;
+  }
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (!reader_ready(q))
+      break;
+    r = PQexecParams(q->r, sql, p->n, NULL, p->v, NULL, NULL, 0);
+    if (r && PQresultStatus(r) == PGRES_TUPLES_OK)
+      break;
+    bool broken = PQstatus(q->r) != CONNECTION_OK;
+    char msg[300];
+    one_line(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(q->r));
+    AH_LOG_E(COMP, "%s: read failed: %s", q->label, msg);
+    PQclear(r);
+    r = NULL;
+    if (!broken)
+      break;
+  }
+  p_free(p);
+  if (!r) {
+    q->read_failed = true;
+    return NULL;
+  }
+  json_t *out = single ? NULL : json_array();
+  int rows = PQntuples(r);
+  for (int i = 0; i < rows; i++) {
+    json_t *o = row(r, i);
+    if (single) {
+      out = o;
+      break;
+    }
+    json_array_append_new(out, o);
+  }
+  PQclear(r);
+  return out;
+}
+
+static void p_limit(params *p, size_t limit) {
+  if (limit == 0 || limit > (size_t)INT64_MAX)
+    p_text(p, NULL); /* LIMIT NULL: no limit */
+  else
+    p_int(p, (long long)limit);
+}
+
+static json_t *pg_get_session(void *impl, const char *id) {
+  params p = {0};
+  p_text(&p, id);
+  return collect(impl, "SELECT " SESSION_COLS " FROM sessions WHERE id = $1", &p, row_session, true);
+}
+
+static json_t *pg_list_sessions(void *impl, const char *after_id, size_t limit) {
+  params p = {0};
+  p_limit(&p, limit);
+  if (!after_id)
+    return collect(impl, "SELECT " SESSION_COLS " FROM sessions ORDER BY id LIMIT $1", &p, row_session,
+                   false);
+  p_text(&p, after_id);
+  return collect(impl,
+                 "SELECT " SESSION_COLS " FROM sessions WHERE id > $2 ORDER BY id "
+                 "LIMIT $1",
+                 &p, row_session, false);
+}
+
+static json_t *pg_events(void *impl, const char *session_id, int64_t after_seq, size_t limit) {
+  params p = {0};
+  p_limit(&p, limit);
+  p_text(&p, session_id);
+  p_int(&p, after_seq);
+  return collect(impl,
+                 "SELECT " EVENT_COLS " FROM events WHERE session_id = $2 AND seq > $3 ORDER BY seq LIMIT $1",
+                 &p, row_event, false);
+}
+
+static json_t *pg_events_after(void *impl, int64_t after_cursor, size_t limit) {
+  params p = {0};
+  p_limit(&p, limit);
+  p_int(&p, after_cursor);
+  return collect(impl, "SELECT " EVENT_COLS " FROM events WHERE \"cursor\" > $2 ORDER BY \"cursor\" LIMIT $1",
+                 &p, row_event, false);
+}
+
+static json_t *pg_inbox_open(void *impl, const char *session_id) {
+  params p = {0};
+  p_text(&p, session_id);
+  return collect(impl,
+                 "SELECT " INBOX_COLS " FROM " INBOX_FROM " WHERE i.session_id = $1 AND i." OPEN_INBOX
+                 " ORDER BY i.n",
+                 &p, row_inbox, false);
+}
+
+static json_t *pg_requests_pending(void *impl, const char *session_id) {
+  params p = {0};
+  if (!session_id)
+    return collect(impl, "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' ORDER BY n", &p,
+                   row_request, false);
+  p_text(&p, session_id);
+  return collect(
+      impl, "SELECT " REQUEST_COLS " FROM requests WHERE state = 'pending' AND session_id = $1 ORDER BY n",
+      &p, row_request, false);
+}
+
+static json_t *pg_get_request(void *impl, const char *id) {
+  params p = {0};
+  p_text(&p, id);
+  return collect(impl, "SELECT " REQUEST_COLS " FROM requests WHERE id = $1", &p, row_request, true);
+}
+
+static json_t *pg_sessions_to_recover(void *impl) {
+  params p = {0};
+  return collect(impl,
+                 "SELECT " SESSION_COLS " FROM sessions WHERE NOT closed AND (status = 'running' OR EXISTS "
+                 "(SELECT 1 FROM inbox WHERE inbox.session_id = sessions.id AND inbox." OPEN_INBOX
+                 ")) ORDER BY id",
+                 &p, row_session, false);
+}
+
+static json_t *pg_session_tree(void *impl, const char *id) {
+  params p = {0};
+  p_text(&p, id);
+  return collect(
+      impl,
+      "WITH RECURSIVE tree(id, d) AS (SELECT id, 0 FROM sessions WHERE id = $1 UNION SELECT s.id, "
+      "t.d + 1 FROM sessions s JOIN tree t ON s.parent = t.id WHERE t.d < 64) SELECT s.id, s.parent, "
+      "s.\"usage\" FROM sessions s WHERE s.id IN (SELECT id FROM tree) ORDER BY s.id",
+      &p, row_tree, false);
+}
+
+/* ---- open / close ----------------------------------------------------------------------------------------
+ */
+
+static void pg_close(void *impl) {
+  pg_store *q = impl;
+  if (!q)
+    return;
+  PQfinish(q->w);
+  PQfinish(q->r);
+  pthread_mutex_destroy(&q->health_mu);
+  free(q->conninfo);
+  if (q->password) {
+    explicit_bzero(q->password, strlen(q->password));
+    free(q->password);
+  }
+  free(q);
+}
+
+/* One statement on a connection during open; 0 or AH_EIO with *why. */
+static int open_exec(pg_store *q, PGconn *c, const char *sql, PGresult **out, char **why) {
+  PGresult *r = PQexec(c, sql);
+  ExecStatusType s = r ? PQresultStatus(r) : PGRES_FATAL_ERROR;
+  if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+    if (out)
+      *out = r;
+    else
+      PQclear(r);
+    return 0;
+  }
+  char msg[300];
+  one_line(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(c));
+  set_why(why, "store: %s: %s", q->label, msg);
+  PQclear(r);
+  return AH_EIO;
+}
+
+/* The database's schema version: 0 for a database without agenthost's tables, -1 for one that has tables
+ * of agenthost's names but no version (not agenthost's: refused). */
+static int read_version(pg_store *q, PGconn *c, int *version, char **why) {
+  PGresult *r = NULL;
+  int rc = open_exec(
+      q, c, "SELECT to_regclass('agenthost_schema') IS NOT NULL, to_regclass('sessions') IS NOT NULL", &r,
+      why);
+  if (rc < 0)
+    return rc;
+  bool has_version = col_bool(r, 0, 0), has_sessions = col_bool(r, 0, 1);
+  PQclear(r);
+  if (!has_version) {
+    *version = has_sessions ? -1 : 0;
+    return 0;
+  }
+  if ((rc = open_exec(q, c, "SELECT max(version) FROM agenthost_schema", &r, why)) < 0)
+    return rc;
+  *version = (int)col_int(r, 0, 0);
+  PQclear(r);
+  return 0;
+}
+
+static int check_version(pg_store *q, int version, char **why) {
+  if (version < 0) {
+    set_why(why,
+            "store: %s has a sessions table but no agenthost_schema: not an agenthost database; refusing to "
+            "use it",
+            q->label);
+    return AH_ECONFIG;
+  }
+  if (version > PG_SCHEMA_VERSION) {
+    set_why(why,
+            "store: %s has schema version %d, newer than version %d that this agenthost knows; refusing to "
+            "open it (upgrade agenthost)",
+            q->label, version, PG_SCHEMA_VERSION);
+    return AH_ECONFIG;
+  }
+  return 0;
+}
+
+static int migrate(pg_store *q, char **why) {
+  int rc = open_exec(q, q->w, "BEGIN", NULL, why);
+  if (rc == 0)
+    rc = open_exec(q, q->w, "SELECT pg_advisory_xact_lock(" LOCK_MIGRATE ")", NULL, why);
+  int version = 0;
+  if (rc == 0)
+    rc = read_version(q, q->w, &version, why);
+  if (rc == 0)
+    rc = check_version(q, version, why);
+  if (rc == 0 && version == 0)
+    rc = open_exec(q, q->w, "CREATE TABLE agenthost_schema (version integer NOT NULL)", NULL, why);
+  for (int i = version; rc == 0 && i < PG_SCHEMA_VERSION; i++) {
+    char sql[96];
+    snprintf(sql, sizeof sql, "DELETE FROM agenthost_schema; INSERT INTO agenthost_schema VALUES (%d)",
+             i + 1);
+    rc = open_exec(q, q->w, pg_migrations[i], NULL, why);
+    if (rc == 0)
+      rc = open_exec(q, q->w, sql, NULL, why);
+    if (rc == 0)
+      AH_LOG_I(COMP, "%s: schema migrated to version %d", q->label, i + 1);
+  }
+  if (rc == 0)
+    rc = open_exec(q, q->w, "COMMIT", NULL, why);
+  if (rc < 0)
+    PQclear(PQexec(q->w, "ROLLBACK"));
+  return rc;
+}
+
+static int pg_open(const ah_store_opts *opts, void **impl, char **why) {
+  *impl = NULL;
+  if (why)
+    *why = NULL;
+  if (!opts->url || !*opts->url) {
+    set_why(why, "store: no PostgreSQL connection string");
+    return AH_EINVAL;
+  }
+  pg_store *q = calloc(1, sizeof *q);
+  if (!q || !(q->conninfo = strdup(opts->url)) ||
+      (opts->password && !(q->password = strdup(opts->password)))) {
+    if (q)
+      free(q->conninfo);
+    free(q);
+    set_why(why, "store: out of memory");
+    return AH_ENOMEM;
+  }
+  pthread_mutex_init(&q->health_mu, NULL);
+  q->sync = opts->sync;
+  q->read_only = opts->read_only;
+  /* A label without the connection string (it may hold a password): filled from the connection. */
+  snprintf(q->label, sizeof q->label, "postgresql (unknown)");
+  int rc = 0;
+  if (!q->read_only && !(q->w = connect_one(q, false, why)))
+    rc = AH_EIO;
+  if (rc == 0 && !q->read_only)
+    rc = migrate(q, why);
+  if (rc == 0 && !(q->r = connect_one(q, true, why)))
+    rc = AH_EIO;
+  if (rc == 0 && q->read_only) {
+    int version = 0;
+    rc = read_version(q, q->r, &version, why);
+    if (rc == 0)
+      rc = check_version(q, version, why);
+    if (rc == 0 && version < PG_SCHEMA_VERSION) {
+      set_why(why,
+              "store: %s has schema version %d, older than version %d; open it once read-write to migrate it",
+              q->label, version, PG_SCHEMA_VERSION);
+      rc = version == 0 ? AH_ENOENT : AH_ECONFIG;
+    }
+  }
+  if (rc < 0) {
+    AH_LOG_E(COMP, "%s", why && *why ? *why : "cannot open the store");
+    pg_close(q);
+    return rc;
+  }
+  *impl = q;
+  return 0;
+}
+
+const ah_store_backend ah__store_pg = {
+    .name = "postgresql",
+    .open = pg_open,
+    .close = pg_close,
+    .write_group = pg_write_group,
+    .get_session = pg_get_session,
+    .list_sessions = pg_list_sessions,
+    .events = pg_events,
+    .events_after = pg_events_after,
+    .inbox_open = pg_inbox_open,
+    .requests_pending = pg_requests_pending,
+    .get_request = pg_get_request,
+    .sessions_to_recover = pg_sessions_to_recover,
+    .session_tree = pg_session_tree,
+    .health = pg_health,
+    .read_failed = pg_read_failed,
+    .release_memory = pg_release_memory,
+    .memory_used = pg_memory_used,
+};
