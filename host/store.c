@@ -337,7 +337,8 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     set_why(why, "store: cannot start the writer thread");
     return AH_EINTERNAL;
   }
-  AH_LOG_D(COMP, "opened %s (%s%s)", opts->path ? opts->path : "the database", backend->name, opts->read_only ? ", read-only" : "");
+  AH_LOG_D(COMP, "opened %s (%s%s)", opts->path ? opts->path : "the database", backend->name,
+           opts->read_only ? ", read-only" : "");
   *out = s;
   return 0;
 }
