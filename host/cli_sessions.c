@@ -12,6 +12,7 @@
 
 #include "admin.h"
 #include "agenthost/errors.h"
+#include "internal.h"
 #include "log.h"
 #include "store.h"
 
@@ -67,17 +68,22 @@ static void remove_made_wal(const cli_store *r) {
 }
 
 static int store_open(const ah_config *cfg, const char *what, cli_store *r, bool read_only) {
-  if (snprintf(r->path, sizeof r->path, "%s/agenthost.db", cfg->state_dir) >= (int)sizeof r->path) {
-    fprintf(stderr, "agenthost: %s: the state directory's path is too long\n", what);
-    return AH_E2BIG;
+  ah_store_opts opts = {.sync = AH_STORE_SYNC_NORMAL, .read_only = read_only};
+  const ah_store_backend *backend = NULL;
+  char *password = NULL;
+  char *why = NULL;
+  int rc = ah__config_store(cfg, &opts, &backend, r->path, sizeof r->path, &password, &why);
+  if (rc) {
+    fprintf(stderr, "agenthost: %s: %s\n", what, why ? why : ah_strerror(rc));
+    free(why);
+    return rc;
   }
   /* A writer leaves the -wal and -shm files to SQLite (remove_made_wal is for readers only). */
-  r->had_wal = !read_only || exists_with(r->path, "-wal");
-  r->had_shm = !read_only || exists_with(r->path, "-shm");
+  r->had_wal = !opts.path || !read_only || exists_with(r->path, "-wal");
+  r->had_shm = !opts.path || !read_only || exists_with(r->path, "-shm");
   uv_loop_init(&r->loop);
-  ah_store_opts opts = {.path = r->path, .sync = AH_STORE_SYNC_NORMAL, .read_only = read_only};
-  char *why = NULL;
-  int rc = ah__store_open(&r->loop, NULL, &opts, &r->store, &why);
+  rc = ah__store_open(&r->loop, backend, &opts, &r->store, &why);
+  ah__wipe_free(password);
   if (rc) {
     fprintf(stderr, "agenthost: %s: %s\n", what, why ? why : ah_strerror(rc));
     free(why);

@@ -37,6 +37,8 @@
 
 #include "agenthost/errors.h"
 #include "hooks.h"
+#include "readall.h"
+#include "store.h"
 
 /* Fallbacks so that this file compiles on its own; the meson build defines all three. */
 #ifndef AH_INSTALL_PLUGIN_DIR
@@ -556,6 +558,25 @@ static void apply(loader *L, section_kind kind, const char *name, const char *ke
         return;
       }
       cfg->lease_ttl_ms = n;
+    } else if (strcmp(key, "store_url") == 0) {
+      /* The shared store (docs/scaling.md). A password inside it would be printed wherever the string is:
+       * refused (its value is never quoted). */
+      const char *at = strchr(value, '@');
+      const char *scheme = strstr(value, "://");
+      bool uri_password = scheme && at && memchr(scheme + 3, ':', (size_t)(at - scheme - 3)) != NULL;
+      if (!value[0] || strcasestr(value, "password") || uri_password) {
+        fail(L, "%s: %s", where,
+             value[0] ? "must not hold a password: set store_password_file, or AGENTHOST_HOST_STORE_PASSWORD"
+                      : "must not be empty");
+        return;
+      }
+      replace_str(L, &cfg->store_url, value);
+    } else if (strcmp(key, "store_password_file") == 0) {
+      if (!check_abs_path(L, where, key, value))
+        return;
+      replace_str(L, &cfg->store_password_file, value);
+    } else if (strcmp(key, "store_password") == 0) {
+      replace_str(L, &cfg->store_password, value);
     } else if (strcmp(key, "default_provider") == 0) {
       if (!ah__config_name_valid(value)) {
         fail(L, "%s: bad provider name%s (expected [a-z][a-z0-9-]*, at most %d characters)", where,
@@ -1419,6 +1440,11 @@ void ah__config_free(ah_config *cfg) {
   free(cfg->default_mode);
   free(cfg->prices);
   free(cfg->record_dir);
+  free(cfg->store_url);
+  free(cfg->store_password_file);
+  if (cfg->store_password)
+    explicit_bzero(cfg->store_password, strlen(cfg->store_password));
+  free(cfg->store_password);
   json_decref(cfg->record_surfaces);
   json_decref(cfg->plugins);
   json_decref(cfg->providers);
@@ -1489,4 +1515,51 @@ char *ah__config_module_path(const ah_config *cfg, const char *name, const json_
       return NULL;
   }
   return path;
+}
+
+int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts, const struct ah_store_backend **backend,
+                     char *path_buf, size_t path_cap, char **password, char **why) {
+  *password = NULL;
+  *backend = &ah__store_sqlite;
+  if (!cfg->store_url) {
+    if (snprintf(path_buf, path_cap, "%s/agenthost.db", cfg->state_dir) >= (int)path_cap) {
+      if (why && asprintf(why, "the state directory's path is too long") < 0)
+        *why = NULL;
+      return AH_ECONFIG;
+    }
+    opts->path = path_buf;
+    return 0;
+  }
+#ifndef AH_HAVE_POSTGRESQL
+  if (why && asprintf(why, "[host] store_url is set, but this agenthost was built without the PostgreSQL "
+                           "backend (libpq)") < 0)
+    *why = NULL;
+  return AH_ECONFIG;
+#else
+  *backend = &ah__store_pg;
+  opts->url = cfg->store_url;
+  opts->path = NULL;
+  if (cfg->store_password) {
+    *password = strdup(cfg->store_password);
+  } else if (cfg->store_password_file) {
+    size_t len = 0;
+    char *text = NULL;
+    FILE *f = fopen(cfg->store_password_file, "re");
+    const char *err = f ? NULL : strerror(errno);
+    int rc = f ? ah__read_all(f, 4096, &text, &len) : AH_EIO;
+    if (f)
+      fclose(f);
+    if (rc != 0 || !text) {
+      if (why && asprintf(why, "[host] store_password_file %s cannot be read: %s", cfg->store_password_file,
+                          err ? err : ah_strerror(rc)) < 0)
+        *why = NULL;
+      free(text);
+      return AH_ECONFIG;
+    }
+    text[strcspn(text, "\r\n")] = '\0';
+    *password = text;
+  }
+  opts->password = *password;
+  return 0;
+#endif
 }

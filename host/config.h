@@ -90,6 +90,13 @@ typedef struct ah_config {
   /* [host] lease_ttl_ms: the TTL of a live session's lease (docs/sessions.md "Leases"); 0: 30000. Read at
    * start only. */
   uint64_t lease_ttl_ms;
+  /* [host] store_url: a PostgreSQL connection string (a libpq URI or key=value list, never with a password
+   * in it): the store is then that database instead of state_dir/agenthost.db (docs/scaling.md). Its
+   * password: [host] store_password_file (an absolute path; the file's first line) or store_password (meant
+   * for the environment: AGENTHOST_HOST_STORE_PASSWORD); neither value is ever logged. NULL: not set. */
+  char *store_url;
+  char *store_password_file;
+  char *store_password;
   /* {"NAME": {"enabled": bool, "modes": ["serve", ...], "path": "/abs/NAME.so", "<key>": "<string>", ...}}
    * Own keys of a plugin stay strings (the plugin parses them); enabled is a bool, modes an array, path
    * absolute. Every plugin named in the file or environment appears, enabled or not. */
@@ -108,6 +115,16 @@ typedef struct ah_config {
 int ah__config_load(ah_config *cfg, const ah_cli_overrides *cli, char *const *envp, char **err);
 
 void ah__config_free(ah_config *cfg);
+
+/* The store this configuration names: SQLite at state_dir/agenthost.db, or PostgreSQL at store_url with
+ * its password read (from store_password, else store_password_file). Fills `opts` (url and path point into
+ * `cfg` and `path_buf`; the password into *password, malloc'ed: the caller wipes and frees it) and *backend.
+ * AH_ECONFIG with *why (malloc'ed) when the password file cannot be read or this build has no PostgreSQL
+ * backend. */
+struct ah_store_opts;
+struct ah_store_backend;
+int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts, const struct ah_store_backend **backend,
+                     char *path_buf, size_t path_cap, char **password, char **why);
 
 /* A list value of a key (e.g. [provider.NAME] models): a JSON array of strings when it starts with '[',
  * else comma-separated items, blanks trimmed, empty ones dropped. A new array (empty for NULL), or NULL

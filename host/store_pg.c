@@ -1411,6 +1411,24 @@ static int pg_open(const ah_store_opts *opts, void **impl, char **why) {
     set_why(why, "store: no PostgreSQL connection string");
     return AH_EINVAL;
   }
+  /* A password inside the connection string would travel wherever the string does: refused. */
+  char *perr = NULL;
+  PQconninfoOption *parsed = PQconninfoParse(opts->url, &perr);
+  bool has_password = false;
+  for (PQconninfoOption *o = parsed; o && o->keyword; o++)
+    if (strcmp(o->keyword, "password") == 0 && o->val && *o->val)
+      has_password = true;
+  PQconninfoFree(parsed);
+  if (!parsed || has_password) {
+    char msg[200];
+    one_line(msg, sizeof msg, perr);
+    PQfreemem(perr);
+    set_why(why, has_password ? "store: the PostgreSQL connection string holds a password; give it apart "
+                                "(store_password_file, or AGENTHOST_HOST_STORE_PASSWORD)"
+                              : "store: the PostgreSQL connection string is not valid: %s",
+            msg);
+    return AH_ECONFIG;
+  }
   pg_store *q = calloc(1, sizeof *q);
   if (!q || !(q->conninfo = strdup(opts->url)) ||
       (opts->password && !(q->password = strdup(opts->password)))) {

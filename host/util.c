@@ -198,3 +198,10 @@ json_t *ah__json_lossy_string(const char *s, size_t n) {
   free(buf);
   return r;
 }
+
+void ah__wipe_free(char *secret) {
+  if (!secret)
+    return;
+  explicit_bzero(secret, strlen(secret));
+  free(secret);
+}

@@ -20,11 +20,12 @@ static void stop_deadline(ah_timer *t, void *arg);
  * a session does not pay for opening the database before it answers its client). NULL when it cannot be
  * opened (logged once): every session method then fails with AH_EIO. */
 ah_store *ah__sm_store(ah_sessions *m) {
-  if (m->store || m->store_failed || !m->store_path)
+  if (m->store || m->store_failed || (!m->store_path && !m->store_url))
     return m->store;
   char *why = NULL;
-  ah_store_opts so = {.path = m->store_path, .sync = m->store_sync, .read_only = false};
-  if (ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, &why) != 0) {
+  ah_store_opts so = {.path = m->store_path, .url = m->store_url, .password = m->store_password,
+                      .sync = m->store_sync, .read_only = false};
+  if (ah__store_open(ah__host_loop(m->host), m->store_backend, &so, &m->store, &why) != 0) {
     AH_LOG_E(LOG, "cannot open the store: %s", why ? why : "unknown error");
     m->store = NULL;
     m->store_failed = true;
@@ -68,12 +69,21 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   ah__uuid7(nonce);
   snprintf(m->owner, sizeof m->owner, "%s:%ld:%s", m->hostname, (long)getpid(), nonce);
   char path[4096];
-  snprintf(path, sizeof path, "%s/agenthost.db", opts->config->state_dir);
+  ah_store_opts so = {0};
+  char *password = NULL;
+  int sc = ah__config_store(opts->config, &so, &m->store_backend, path, sizeof path, &password, why);
+  if (sc) {
+    json_decref(m->resolved);
+    json_decref(m->resolved_order);
+    free(m);
+    return sc;
+  }
   const char *failed = NULL;
   int e = ah__mkdirs(opts->config->state_dir, &failed);
   if (e) {
     if (why && asprintf(why, "cannot create %s: %s", failed, strerror(-e)) < 0)
       *why = NULL;
+    ah__wipe_free(password);
     json_decref(m->resolved);
     json_decref(m->resolved_order);
     free(m);
@@ -86,13 +96,18 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
            : strcmp(cs, "off") == 0 ? AH_STORE_SYNC_OFF
                                     : AH_STORE_SYNC_NORMAL;
   m->store_sync = sync ? sync : AH_STORE_SYNC_NORMAL;
-  m->store_path = strdup(path);
-  ah_store_opts so = {.path = path, .sync = m->store_sync, .read_only = false};
-  int rc = !m->store_path     ? AH_ENOMEM
-           : opts->lazy_store ? 0
-                              : ah__store_open(ah__host_loop(m->host), NULL, &so, &m->store, why);
+  m->store_path = so.path ? strdup(so.path) : NULL;
+  m->store_url = so.url ? strdup(so.url) : NULL;
+  m->store_password = password;
+  so.sync = m->store_sync;
+  so.read_only = false;
+  int rc = (!m->store_path && !m->store_url) ? AH_ENOMEM
+           : opts->lazy_store                ? 0
+                     : ah__store_open(ah__host_loop(m->host), m->store_backend, &so, &m->store, why);
   if (rc) {
     free(m->store_path);
+    free(m->store_url);
+    ah__wipe_free(m->store_password);
     json_decref(m->resolved);
     json_decref(m->resolved_order);
     free(m);
@@ -224,6 +239,8 @@ void ah__sessions_free(ah_sessions *m) {
   ah__echo_provider_free(m->echo);
   ah__prices_free(m->prices);
   free(m->prices_path);
+  free(m->store_url);
+  ah__wipe_free(m->store_password);
   free(m->store_path);
   free(m);
 }

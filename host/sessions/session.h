@@ -83,6 +83,9 @@ struct ah_sessions {
   bool stop_finishing;
   bool recover_on_start;
   char *store_path; /* the store is opened on first use when opts.lazy_store */
+  char *store_url;  /* or, PostgreSQL: its connection string and password ([host] store_url) */
+  char *store_password;
+  const ah_store_backend *store_backend;
   ah_store_sync store_sync;
   bool store_failed;
   /* Sessions whose writes failed (disk full, I/O error): reloaded from the store once writes succeed,

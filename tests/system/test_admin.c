@@ -20,202 +20,8 @@
 #include <unistd.h>
 
 #include "admin.h"
+#include "daemon.h"
 #include "support.h"
-
-/* The daemon's default plugins (browser, remote) are not built yet; a config that does not mention them
- * leaves them enabled, and the daemon warns and goes on. The tests name them only where it matters. */
-#define NO_DEFAULT_PLUGINS \
-  "[plugin.browser]\nenabled = false\n[plugin.remote]\nenabled = false\n[plugin.mcp]\nenabled = false\n"
-
-typedef struct test_daemon {
-  char *dir;    /* private root, removed at the end */
-  char *state;  /* --state-dir */
-  char *run;    /* --runtime-dir */
-  char *config; /* --config */
-  char *log;    /* the daemon's stderr */
-  char *out;    /* the daemon's stdout */
-  char *sock;   /* run/admin.sock */
-  pid_t pid;
-} test_daemon;
-
-/* Every daemon of the running test, so that the .fini can clean up after a failed assertion. */
-static test_daemon *live[4];
-
-static void cleanup(void) {
-  ts_kill_all();
-  for (size_t i = 0; i < sizeof live / sizeof live[0]; i++) {
-    test_daemon *d = live[i];
-    if (!d)
-      continue;
-    umount2(d->state, MNT_DETACH); /* the full-disk test's tmpfs, if a failed assertion left it mounted */
-    ts_rmtree(d->dir);
-    free(d->dir);
-    free(d->state);
-    free(d->run);
-    free(d->config);
-    free(d->log);
-    free(d->out);
-    free(d->sock);
-    free(d);
-    live[i] = NULL;
-  }
-}
-
-static const char *env_path(const char *name) {
-  const char *v = getenv(name);
-  cr_assert(v && *v, "%s is not set (run the tests through meson test)", name);
-  return v;
-}
-
-static char *join(const char *a, const char *b) {
-  char *s = NULL;
-  cr_assert_geq(asprintf(&s, "%s/%s", a, b), 0);
-  return s;
-}
-
-static test_daemon *d_new(const char *config_text) {
-  test_daemon *d = calloc(1, sizeof *d);
-  cr_assert_not_null(d);
-  size_t i = 0;
-  while (i < sizeof live / sizeof live[0] && live[i])
-    i++;
-  cr_assert_lt(i, sizeof live / sizeof live[0]);
-  live[i] = d;
-  d->dir = ts_mkdtemp();
-  cr_assert_not_null(d->dir);
-  d->state = join(d->dir, "state");
-  d->run = join(d->dir, "run");
-  d->log = join(d->dir, "daemon.log");
-  d->out = join(d->dir, "daemon.out");
-  d->sock = join(d->run, "admin.sock");
-  d->config = ts_write_file(d->dir, "agenthost.ini", config_text);
-  cr_assert_not_null(d->config);
-  return d;
-}
-
-static void d_write_config(test_daemon *d, const char *config_text) {
-  char *tmp = ts_write_file(d->dir, "agenthost.ini.new", config_text);
-  cr_assert_not_null(tmp);
-  cr_assert_eq(rename(tmp, d->config), 0);
-  free(tmp);
-}
-
-/* `agenthost --config C --state-dir S --runtime-dir R --log-level debug serve`, stderr to `log`. */
-static pid_t d_spawn_serve(test_daemon *d, const char *log) {
-  char *argv[] = {(char *)env_path("AH_TEST_AGENTHOST"),
-                  "--config",
-                  d->config,
-                  "--state-dir",
-                  d->state,
-                  "--runtime-dir",
-                  d->run,
-                  "--log-level",
-                  "debug",
-                  "serve",
-                  NULL};
-  pid_t pid = ts_spawn(argv, d->out, log);
-  cr_assert_gt(pid, 0, "cannot start %s", argv[0]);
-  return pid;
-}
-
-static char *d_log(test_daemon *d) {
-  char *text = ts_read_file(d->log, NULL);
-  return text ? text : strdup("");
-}
-
-static bool d_log_has(test_daemon *d, const char *needle) {
-  char *text = d_log(d);
-  bool has = strstr(text, needle) != NULL;
-  free(text);
-  return has;
-}
-
-/* Poll the log for `needle` (it is written by another process). */
-static bool d_log_wait(test_daemon *d, const char *needle, uint64_t timeout_ms) {
-  uint64_t deadline = ts_now_ms() + timeout_ms;
-  while (!d_log_has(d, needle)) {
-    if (ts_now_ms() >= deadline)
-      return false;
-    usleep(20 * 1000);
-  }
-  return true;
-}
-
-/* Start the daemon and wait until it answers on the admin socket. An answer means the loop runs, so the
- * signal handlers are installed too (they are started before the loop, after the socket is bound). */
-static void d_start(test_daemon *d) {
-  d->pid = d_spawn_serve(d, d->log);
-  cr_assert(ts_wait_path(d->sock, 10000), "no admin socket after 10 s; log:\n%s", d_log(d));
-  uint64_t deadline = ts_now_ms() + 10000;
-  for (;;) {
-    json_t *result = NULL;
-    json_t *error = NULL;
-    int rc = ah__admin_call(d->run, "plugin.list", NULL, 2000, &result, &error);
-    json_decref(result);
-    json_decref(error);
-    if (rc == 0)
-      break;
-    cr_assert_lt(ts_now_ms(), deadline, "the daemon does not answer: %s; log:\n%s", ah_strerror(rc),
-                 d_log(d));
-    usleep(20 * 1000);
-  }
-}
-
-/* SIGTERM and wait (bounded); returns the waitpid status. */
-static int d_stop(test_daemon *d) {
-  cr_assert_gt(d->pid, 0);
-  int st = ts_stop(d->pid, SIGTERM, 10000);
-  d->pid = 0;
-  return st;
-}
-
-static void assert_clean_exit(test_daemon *d, int st) {
-  cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the daemon did not exit 0 (status %#x); log:\n%s", st,
-            d_log(d));
-  cr_assert(d_log_has(d, "stopped"), "no \"stopped\" in the log:\n%s", d_log(d));
-  cr_assert(!d_log_has(d, "did not close cleanly"), "the loop did not close cleanly:\n%s", d_log(d));
-}
-
-/* Run `agenthost --config C --state-dir S --runtime-dir R ARGS...` (NULL-terminated); returns the exit
- * code, *out and *err its output (freed by the caller). */
-static int d_cli(test_daemon *d, char **out, char **err, ...) {
-  char *argv[16] = {(char *)env_path("AH_TEST_AGENTHOST"),
-                    "--config",
-                    d->config,
-                    "--state-dir",
-                    d->state,
-                    "--runtime-dir",
-                    d->run};
-  size_t n = 7;
-  va_list ap;
-  va_start(ap, err);
-  for (char *a = va_arg(ap, char *); a; a = va_arg(ap, char *)) {
-    cr_assert_lt(n, sizeof argv / sizeof argv[0] - 1);
-    argv[n++] = a;
-  }
-  va_end(ap);
-  argv[n] = NULL;
-  char *o = NULL;
-  char *e = NULL;
-  int code = ts_run(argv, 30000, &o, &e);
-  cr_assert_not_null(o);
-  cr_assert_not_null(e);
-  *out = o;
-  *err = e;
-  return code;
-}
-
-/* Call `method` through the admin socket and assert success; returns the result. `params` is stolen. */
-static json_t *d_call_ok(test_daemon *d, const char *method, json_t *params) {
-  json_t *result = NULL;
-  json_t *error = NULL;
-  int rc = ah__admin_call(d->run, method, params, 10000, &result, &error);
-  char *text = error ? json_dumps(error, JSON_COMPACT) : NULL;
-  cr_assert_eq(rc, 0, "%s failed: %s %s", method, ah_strerror(rc), text ? text : "");
-  free(text);
-  cr_assert_not_null(result);
-  return result;
-}
 
 static bool str_is(json_t *v, const char *s) {
   const char *t = json_string_value(v);
@@ -263,7 +69,7 @@ static bool d_describes_wait(test_daemon *d, const char *plugin, bool want, uint
 
 /* ---- plugins list ---------------------------------------------------------------------------------- */
 
-Test(admin, plugins_list_shows_the_core, .timeout = 60, .fini = cleanup) {
+Test(admin, plugins_list_shows_the_core, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   char *out = NULL;
@@ -296,9 +102,9 @@ Test(admin, plugins_list_shows_the_core, .timeout = 60, .fini = cleanup) {
 
 /* Build tests/outoftree/hello.c into dir/hello.so exactly as a third party would. */
 static char *build_hello(const char *dir) {
-  const char *build_root = env_path("AH_TEST_BUILD_ROOT");
-  const char *source_root = env_path("AH_TEST_SOURCE_ROOT");
-  char *pc_path = join(build_root, "meson-uninstalled");
+  const char *build_root = d_env_path("AH_TEST_BUILD_ROOT");
+  const char *source_root = d_env_path("AH_TEST_SOURCE_ROOT");
+  char *pc_path = d_join(build_root, "meson-uninstalled");
   cr_assert_eq(setenv("PKG_CONFIG_PATH", pc_path, 1), 0);
   unsetenv("PKG_CONFIG_DISABLE_UNINSTALLED");
   unsetenv("PKG_CONFIG_LIBDIR");
@@ -316,7 +122,7 @@ static char *build_hello(const char *dir) {
   free(out);
   free(err);
 
-  char *so = join(dir, "hello.so");
+  char *so = d_join(dir, "hello.so");
   char *cmd = NULL;
   cr_assert_geq(asprintf(&cmd,
                          "cc -shared -fPIC $(pkg-config --cflags agenthost-plugin) -o '%s' "
@@ -370,7 +176,7 @@ static void assert_describes_hello(test_daemon *d) {
   json_decref(desc);
 }
 
-Test(admin, out_of_tree_plugin_load_unload_reload, .timeout = 60, .fini = cleanup) {
+Test(admin, out_of_tree_plugin_load_unload_reload, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   char *so = build_hello(d->dir);
   d_start(d);
@@ -429,7 +235,7 @@ Test(admin, out_of_tree_plugin_load_unload_reload, .timeout = 60, .fini = cleanu
 /* ---- refusals -------------------------------------------------------------------------------------------
  */
 
-Test(admin, cli_refusals, .timeout = 60, .fini = cleanup) {
+Test(admin, cli_refusals, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   char *out = NULL;
@@ -478,10 +284,10 @@ Test(admin, cli_refusals, .timeout = 60, .fini = cleanup) {
 /* ---- one daemon per runtime directory --------------------------------------------------------------------
  */
 
-Test(admin, second_serve_is_refused_with_the_running_pid, .timeout = 60, .fini = cleanup) {
+Test(admin, second_serve_is_refused_with_the_running_pid, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
-  char *log2 = join(d->dir, "second.log");
+  char *log2 = d_join(d->dir, "second.log");
   pid_t second = d_spawn_serve(d, log2);
   int st = 0;
   cr_assert(ts_wait_exit(second, 10000, &st), "the second serve is still running");
@@ -501,7 +307,7 @@ Test(admin, second_serve_is_refused_with_the_running_pid, .timeout = 60, .fini =
 
 /* ---- file modes ---------------------------------------------------------------------------------------- */
 
-Test(admin, socket_0600_in_a_0700_runtime_dir, .timeout = 60, .fini = cleanup) {
+Test(admin, socket_0600_in_a_0700_runtime_dir, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   /* An existing runtime dir open to others is made private. */
   cr_assert_eq(mkdir(d->run, 0700), 0);
@@ -520,7 +326,7 @@ Test(admin, socket_0600_in_a_0700_runtime_dir, .timeout = 60, .fini = cleanup) {
 /* ---- SIGHUP ----------------------------------------------------------------------------------------------
  */
 
-Test(admin, sighup_applies_the_config_again, .timeout = 60, .fini = cleanup) {
+Test(admin, sighup_applies_the_config_again, .timeout = 60, .fini = d_cleanup) {
   /* The default plugins stay enabled here: they are not built, the daemon warns and goes on. */
   test_daemon *d = d_new("[host]\nlog_level = debug\n");
   d_start(d);
@@ -559,7 +365,7 @@ Test(admin, sighup_applies_the_config_again, .timeout = 60, .fini = cleanup) {
 /* ---- SIGTERM ---------------------------------------------------------------------------------------------
  */
 
-Test(admin, sigterm_stops_cleanly, .timeout = 60, .fini = cleanup) {
+Test(admin, sigterm_stops_cleanly, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   char *out = NULL;
@@ -588,7 +394,7 @@ Test(admin, sigterm_stops_cleanly, .timeout = 60, .fini = cleanup) {
 /* ---- a zombie plugin over the admin channel --------------------------------------------------------------
  */
 
-Test(admin, leaks_handle_becomes_a_zombie, .timeout = 60, .fini = cleanup) {
+Test(admin, leaks_handle_becomes_a_zombie, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   char *out = NULL;
@@ -625,7 +431,7 @@ Test(admin, leaks_handle_becomes_a_zombie, .timeout = 60, .fini = cleanup) {
 /* ---- authority ------------------------------------------------------------------------------------------
  */
 
-Test(admin, admin_caller_may_call_privileged_methods, .timeout = 60, .fini = cleanup) {
+Test(admin, admin_caller_may_call_privileged_methods, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   json_t *desc = d_call_ok(d, "host.describe", NULL);
@@ -728,7 +534,7 @@ static void expect_error(raw *r, const char *line, size_t len, int code, json_t 
 
 #define LINE(s) s, sizeof(s) - 1
 
-Test(admin, hostile_input_on_the_admin_socket, .timeout = 60, .fini = cleanup) {
+Test(admin, hostile_input_on_the_admin_socket, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   raw r;
@@ -793,11 +599,11 @@ Test(admin, hostile_input_on_the_admin_socket, .timeout = 60, .fini = cleanup) {
 /* ---- remote stubs ---------------------------------------------------------------------------------------
  */
 
-Test(admin, remote_stubs_print_typescript_for_the_mounted_descriptors, .timeout = 60, .fini = cleanup) {
+Test(admin, remote_stubs_print_typescript_for_the_mounted_descriptors, .timeout = 60, .fini = d_cleanup) {
   /* The remote plugin mounted by the config (its built-in services), the fixture loaded at run time. */
   test_daemon *d = d_new("[plugin.browser]\nenabled = false\n");
   d_start(d);
-  char *fixture = join(env_path("AH_TEST_PLUGIN_DIR"), "remote-types.so");
+  char *fixture = d_join(d_env_path("AH_TEST_PLUGIN_DIR"), "remote-types.so");
   char *out = NULL;
   char *err = NULL;
   int code = d_cli(d, &out, &err, "plugins", "load", fixture, NULL);
@@ -853,24 +659,11 @@ Test(admin, remote_stubs_print_typescript_for_the_mounted_descriptors, .timeout 
 /* ---- fenced ownership (reliability finding 3) ---------------------------------------------------------- */
 /* PROTOCOLS.md "Core": sessions (a prompt's receipt is durable). */
 
-/* session.create in `cwd` through the admin socket; the new id is written to `sid`. */
-static void d_new_session(test_daemon *d, const char *cwd, char *sid, size_t cap) {
-  json_t *created = d_call_ok(d, "session.create", json_pack("{s:s}", "cwd", cwd));
-  const char *v = json_string_value(json_object_get(created, "sessionId"));
-  cr_assert(v, "session.create answered no sessionId");
-  snprintf(sid, cap, "%s", v);
-  json_decref(created);
-}
-
-static const char *event_kind_of(const json_t *m) {
-  return json_string_value(json_object_get(json_object_get(json_object_get(m, "params"), "event"), "kind"));
-}
-
 /* `serve` (A) creates S and is stopped past the lease's TTL; an `sdk` process (B) prompts S and gets a
  * receipt; A resumes and is prompted for S. A must detect that it lost the lease and write nothing more
  * of S (every write is fenced), its prompt refused as agent-busy (not acknowledged); B's turn completes
  * and is stored whole; the event log of S stays gap-free and free of duplicates. */
-Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .fini = cleanup) {
+Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS "[host]\nlease_ttl_ms = 2000\n");
   d_start(d);
   char *work = ts_mkdtemp();
@@ -886,7 +679,7 @@ Test(admin, a_process_that_lost_its_lease_writes_nothing_more, .timeout = 120, .
   free(b.dir);
   b.dir = strdup(d->state);
   free(b.log);
-  b.log = join(d->dir, "b.log");
+  b.log = d_join(d->dir, "b.log");
   free(ts_write_file(b.dir, "empty.ini", "")); /* B's --config; its --runtime-dir is state/run, not A's */
   ts_stdio_spawn(&b, "sdk", NULL);
   json_t *msg =
@@ -989,7 +782,7 @@ static void damage_file(const char *path) {
 
 /* A failed read is an error, never `null` or an empty export; a store found damaged refuses prompts (they
  * are not acknowledged) and says so in host.describe. */
-Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fini = cleanup) {
+Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   d_start(d);
   char *work = ts_mkdtemp();
@@ -1008,8 +801,8 @@ Test(admin, a_damaged_store_fails_reads_and_refuses_prompts, .timeout = 60, .fin
   free(out);
   free(err);
 
-  char *wal = join(d->state, "agenthost.db-wal");
-  char *db = join(d->state, "agenthost.db");
+  char *wal = d_join(d->state, "agenthost.db-wal");
+  char *db = d_join(d->state, "agenthost.db");
   damage_file(wal);
   damage_file(db);
 
@@ -1086,7 +879,7 @@ static const char *store_health(test_daemon *d) {
 /* An acknowledged prompt whose turn cannot be written (the disk filled up) is not stranded: the store says
  * it is full, and once space returns the turn's outcome is recorded and the session runs prompts again.
  * Needs root (a small tmpfs as the state directory). */
-Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .fini = cleanup) {
+Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS);
   cr_assert_eq(mkdir(d->state, 0700), 0);
   char cmd[600];
@@ -1099,7 +892,7 @@ Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .
   d_new_session(d, work, sid, sizeof sid);
   /* A reader holding its snapshot (a backup, `agenthost sessions show`) keeps the WAL from being copied
    * into the database and started over, so the turn's writes need new space instead of reusing the WAL's. */
-  char *dbpath = join(d->state, "agenthost.db");
+  char *dbpath = d_join(d->state, "agenthost.db");
   sqlite3 *reader = NULL;
   cr_assert_eq(sqlite3_open_v2(dbpath, &reader, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
   cr_assert_eq(sqlite3_exec(reader, "BEGIN; SELECT count(*) FROM sessions", NULL, NULL, NULL), SQLITE_OK,
@@ -1117,7 +910,7 @@ Test(admin, a_full_disk_does_not_strand_an_acknowledged_prompt, .timeout = 90, .
   json_decref(r);
   free(text);
   usleep(300 * 1000);
-  char *filler = join(d->state, "filler");
+  char *filler = d_join(d->state, "filler");
   snprintf(cmd, sizeof cmd, "dd if=/dev/zero of=%s bs=64k 2>/dev/null", filler);
   cr_expect_neq(system(cmd), 0, "dd should end with a full disk");
   uint64_t end = ts_now_ms() + 10000;
@@ -1171,7 +964,7 @@ static json_int_t stat_of(test_daemon *d, const char *key) {
  * [host] idle_unload_s applies to the running daemon: its idle sessions leave memory (their leases
  * released), and the next prompt loads one again. */
 Test(admin, idle_sessions_leave_memory_after_a_reload_shortens_idle_unload_s, .timeout = 60,
-     .fini = cleanup) {
+     .fini = d_cleanup) {
   test_daemon *d = d_new(NO_DEFAULT_PLUGINS "[host]\nidle_unload_s = 3600\n");
   d_start(d);
   char *work = ts_mkdtemp();
