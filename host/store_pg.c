@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "agenthost/errors.h"
 #include "internal.h"
@@ -42,8 +43,9 @@
 
 /* A lock held by another host past this fails the group as busy (SQLite's busy timeout is the same). */
 #define LOCK_TIMEOUT "5s"
-/* A transaction left open by a paused or hung process is ended by the server after this. */
-#define IDLE_TX_TIMEOUT "5s"
+/* A transaction left open by a paused or hung process is ended by the server after this (shorter than
+ * LOCK_TIMEOUT, so that a takeover waiting for the paused owner's row lock gets it rather than timing out). */
+#define IDLE_TX_TIMEOUT "2s"
 /* A read that takes longer than this fails (the loop waits for reads). */
 #define READ_TIMEOUT "10s"
 /* How long the writer keeps trying to learn the outcome of a commit whose answer was lost. */
@@ -212,8 +214,11 @@ static PGconn *connect_one(pg_store *q, bool reader, char **why) {
   int n = 0;
   keys[n] = "dbname";
   vals[n++] = q->conninfo;
+  /* Named for operators (pg_stat_activity): which process and which of its connections. */
+  char app[64];
+  snprintf(app, sizeof app, "agenthost-%s-%ld", reader ? "reader" : "writer", (long)getpid());
   keys[n] = "application_name";
-  vals[n++] = reader ? "agenthost-reader" : "agenthost-writer";
+  vals[n++] = app;
   keys[n] = "options";
   vals[n++] = options;
   keys[n] = "connect_timeout";

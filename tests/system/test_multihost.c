@@ -1,0 +1,322 @@
+/* Several hosts on one PostgreSQL store (docs/scaling.md): real `agenthost serve` processes stand for
+ * machines, each with its own state and runtime directory, all with [host] store_url on the cluster that
+ * tests/support/with_pg.sh started (each test its own database). Failures are made as they happen to
+ * machines: a paused owner (SIGSTOP past the lease, also in the middle of a transaction), a killed one, its
+ * database connections terminated by the server. The checks are made in SQL on the shared database: no
+ * event of an owner committed after its session was taken over, seqs gap-free, every acknowledged prompt
+ * settled (its inbox row done, its turn ended). */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "admin.h"
+#include "daemon.h"
+#include "pg_support.h"
+#include "support.h"
+
+#define TTL_MS 2000
+
+typedef struct cluster {
+  char db[64];
+  char *url;
+  char *pwfile;
+  char *dir;
+} cluster;
+
+static void cluster_init(cluster *c) {
+  cr_assert(tpg_enabled(), "AH_TEST_PG is not set: run through tests/support/with_pg.sh (meson test)");
+  c->url = tpg_create_db(c->db);
+  c->dir = ts_mkdtemp();
+  char *pw = NULL;
+  cr_assert(asprintf(&pw, "%s\n", tpg_password()) > 0);
+  c->pwfile = ts_write_file(c->dir, "pw", pw);
+  free(pw);
+}
+
+static void cluster_fini(cluster *c) {
+  tpg_drop_db(c->db);
+  ts_rmtree(c->dir);
+  free(c->dir);
+  free(c->url);
+  free(c->pwfile);
+}
+
+/* A host on the cluster's database. */
+static test_daemon *host_on(cluster *c, const char *extra) {
+  char *cfg = NULL;
+  cr_assert(asprintf(&cfg,
+                     NO_DEFAULT_PLUGINS
+                     "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n%s",
+                     TTL_MS, c->url, c->pwfile, extra ? extra : "") > 0);
+  test_daemon *d = d_new(cfg);
+  free(cfg);
+  d_start(d);
+  return d;
+}
+
+static int64_t sql_int(cluster *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int64_t sql_int(cluster *c, const char *fmt, ...) {
+  char sql[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(sql, sizeof sql, fmt, ap);
+  va_end(ap);
+  return tpg_int(c->url, sql);
+}
+
+/* session.prompt at `d`; the messageId of the receipt into `mid`, or false when it was refused. */
+static bool prompt_at(test_daemon *d, const char *sid, const char *text, char *mid, size_t cap) {
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(d->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", text),
+                          15000, &result, &error);
+  const char *m = json_string_value(json_object_get(result, "messageId"));
+  bool ok = rc == 0 && m;
+  if (ok)
+    snprintf(mid, cap, "%s", m);
+  json_decref(result);
+  json_decref(error);
+  return ok;
+}
+
+/* Poll SQL until `sql` counts at least `want` (or the time is up). */
+static bool sql_wait(cluster *c, int64_t want, uint64_t timeout_ms, const char *sql) {
+  uint64_t end = ts_now_ms() + timeout_ms;
+  for (;;) {
+    if (tpg_int(c->url, sql) >= want)
+      return true;
+    if (ts_now_ms() > end)
+      return false;
+    usleep(50 * 1000);
+  }
+}
+
+static bool turn_ended(cluster *c, const char *mid, uint64_t timeout_ms) {
+  char sql[256];
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM events WHERE kind = 'turn/ended' AND message_id = '%s'",
+           mid);
+  return sql_wait(c, 1, timeout_ms, sql);
+}
+
+/* The stored log of `sid` is whole: seqs 1..N without a gap or a duplicate. */
+static void expect_gap_free(cluster *c, const char *sid) {
+  int64_t n = sql_int(c, "SELECT count(*) FROM events WHERE session_id = '%s'", sid);
+  int64_t distinct = sql_int(c, "SELECT count(DISTINCT seq) FROM events WHERE session_id = '%s'", sid);
+  int64_t max = sql_int(c, "SELECT coalesce(max(seq), 0) FROM events WHERE session_id = '%s'", sid);
+  int64_t last = sql_int(c, "SELECT last_seq FROM sessions WHERE id = '%s'", sid);
+  cr_expect(n > 0 && n == distinct && n == max && max == last,
+            "session %s: %lld events, %lld seqs, max %lld, last_seq %lld", sid, (long long)n,
+            (long long)distinct, (long long)max, (long long)last);
+}
+
+/* Every acknowledged prompt is settled: its inbox row done and one turn/ended with its messageId. */
+static void expect_settled(cluster *c, const char *mid) {
+  cr_expect_eq(sql_int(c, "SELECT count(*) FROM inbox WHERE message_id = '%s' AND state = 'done'", mid), 1,
+               "prompt %s is not done", mid);
+  cr_expect_eq(sql_int(c, "SELECT count(*) FROM events WHERE kind = 'turn/ended' AND message_id = '%s'", mid),
+               1, "prompt %s has no turn end (or several)", mid);
+}
+
+static char *writer_state(cluster *c, pid_t pid) {
+  char sql[256];
+  snprintf(
+      sql, sizeof sql,
+      "SELECT coalesce((SELECT state FROM pg_stat_activity WHERE application_name = 'agenthost-writer-%ld' "
+      "LIMIT 1), 'none')",
+      (long)pid);
+  return tpg_text(c->url, sql);
+}
+
+/* The owner A is stopped past the TTL in the middle of a turn; B is prompted for the session and takes it
+ * over; A resumes. A writes nothing more (its turn's remaining events are refused by the fence), B's turn is
+ * whole, the session's seqs are gap-free and every prompt either host acknowledged is settled. */
+Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout = 120, .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  test_daemon *b = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  char sid[64], a_mid[64], a_mid2[64], b_mid[64];
+  d_new_session(a, work, sid, sizeof sid);
+  cr_assert(prompt_at(a, sid, "before the pause", a_mid, sizeof a_mid));
+  cr_assert(turn_ended(&c, a_mid, 10000));
+  /* A's second turn sleeps; A is stopped while it runs. */
+  cr_assert(prompt_at(a, sid, "/sleep 1500\nstill A's", a_mid2, sizeof a_mid2));
+  cr_assert(sql_wait(&c, 1, 10000, "SELECT count(*) FROM events WHERE kind = 'turn/started'"));
+  usleep(300 * 1000);
+  cr_assert_eq(kill(a->pid, SIGSTOP), 0);
+  usleep((TTL_MS + 1500) * 1000);
+  /* B: the lease has run out: B takes the session over and acknowledges the prompt. */
+  cr_assert(prompt_at(b, sid, "from B", b_mid, sizeof b_mid), "B refused the prompt:\n%s", d_log(b));
+  cr_assert(turn_ended(&c, b_mid, 15000), "B's turn did not end:\n%s", d_log(b));
+  char owner[128];
+  char *o = tpg_text(c.url, "SELECT lease_owner FROM sessions");
+  snprintf(owner, sizeof owner, "%s", o);
+  free(o);
+  int64_t rows = sql_int(&c, "SELECT count(*) FROM events");
+  int64_t top = sql_int(&c, "SELECT max(\"cursor\") FROM events");
+  cr_assert_eq(kill(a->pid, SIGCONT), 0);
+  /* A notices (its heartbeat had lapsed, or its next write is fenced) and stops the session. */
+  cr_expect(d_log_wait(a, "lost its lease", 15000), "A did not notice it lost the lease:\n%s", d_log(a));
+  usleep(1500 * 1000); /* A's sleeping turn would have ended by now */
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events"), rows, "A wrote events after the takeover");
+  cr_expect_eq(sql_int(&c, "SELECT max(\"cursor\") FROM events"), top);
+  char *o2 = tpg_text(c.url, "SELECT lease_owner FROM sessions");
+  cr_expect_str_eq(o2, owner, "the lease changed hands again");
+  free(o2);
+  /* A refuses a prompt for the session (B owns it): never acknowledged, nothing stored. */
+  char x_mid[64];
+  cr_expect_not(prompt_at(a, sid, "late at A", x_mid, sizeof x_mid), "A acknowledged a prompt it cannot run");
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events WHERE data LIKE '%%late at A%%'"), 0);
+  expect_gap_free(&c, sid);
+  expect_settled(&c, a_mid);
+  expect_settled(&c, a_mid2); /* ended by B's recovery as interrupted */
+  expect_settled(&c, b_mid);
+  assert_clean_exit(b, d_stop(b));
+  assert_clean_exit(a, d_stop(a));
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}
+
+/* The owner is stopped while its writer is inside a transaction (found in pg_stat_activity: "idle in
+ * transaction"), holding the session's row: the server ends that transaction (idle_in_transaction_session
+ * _timeout), B takes over, and A's transaction never commits. */
+Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, .timeout = 180,
+     .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  test_daemon *b = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  enum { SESSIONS = 4 };
+  char sid[SESSIONS][64];
+  for (int i = 0; i < SESSIONS; i++)
+    d_new_session(a, work, sid[i], sizeof sid[i]);
+  /* Keep A's writer busy (prompts on every session), and stop A until it is caught in a transaction. */
+  bool caught = false;
+  char mids[400][64];
+  int nmids = 0;
+  for (int attempt = 0; attempt < 200 && !caught; attempt++) {
+    for (int i = 0; i < SESSIONS && nmids < 400; i++)
+      if (prompt_at(a, sid[i], "/chunks 8\nbusy busy busy busy", mids[nmids], sizeof mids[0]))
+        nmids++;
+    cr_assert_eq(kill(a->pid, SIGSTOP), 0);
+    usleep(20 * 1000);
+    char *st = writer_state(&c, a->pid);
+    caught = strcmp(st, "idle in transaction") == 0;
+    free(st);
+    if (!caught)
+      cr_assert_eq(kill(a->pid, SIGCONT), 0);
+  }
+  cr_assert(caught, "A was never stopped inside a transaction");
+  int64_t rows = sql_int(&c, "SELECT count(*) FROM events");
+  usleep((TTL_MS + 1000) * 1000);
+  /* B prompts every session: each is taken over (the paused transaction was ended by the server). */
+  char b_mid[SESSIONS][64];
+  for (int i = 0; i < SESSIONS; i++) {
+    cr_assert(prompt_at(b, sid[i], "from B", b_mid[i], sizeof b_mid[i]), "B refused session %d:\n%s", i,
+              d_log(b));
+    cr_assert(turn_ended(&c, b_mid[i], 15000));
+  }
+  int64_t after_b = sql_int(&c, "SELECT count(*) FROM events");
+  cr_expect_gt(after_b, rows);
+  cr_assert_eq(kill(a->pid, SIGCONT), 0);
+  cr_expect(d_log_wait(a, "lost its lease", 15000), "A did not notice:\n%s", d_log(a));
+  usleep(1000 * 1000);
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events"), after_b, "A committed after the takeover");
+  for (int i = 0; i < SESSIONS; i++) {
+    expect_gap_free(&c, sid[i]);
+    expect_settled(&c, b_mid[i]);
+  }
+  for (int i = 0; i < nmids; i++) {
+    cr_assert(turn_ended(&c, mids[i], 20000), "A's acknowledged prompt %s never ended", mids[i]);
+    expect_settled(&c, mids[i]);
+  }
+  assert_clean_exit(b, d_stop(b));
+  assert_clean_exit(a, d_stop(a));
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}
+
+/* kill -9 of the owner in the middle of a turn: B takes the session over (at once: the dead owner is a
+ * stale local process) and every prompt A acknowledged is settled. */
+Test(multihost, a_killed_owner_loses_no_acknowledged_prompt, .timeout = 120, .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  test_daemon *b = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  char sid[64], m1[64], m2[64], m3[64], bm[64];
+  d_new_session(a, work, sid, sizeof sid);
+  cr_assert(prompt_at(a, sid, "/sleep 3000\nlong", m1, sizeof m1));
+  cr_assert(prompt_at(a, sid, "queued one", m2, sizeof m2));
+  cr_assert(prompt_at(a, sid, "queued two", m3, sizeof m3));
+  cr_assert(sql_wait(&c, 1, 10000, "SELECT count(*) FROM events WHERE kind = 'turn/started'"));
+  cr_assert_eq(kill(a->pid, SIGKILL), 0);
+  int st = 0;
+  cr_assert(ts_wait_exit(a->pid, 5000, &st));
+  a->pid = 0;
+  cr_assert(prompt_at(b, sid, "from B", bm, sizeof bm), "B refused:\n%s", d_log(b));
+  cr_assert(turn_ended(&c, bm, 15000), "B's turn did not end:\n%s", d_log(b));
+  cr_assert(turn_ended(&c, m3, 15000));
+  expect_gap_free(&c, sid);
+  expect_settled(&c, m1);
+  expect_settled(&c, m2);
+  expect_settled(&c, m3);
+  expect_settled(&c, bm);
+  assert_clean_exit(b, d_stop(b));
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}
+
+/* 1000 prompts while the server terminates the host's connections again and again: the host reconnects,
+ * and every prompt it acknowledged is settled (the others were refused, never acknowledged). */
+Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 300, .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  enum { SESSIONS = 10, PROMPTS = 1000 };
+  char sid[SESSIONS][64];
+  for (int i = 0; i < SESSIONS; i++)
+    d_new_session(a, work, sid[i], sizeof sid[i]);
+  static char mids[PROMPTS][64];
+  int acked = 0, refused = 0, terminations = 0;
+  char kill_sql[256];
+  snprintf(kill_sql, sizeof kill_sql,
+           "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE "
+           "'agenthost-%%-%ld'",
+           (long)a->pid);
+  for (int i = 0; i < PROMPTS; i++) {
+    char text[64];
+    snprintf(text, sizeof text, "prompt %d", i);
+    if (prompt_at(a, sid[i % SESSIONS], text, mids[acked], sizeof mids[0]))
+      acked++;
+    else
+      refused++;
+    if (i % 50 == 25)
+      terminations += (int)tpg_int(c.url, kill_sql);
+  }
+  cr_expect_geq(terminations, 20, "the server ended only %d connections", terminations);
+  cr_expect(d_log_has(a, "the writer reconnected"), "the host never reconnected:\n%s", d_log(a));
+  cr_expect_gt(acked, PROMPTS / 2, "only %d of %d prompts were acknowledged", acked, PROMPTS);
+  for (int i = 0; i < acked; i++)
+    cr_assert(turn_ended(&c, mids[i], 30000), "acknowledged prompt %s never ended:\n%s", mids[i], d_log(a));
+  for (int i = 0; i < acked; i++)
+    expect_settled(&c, mids[i]);
+  for (int i = 0; i < SESSIONS; i++)
+    expect_gap_free(&c, sid[i]);
+  cr_log_info("%d prompts acknowledged, %d refused, %d connections terminated", acked, refused, terminations);
+  assert_clean_exit(a, d_stop(a));
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}
