@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../hooks.h"
@@ -413,7 +414,31 @@ static void load_written(int status, const json_t *results, void *arg) {
   ah__turn_claim(s);
 }
 
+/* A session's working directory exists on one machine (docs/scaling.md): a host that lacks it does not take
+ * the session (its tools would run in the wrong place). A close is allowed anyway (it runs nothing). */
+static bool cwd_here(ah_sessions *m, const json_t *row) {
+  const char *cwd = str(row, "cwd");
+  struct stat st;
+  if (!cwd || !*cwd || (stat(cwd, &st) == 0 && S_ISDIR(st.st_mode)))
+    return true;
+  AH_LOG_W(LOG,
+           "session %s works in %s, which does not exist on this host (%s): it is not taken here (the "
+           "workspace must be on the host that runs the session)",
+           str(row, "id"), cwd, m->hostname);
+  return false;
+}
+
+static void lookup(ah_sessions *m, const char *id, bool to_close, lookup_fn cb, void *arg);
+
 void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
+  lookup(m, id, false, cb, arg);
+}
+
+void ah__live_lookup_to_close(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
+  lookup(m, id, true, cb, arg);
+}
+
+static void lookup(ah_sessions *m, const char *id, bool to_close, lookup_fn cb, void *arg) {
   if (m->stopping) {
     cb(AH_ESTATE, NULL, arg);
     return;
@@ -439,6 +464,12 @@ void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
   if (!row || json_is_true(json_object_get(row, "closed"))) {
     free(w);
     cb(row ? AH_ECLOSED : AH_ENOENT, NULL, arg);
+    json_decref(row);
+    return;
+  }
+  if (!to_close && !cwd_here(m, row)) {
+    free(w);
+    cb(AH_EUNAVAILABLE, NULL, arg);
     json_decref(row);
     return;
   }

@@ -23,8 +23,11 @@ ah_store *ah__sm_store(ah_sessions *m) {
   if (m->store || m->store_failed || (!m->store_path && !m->store_url))
     return m->store;
   char *why = NULL;
-  ah_store_opts so = {.path = m->store_path, .url = m->store_url, .password = m->store_password,
-                      .sync = m->store_sync, .read_only = false};
+  ah_store_opts so = {.path = m->store_path,
+                      .url = m->store_url,
+                      .password = m->store_password,
+                      .sync = m->store_sync,
+                      .read_only = false};
   if (ah__store_open(ah__host_loop(m->host), m->store_backend, &so, &m->store, &why) != 0) {
     AH_LOG_E(LOG, "cannot open the store: %s", why ? why : "unknown error");
     m->store = NULL;
@@ -103,7 +106,7 @@ int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why
   so.read_only = false;
   int rc = (!m->store_path && !m->store_url) ? AH_ENOMEM
            : opts->lazy_store                ? 0
-                     : ah__store_open(ah__host_loop(m->host), m->store_backend, &so, &m->store, why);
+                              : ah__store_open(ah__host_loop(m->host), m->store_backend, &so, &m->store, why);
   if (rc) {
     free(m->store_path);
     free(m->store_url);

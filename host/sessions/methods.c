@@ -301,7 +301,10 @@ static void prompt_found(int status, session *s, void *arg) {
                    status == AH_ENOENT       ? "no such session"
                    : status == AH_ECLOSED    ? "the session is closed"
                    : status == AH_EAGENTBUSY ? "the session is owned by another process"
-                                             : ah_strerror(status),
+                   : status == AH_EUNAVAILABLE
+                       ? "the session's working directory does not exist on this host: it runs where its "
+                         "workspace is"
+                       : ah_strerror(status),
                    NULL);
   } else {
     ah__live_enqueue(s, json_incref(c->content), prompt_written, c->call, NULL);
@@ -419,7 +422,7 @@ static void m_close(ah_call *call, const json_t *p, void *data) {
     return;
   }
   /* A cold session is resumed (lease) to be closed, so two processes never close and run it at once. */
-  ah__live_lookup(SM(data), id, close_found, call);
+  ah__live_lookup_to_close(SM(data), id, close_found, call);
 }
 
 typedef struct delete_ctx {

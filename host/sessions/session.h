@@ -235,7 +235,10 @@ void ah__live_renew_leases(ah_timer *t, void *arg);
 void ah__live_wake(session *s, int status);
 void ah__live_lease_lost(session *s, const char *why);
 void ah__live_broken(session *s, int status);
+/* The live session `id`, loaded (its lease taken) if it is cold; AH_EUNAVAILABLE when its working directory
+ * does not exist on this host. _to_close loads it for a close, wherever its directory is. */
 void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
+void ah__live_lookup_to_close(ah_sessions *m, const char *id, lookup_fn cb, void *arg);
 int ah__live_create(ah_sessions *m, const char *cwd, const char *provider, const char *model,
                     const char *title, const char *parent, bool local, int depth, lookup_fn cb, void *arg);
 void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]);

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -318,5 +319,48 @@ Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 3
   assert_clean_exit(a, d_stop(a));
   ts_rmtree(work);
   free(work);
+  cluster_fini(&c);
+}
+
+/* A session's working directory is on the machine that runs it: a host where it does not exist refuses
+ * to take the session over (a clear error, nothing stored, the lease left alone) rather than run its
+ * tools elsewhere; once the directory is there, the host takes it. */
+Test(multihost, a_host_without_the_sessions_directory_does_not_take_it, .timeout = 60, .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  test_daemon *b = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  char *cwd = d_join(work, "project");
+  cr_assert_eq(mkdir(cwd, 0700), 0);
+  char sid[64], mid[64];
+  d_new_session(a, cwd, sid, sizeof sid);
+  cr_assert(prompt_at(a, sid, "at A", mid, sizeof mid));
+  cr_assert(turn_ended(&c, mid, 10000));
+  assert_clean_exit(a, d_stop(a)); /* the lease is released */
+  cr_assert_eq(rmdir(cwd), 0);     /* "B's machine" has no such directory */
+  int64_t rows = sql_int(&c, "SELECT count(*) FROM events");
+  json_t *result = NULL, *error = NULL;
+  int rc = ah__admin_call(b->run, "session.prompt", json_pack("{s:s, s:s}", "sessionId", sid, "text", "at B"),
+                          10000, &result, &error);
+  char *etext = error ? json_dumps(error, JSON_COMPACT) : NULL;
+  cr_expect_neq(rc, 0, "B acknowledged a prompt for a session whose directory it lacks");
+  cr_expect(etext && strstr(etext, "working directory does not exist on this host"), "B's refusal: %s",
+            etext ? etext : "(none)");
+  free(etext);
+  json_decref(result);
+  json_decref(error);
+  cr_expect(d_log_has(b, "which does not exist on this host"), "B's log does not say why:\n%s", d_log(b));
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events"), rows);
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM sessions WHERE lease_owner IS NOT NULL"), 0);
+  /* The directory is there: B takes the session and runs the prompt. */
+  cr_assert_eq(mkdir(cwd, 0700), 0);
+  cr_assert(prompt_at(b, sid, "at B", mid, sizeof mid), "B refused:\n%s", d_log(b));
+  cr_assert(turn_ended(&c, mid, 10000));
+  expect_gap_free(&c, sid);
+  assert_clean_exit(b, d_stop(b));
+  ts_rmtree(work);
+  free(work);
+  free(cwd);
   cluster_fini(&c);
 }
