@@ -65,6 +65,14 @@ struct ah_store {
   void (*close_cb)(void *arg);
   void *close_arg;
 
+  /* The watch (ah__store_watch): the listening connection's descriptor polled on the loop, reopened by
+   * `watch_timer` when it broke. */
+  ah_store_signal_fn watch_fn;
+  void *watch_arg;
+  uv_poll_t *watch_poll; /* NULL while the connection is not open */
+  uv_timer_t watch_timer;
+  bool watch_inited; /* the timer is initialized (closed at the end) */
+
   _Atomic uint64_t commits;
   _Atomic uint64_t opsets;
   _Atomic uint64_t retries; /* groups tried again (retry_ms) */
@@ -189,6 +197,8 @@ static void *writer_main(void *arg) {
   return NULL;
 }
 
+static void watch_stop(ah_store *s);
+
 static void on_async_closed(uv_handle_t *h) {
   ah_store *s = h->data;
   if (--s->handles_open > 0)
@@ -213,11 +223,17 @@ static void maybe_finish(ah_store *s) {
   pthread_mutex_unlock(&s->mu);
   /* The queue is empty (nothing in flight), so the writer is idle or about to notice `stop`. */
   pthread_join(s->thread, NULL);
+  if (s->watch_inited)
+    watch_stop(s);
   s->be->close(s->impl);
   s->impl = NULL;
   s->handles_open = 2;
   uv_close((uv_handle_t *)&s->async, on_async_closed);
   uv_close((uv_handle_t *)&s->kick, on_async_closed);
+  if (s->watch_inited) {
+    s->handles_open++;
+    uv_close((uv_handle_t *)&s->watch_timer, on_async_closed);
+  }
 }
 
 /* End of a loop turn: hand what was submitted during it to the writer as one group. */
@@ -453,6 +469,109 @@ int ah__store_read_status(ah_store *s) {
 
 const char *ah__store_health_name(int health) {
   return health == AH_STORE_OK ? "ok" : health == AH_STORE_FULL ? "full" : "damaged";
+}
+
+int64_t ah__store_last_cursor(ah_store *s) {
+  return reading(s) && s->be->last_cursor ? s->be->last_cursor(s->impl) : -1;
+}
+
+json_t *ah__store_posted(ah_store *s) {
+  return reading(s) && s->be->posted ? s->be->posted(s->impl) : NULL;
+}
+
+bool ah__store_signals(const ah_store *s) {
+  return s && s->be->watch_open && !s->read_only;
+}
+
+static void watch_signal(const char *payload, void *arg) {
+  ah_store *s = arg;
+  if (s->watch_fn && !s->closing)
+    s->watch_fn(payload, s->watch_arg);
+}
+
+static void poll_free(uv_handle_t *h) {
+  free(h);
+}
+
+/* Stop polling the listening connection and close it (the poll handle first: it is bound to the
+ * descriptor the backend closes). */
+static void watch_stop(ah_store *s) {
+  if (!s->watch_poll)
+    return;
+  uv_poll_stop(s->watch_poll);
+  uv_close((uv_handle_t *)s->watch_poll, poll_free);
+  s->watch_poll = NULL;
+  s->be->watch_close(s->impl);
+}
+
+static void watch_retry(uv_timer_t *t);
+
+static void watch_readable(uv_poll_t *p, int status, int events) {
+  (void)events;
+  ah_store *s = p->data;
+  int rc = status < 0 ? AH_EIO : s->be->watch_read(s->impl, watch_signal, s);
+  if (rc == 0 || s->watch_poll != p)
+    return;
+  AH_LOG_W(COMP, "the store's signal connection broke; opening it again");
+  watch_stop(s);
+  if (!s->closing)
+    uv_timer_start(&s->watch_timer, watch_retry, 1000, 0);
+}
+
+/* Open the listening connection and poll it; 0 or an AH_E* code with *why. */
+static int watch_start(ah_store *s, char **why) {
+  int fd = s->be->watch_open(s->impl, why);
+  if (fd < 0)
+    return fd;
+  uv_poll_t *p = calloc(1, sizeof *p);
+  int rc = p ? uv_poll_init(s->loop, p, fd) : UV_ENOMEM;
+  if (rc < 0) {
+    free(p);
+    s->be->watch_close(s->impl);
+    if (why && asprintf(why, "cannot poll the signal connection: %s", uv_strerror(rc)) < 0)
+      *why = NULL;
+    return AH_EIO;
+  }
+  p->data = s;
+  s->watch_poll = p;
+  uv_poll_start(p, UV_READABLE, watch_readable);
+  return 0;
+}
+
+static void watch_retry(uv_timer_t *t) {
+  ah_store *s = t->data;
+  if (s->closing || s->watch_poll)
+    return;
+  char *why = NULL;
+  if (watch_start(s, &why) == 0) {
+    AH_LOG_I(COMP, "the store's signal connection is open again");
+    watch_signal("*", s); /* signals may have been missed meanwhile */
+  } else {
+    AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
+             why ? why : "unknown error");
+    uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
+  }
+  free(why);
+}
+
+int ah__store_watch(ah_store *s, ah_store_signal_fn fn, void *arg) {
+  if (!ah__store_signals(s) || !s->impl)
+    return AH_EUNAVAILABLE;
+  if (s->watch_fn || s->closing)
+    return AH_ESTATE;
+  s->watch_fn = fn;
+  s->watch_arg = arg;
+  uv_timer_init(s->loop, &s->watch_timer);
+  s->watch_timer.data = s;
+  s->watch_inited = true;
+  char *why = NULL;
+  if (watch_start(s, &why) != 0) {
+    AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
+             why ? why : "unknown error");
+    uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
+  }
+  free(why);
+  return 0;
 }
 
 uint64_t ah__store_commits(const ah_store *s) {

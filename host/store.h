@@ -18,8 +18,11 @@
  *   {"op":"session.delete", "id":S}                     delete a session with its events, inbox, requests
  *   {"op":"event", "sessionId":S, "seq":N, "kind":K, "time":T, "turnId"?:U, "messageId"?:M, "data":{...}}
  *                                                       append an event; result: its cursor (integer)
- *   {"op":"inbox.put", "messageId":M, "sessionId":S, "content":[...], "time":T}   state "queued"
- *   {"op":"inbox.state", "messageId":M, "state":"claimed"|"done"|"cancelled", "turnId"?:U}
+ *   {"op":"inbox.put", "messageId":M, "sessionId":S, "content":[...], "time":T, "state"?:"queued"|"posted"}
+ *                                                       state "queued" (the owner's), or "posted": written by
+ *                                                       a host that does not own the session, not yet taken
+ *                                                       in by the owner (docs/scaling.md)
+ *   {"op":"inbox.state", "messageId":M, "state":"queued"|"claimed"|"done"|"cancelled", "turnId"?:U}
  *   {"op":"request.put", "request":{...}}               insert a server request (fields below)
  *   {"op":"request.state", "id":R, "state":"granted"|"denied"|"answered"|"cancelled", "answer"?:{...},
  *    "resolved":T}
@@ -28,6 +31,8 @@
  *                                                       succeeds when it is free, already O's, expired
  *                                                       (until < now) or held by O2; result: true/false
  *   {"op":"lease.release", "id":S, "owner":O}           release it if O holds it
+ *   {"op":"notify", "payload":P}                         signal P to every host watching the store, once the
+ *                                                       transaction commits (a shared store; else nothing)
  * An opset whose operation fails (a constraint, a missing row for inbox.state) fails as a whole and is
  * rolled back alone; the other opsets of the same group still commit.
  *
@@ -102,6 +107,19 @@ typedef struct ah_store_backend {
   void (*release_memory)(void *impl);
   /* Any thread: the bytes the backend holds in memory (its caches), -1 when it cannot tell. */
   int64_t (*memory_used)(void *impl);
+  /* Loop thread: the highest event cursor stored (0: none), -1 on error. */
+  int64_t (*last_cursor)(void *impl);
+  /* Signals between the hosts of a shared store (NULL when the backend has none: SQLite). All on the loop
+   * thread. watch_open opens the listening connection and returns its descriptor (to poll for reading) or
+   * an AH_E* code with *why; watch_read takes what arrived and calls `fn` with each signal's payload (0, or
+   * AH_EIO when the connection broke: open it again); watch_close closes it. Every group that stores events
+   * also signals "events". */
+  int (*watch_open)(void *impl, char **why);
+  int (*watch_read)(void *impl, void (*fn)(const char *payload, void *arg), void *arg);
+  void (*watch_close)(void *impl);
+  /* Loop thread: the sessions not closed with posted inbox rows, [{id, leaseOwner|null, free: bool}] (free:
+   * no lease, or one that expired by the store's clock). NULL: not supported (no signals). */
+  json_t *(*posted)(void *impl);
 } ah_store_backend;
 
 enum {
@@ -149,6 +167,19 @@ int ah__store_health(ah_store *s, char *detail, size_t cap);
 /* 0, or AH_EIO when the last read on the loop thread failed (its NULL was an error, not "not found"). */
 int ah__store_read_status(ah_store *s);
 const char *ah__store_health_name(int health);
+
+/* The highest event cursor stored (0: none; -1 on error). */
+int64_t ah__store_last_cursor(ah_store *s);
+/* See the backend's posted (NULL without signals). */
+json_t *ah__store_posted(ah_store *s);
+
+/* Signals between the hosts of a shared store: whether the store has them, and a watch that calls `fn` on
+ * the loop thread with each signal's payload. A broken listening connection is opened again (after 1 s,
+ * then every 5 s) and `fn` gets "*" once it is back: signals may have been missed meanwhile. One watch per
+ * store; it ends with the store. Returns AH_EUNAVAILABLE without signals. */
+typedef void (*ah_store_signal_fn)(const char *payload, void *arg);
+bool ah__store_signals(const ah_store *s);
+int ah__store_watch(ah_store *s, ah_store_signal_fn fn, void *arg);
 
 /* Counters: commits (transactions) and opsets written since open. */
 uint64_t ah__store_commits(const ah_store *s);

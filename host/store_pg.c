@@ -44,7 +44,8 @@
 /* A lock held by another host past this fails the group as busy (SQLite's busy timeout is the same). */
 #define LOCK_TIMEOUT "5s"
 /* A transaction left open by a paused or hung process is ended by the server after this (shorter than
- * LOCK_TIMEOUT, so that a takeover waiting for the paused owner's row lock gets it rather than timing out). */
+ * LOCK_TIMEOUT, so that a takeover waiting for the paused owner's row lock gets it rather than timing out).
+ */
 #define IDLE_TX_TIMEOUT "2s"
 /* A read that takes longer than this fails (the loop waits for reads). */
 #define READ_TIMEOUT "10s"
@@ -107,6 +108,7 @@ typedef struct pg_store {
   bool read_only;
   PGconn *w; /* NULL when read-only */
   PGconn *r;
+  PGconn *l;     /* the listening connection (the watch), loop thread */
   char err[512]; /* the writer thread's description of the last failed operation */
   char sqlstate[6];
   uint64_t groups;
@@ -203,7 +205,10 @@ static const char *sync_setting(ah_store_sync sync) {
   return sync == AH_STORE_SYNC_OFF ? "off" : "on";
 }
 
-static PGconn *connect_one(pg_store *q, bool reader, char **why) {
+typedef enum conn_kind { CONN_WRITER, CONN_READER, CONN_LISTENER } conn_kind;
+
+static PGconn *connect_one(pg_store *q, conn_kind kind, char **why) {
+  bool reader = kind == CONN_READER;
   char options[256];
   snprintf(options, sizeof options,
            "-c lock_timeout=%s -c idle_in_transaction_session_timeout=%s -c synchronous_commit=%s%s",
@@ -216,7 +221,11 @@ static PGconn *connect_one(pg_store *q, bool reader, char **why) {
   vals[n++] = q->conninfo;
   /* Named for operators (pg_stat_activity): which process and which of its connections. */
   char app[64];
-  snprintf(app, sizeof app, "agenthost-%s-%ld", reader ? "reader" : "writer", (long)getpid());
+  snprintf(app, sizeof app, "agenthost-%s-%ld",
+           kind == CONN_READER   ? "reader"
+           : kind == CONN_WRITER ? "writer"
+                                 : "listener",
+           (long)getpid());
   keys[n] = "application_name";
   vals[n++] = app;
   keys[n] = "options";
@@ -250,7 +259,7 @@ static bool writer_ready(pg_store *q) {
   if (q->w && PQstatus(q->w) == CONNECTION_OK)
     return true;
   char *why = NULL;
-  PGconn *c = connect_one(q, false, &why);
+  PGconn *c = connect_one(q, CONN_WRITER, &why);
   if (!c) {
     set_err(q, "%s", why ? why : "cannot connect");
     note_health(q, AH_STORE_DAMAGED, q->err);
@@ -267,7 +276,7 @@ static bool reader_ready(pg_store *q) {
   if (q->r && PQstatus(q->r) == CONNECTION_OK)
     return true;
   char *why = NULL;
-  PGconn *c = connect_one(q, true, &why);
+  PGconn *c = connect_one(q, CONN_READER, &why);
   if (!c) {
     AH_LOG_E(COMP, "%s", why ? why : "store: cannot connect");
     free(why);
@@ -736,8 +745,11 @@ static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
   const char *mid = get_str(op, "messageId");
   const char *sid = get_str(op, "sessionId");
   const json_t *content = json_object_get(op, "content");
-  if (!mid || !sid || !content || json_is_null(content)) {
-    set_err(q, "inbox.put needs messageId, sessionId (strings) and content");
+  static const char *const put_states[] = {"queued", "posted", NULL};
+  const json_t *state = json_object_get(op, "state");
+  if (!mid || !sid || !content || json_is_null(content) ||
+      (state && !one_of(json_string_value(state), put_states))) {
+    set_err(q, "inbox.put needs messageId, sessionId (strings) and content; state is queued or posted");
     return AH_EINVAL;
   }
   params p = {0};
@@ -745,9 +757,10 @@ static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
   p_text(&p, sid);
   p_scalar(&p, json_object_get(op, "time"));
   p_json(&p, content, NULL);
+  p_text(&p, state ? json_string_value(state) : "queued");
   int rc = wexec(q,
                  "WITH i AS (INSERT INTO inbox (message_id, session_id, state, turn_id, created) VALUES ($1, "
-                 "$2, 'queued', NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)",
+                 "$2, $5, NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)",
                  &p, NULL, NULL);
   if (rc == 0)
     json_array_append_new(res, json_null());
@@ -755,12 +768,12 @@ static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
 }
 
 static int op_inbox_state(pg_store *q, const json_t *op, json_t *res) {
-  static const char *const states[] = {"claimed", "done", "cancelled", NULL};
+  static const char *const states[] = {"queued", "claimed", "done", "cancelled", NULL};
   const char *mid = get_str(op, "messageId");
   const char *state = get_str(op, "state");
   const json_t *turn = json_object_get(op, "turnId");
   if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
-    set_err(q, "inbox.state needs messageId and a state of claimed, done or cancelled");
+    set_err(q, "inbox.state needs messageId and a state of queued, claimed, done or cancelled");
     return AH_EINVAL;
   }
   params p = {0};
@@ -993,10 +1006,26 @@ static int op_fence(pg_store *q, const json_t *op, json_t *res) {
   return 0;
 }
 
+/* notify {payload}: delivered to every listening host once (and only if) the transaction commits. */
+static int op_notify(pg_store *q, const json_t *op, json_t *res) {
+  const char *payload = get_str(op, "payload");
+  if (!payload || strlen(payload) > 7000) {
+    set_err(q, "notify needs a payload (a string of at most 7000 bytes)");
+    return AH_EINVAL;
+  }
+  params p = {0};
+  p_text(&p, payload);
+  int rc = wexec(q, "SELECT pg_notify('agenthost', $1)", &p, NULL, NULL);
+  if (rc == 0)
+    json_array_append_new(res, json_null());
+  return rc;
+}
+
 static const struct {
   const char *name;
   int (*fn)(pg_store *q, const json_t *op, json_t *res);
 } ops[] = {
+    {"notify", op_notify},
     {"fence", op_fence},
     {"event", op_event},
     {"session.put", op_session_put},
@@ -1124,6 +1153,9 @@ static void pg_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     }
     q->events_locked = locked_before; /* a lock taken inside the rolled-back savepoint is released with it */
   }
+  /* The other hosts follow the events: one signal for the group's (delivered at its commit). */
+  if (q->events_locked && (abort_code = wexec_sql(q, "SELECT pg_notify('agenthost', 'events')")) < 0)
+    goto abort;
   {
     params p = {0};
     p_text(&p, token);
@@ -1304,8 +1336,76 @@ static json_t *pg_session_tree(void *impl, const char *id) {
       &p, row_tree, false);
 }
 
-/* ---- open / close ----------------------------------------------------------------------------------------
- */
+static json_t *row_cursor(const PGresult *r, int i) {
+  return json_integer(col_int(r, i, 0));
+}
+
+static int64_t pg_last_cursor(void *impl) {
+  params p = {0};
+  json_t *v = collect(impl, "SELECT coalesce(max(\"cursor\"), 0) FROM events", &p, row_cursor, true);
+  int64_t c = v ? json_integer_value(v) : -1;
+  json_decref(v);
+  return c;
+}
+
+static json_t *row_posted(const PGresult *r, int i) {
+  return json_pack("{s:o, s:o, s:b}", "id", col_text(r, i, 0), "leaseOwner", col_text(r, i, 1), "free",
+                   col_bool(r, i, 2));
+}
+
+static json_t *pg_posted(void *impl) {
+  params p = {0};
+  return collect(
+      impl,
+      "SELECT s.id, s.lease_owner, (s.lease_owner IS NULL OR (s.lease_until < " DB_NOW
+      " AND NOT EXISTS (SELECT 1 FROM owners o WHERE o.owner = s.lease_owner AND o.until >= " DB_NOW
+      "))) FROM sessions s WHERE NOT s.closed AND EXISTS (SELECT 1 FROM inbox i WHERE i.session_id = "
+      "s.id AND i.state = 'posted') ORDER BY s.id",
+      &p, row_posted, false);
+}
+
+/* ---- signals (loop thread) ------------------------------------------------------------------------- */
+
+static int pg_watch_open(void *impl, char **why) {
+  pg_store *q = impl;
+  if (q->l)
+    return AH_ESTATE;
+  q->l = connect_one(q, CONN_LISTENER, why);
+  if (!q->l)
+    return AH_EIO;
+  PGresult *r = PQexec(q->l, "LISTEN agenthost");
+  bool ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+  PQclear(r);
+  if (!ok || PQsetnonblocking(q->l, 1) != 0) {
+    char msg[300];
+    one_line(msg, sizeof msg, PQerrorMessage(q->l));
+    set_why(why, "store: %s: LISTEN: %s", q->label, msg);
+    PQfinish(q->l);
+    q->l = NULL;
+    return AH_EIO;
+  }
+  return PQsocket(q->l);
+}
+
+static int pg_watch_read(void *impl, void (*fn)(const char *payload, void *arg), void *arg) {
+  pg_store *q = impl;
+  if (!q->l || !PQconsumeInput(q->l))
+    return AH_EIO;
+  PGnotify *n = NULL;
+  while ((n = PQnotifies(q->l)) != NULL) {
+    fn(n->extra ? n->extra : "", arg);
+    PQfreemem(n);
+  }
+  return PQstatus(q->l) == CONNECTION_OK ? 0 : AH_EIO;
+}
+
+static void pg_watch_close(void *impl) {
+  pg_store *q = impl;
+  PQfinish(q->l);
+  q->l = NULL;
+}
+
+/* ---- open / close ---------------------------------------------------------------------------------- */
 
 static void pg_close(void *impl) {
   pg_store *q = impl;
@@ -1313,6 +1413,7 @@ static void pg_close(void *impl) {
     return;
   PQfinish(q->w);
   PQfinish(q->r);
+  PQfinish(q->l);
   pthread_mutex_destroy(&q->health_mu);
   free(q->conninfo);
   if (q->password) {
@@ -1428,9 +1529,10 @@ static int pg_open(const ah_store_opts *opts, void **impl, char **why) {
     char msg[200];
     one_line(msg, sizeof msg, perr);
     PQfreemem(perr);
-    set_why(why, has_password ? "store: the PostgreSQL connection string holds a password; give it apart "
-                                "(store_password_file, or AGENTHOST_HOST_STORE_PASSWORD)"
-                              : "store: the PostgreSQL connection string is not valid: %s",
+    set_why(why,
+            has_password ? "store: the PostgreSQL connection string holds a password; give it apart "
+                           "(store_password_file, or AGENTHOST_HOST_STORE_PASSWORD)"
+                         : "store: the PostgreSQL connection string is not valid: %s",
             msg);
     return AH_ECONFIG;
   }
@@ -1449,11 +1551,11 @@ static int pg_open(const ah_store_opts *opts, void **impl, char **why) {
   /* A label without the connection string (it may hold a password): filled from the connection. */
   snprintf(q->label, sizeof q->label, "postgresql (unknown)");
   int rc = 0;
-  if (!q->read_only && !(q->w = connect_one(q, false, why)))
+  if (!q->read_only && !(q->w = connect_one(q, CONN_WRITER, why)))
     rc = AH_EIO;
   if (rc == 0 && !q->read_only)
     rc = migrate(q, why);
-  if (rc == 0 && !(q->r = connect_one(q, true, why)))
+  if (rc == 0 && !(q->r = connect_one(q, CONN_READER, why)))
     rc = AH_EIO;
   if (rc == 0 && q->read_only) {
     int version = 0;
@@ -1494,4 +1596,9 @@ const ah_store_backend ah__store_pg = {
     .read_failed = pg_read_failed,
     .release_memory = pg_release_memory,
     .memory_used = pg_memory_used,
+    .last_cursor = pg_last_cursor,
+    .watch_open = pg_watch_open,
+    .watch_read = pg_watch_read,
+    .watch_close = pg_watch_close,
+    .posted = pg_posted,
 };

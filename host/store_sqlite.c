@@ -202,7 +202,7 @@ static const char *const stmt_sql[STMT_COUNT] = {
                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
     [W_EVENT_LAST_SEQ] = "UPDATE sessions SET last_seq = ?2 WHERE id = ?1 AND last_seq < ?2",
     [W_INBOX_PUT] = "INSERT INTO inbox (message_id, session_id, state, turn_id, created) "
-                    "VALUES (?1, ?2, 'queued', NULL, ?3)",
+                    "VALUES (?1, ?2, ?4, NULL, ?3)",
     [W_INBOX_CONTENT] = "INSERT INTO inbox_content (message_id, content) VALUES (?1, ?2)",
     [W_INBOX_STATE] = "UPDATE inbox SET state = ?2, turn_id = coalesce(?3, turn_id) WHERE message_id = ?1",
     [W_REQUEST_PUT] =
@@ -974,12 +974,22 @@ static int op_event(sq_store *q, const json_t *op, json_t *res) {
   return status;
 }
 
+static bool one_of(const char *s, const char *const *set) {
+  for (; s && *set; set++)
+    if (strcmp(s, *set) == 0)
+      return true;
+  return false;
+}
+
 static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
   const char *mid = get_str(op, "messageId");
   const char *sid = get_str(op, "sessionId");
   const json_t *content = json_object_get(op, "content");
-  if (!mid || !sid || !content || json_is_null(content)) {
-    set_err(q, "inbox.put needs messageId, sessionId (strings) and content");
+  static const char *const put_states[] = {"queued", "posted", NULL};
+  const json_t *state = json_object_get(op, "state");
+  if (!mid || !sid || !content || json_is_null(content) ||
+      (state && !one_of(json_string_value(state), put_states))) {
+    set_err(q, "inbox.put needs messageId, sessionId (strings) and content; state is queued or posted");
     return AH_EINVAL;
   }
   PREPARE(q, st, W_INBOX_PUT);
@@ -988,6 +998,8 @@ static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
     rc = sqlite3_bind_text(st, 2, sid, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
     rc = bind_value(st, 3, json_object_get(op, "time"));
+  if (rc == SQLITE_OK)
+    rc = sqlite3_bind_text(st, 4, state ? json_string_value(state) : "queued", -1, SQLITE_STATIC);
   rc = step_write(q, st, rc);
   if (rc < 0)
     return rc;
@@ -1004,20 +1016,13 @@ static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
   return rc;
 }
 
-static bool one_of(const char *s, const char *const *set) {
-  for (; s && *set; set++)
-    if (strcmp(s, *set) == 0)
-      return true;
-  return false;
-}
-
 static int op_inbox_state(sq_store *q, const json_t *op, json_t *res) {
-  static const char *const states[] = {"claimed", "done", "cancelled", NULL};
+  static const char *const states[] = {"queued", "claimed", "done", "cancelled", NULL};
   const char *mid = get_str(op, "messageId");
   const char *state = get_str(op, "state");
   const json_t *turn = json_object_get(op, "turnId");
   if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
-    set_err(q, "inbox.state needs messageId and a state of claimed, done or cancelled");
+    set_err(q, "inbox.state needs messageId and a state of queued, claimed, done or cancelled");
     return AH_EINVAL;
   }
   PREPARE(q, st, W_INBOX_STATE);
@@ -1253,10 +1258,30 @@ static int op_fence(sq_store *q, const json_t *op, json_t *res) {
   return 0;
 }
 
+/* notify {payload}: a signal to the other hosts of a shared store; SQLite has none (one machine, and a
+ * process sharing the file learns of changes when it reads). */
+static int op_notify(sq_store *q, const json_t *op, json_t *res) {
+  if (!get_str(op, "payload")) {
+    set_err(q, "notify needs a payload (a string)");
+    return AH_EINVAL;
+  }
+  json_array_append_new(res, json_null());
+  return 0;
+}
+
+static int64_t sq_last_cursor(void *impl) {
+  sq_store *q = impl;
+  sqlite3_int64 v = 0;
+  return q->r.db && query_one(q->r.db, "SELECT coalesce(max(cursor), 0) FROM events", &v, NULL) == SQLITE_OK
+             ? v
+             : -1;
+}
+
 static const struct {
   const char *name;
   int (*fn)(sq_store *q, const json_t *op, json_t *res);
 } ops[] = {
+    {"notify", op_notify},
     {"fence", op_fence},
     {"event", op_event},
     {"session.put", op_session_put},
@@ -1809,4 +1834,5 @@ const ah_store_backend ah__store_sqlite = {
     .read_failed = sq_read_failed,
     .release_memory = sq_release_memory,
     .memory_used = sq_memory_used,
+    .last_cursor = sq_last_cursor,
 };

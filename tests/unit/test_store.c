@@ -643,7 +643,7 @@ Test(store, inbox_put_state_and_open_rows) {
   write_ok(&f, f.s, "[{'op':'inbox.state','messageId':'m1','state':'done'}]");
   expect_json(ah__store_inbox_open(f.s, "s1"), "[]");
   cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'nope','state':'done'}]"), AH_ENOENT);
-  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'m4','state':'queued'}]"), AH_EINVAL);
+  cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'m4','state':'posted'}]"), AH_EINVAL);
   cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.state','messageId':'m4','state':'bogus'}]"), AH_EINVAL);
   cr_expect_eq(write_status(&f, f.s, "[{'op':'inbox.put','messageId':'m4','sessionId':'s2','content':[]}]"),
                AH_EEXIST, "a message id is stored once");
@@ -2135,4 +2135,116 @@ Test(store, pg_cursors_follow_commit_order_across_stores, .timeout = 60) {
   fx_fini(&f);
 }
 
+typedef struct signals {
+  char got[32][64];
+  int n;
+} signals;
+
+static void on_signal(const char *payload, void *arg) {
+  signals *g = arg;
+  if (g->n < 32)
+    snprintf(g->got[g->n++], sizeof g->got[0], "%s", payload);
+}
+
+static bool got_signal(signals *g, const char *want) {
+  for (int i = 0; i < g->n; i++)
+    if (strcmp(g->got[i], want) == 0)
+      return true;
+  return false;
+}
+
+typedef struct wait_signal {
+  signals *g;
+  const char *want;
+} wait_signal;
+
+static bool has_signal(void *arg) {
+  wait_signal *w = arg;
+  return got_signal(w->g, w->want);
+}
+
+/* Signals between hosts: a store watching gets "events" when another stores events, the payload of a
+ * notify operation once its transaction commits (never for one rolled back), and "*" once its listening
+ * connection is back after the server ended it. Posted prompts: listed with whether their session is free. */
+Test(store, pg_signals_reach_the_other_hosts_after_the_commit, .timeout = 60) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  ah_store *other = open_ok(&f, NULL);
+  cr_assert(ah__store_signals(f.s));
+  signals g = {0};
+  cr_assert_eq(ah__store_watch(f.s, on_signal, &g), 0);
+  cr_expect_eq(ah__store_watch(f.s, on_signal, &g), AH_ESTATE, "a second watch");
+  write_ok(&f, other,
+           "[" SESSION1 ",{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
+  wait_signal w = {&g, "events"};
+  cr_expect(ts_run_until_pred(&f.loop, has_signal, &w, 5000), "no 'events' signal");
+  write_ok(&f, other, "[{'op':'notify','payload':'inbox:s1'}]");
+  w.want = "inbox:s1";
+  cr_expect(ts_run_until_pred(&f.loop, has_signal, &w, 5000), "no 'inbox:s1' signal");
+  /* An opset that fails is rolled back with its notify. */
+  cr_expect_eq(write_status(&f, other,
+                            "[{'op':'notify','payload':'never'},"
+                            "{'op':'event','sessionId':'s1','seq':1,'kind':'dup','time':'t','data':{}}]"),
+               AH_EEXIST);
+  write_ok(&f, other, "[{'op':'notify','payload':'after'}]");
+  w.want = "after";
+  cr_expect(ts_run_until_pred(&f.loop, has_signal, &w, 5000));
+  cr_expect_not(got_signal(&g, "never"), "a rolled-back notify was delivered");
+  cr_expect_eq(ah__store_last_cursor(f.s), 1);
+  /* The server ends the listening connection: it is opened again, "*" says signals may have been missed. */
+  char sql[256];
+  snprintf(sql, sizeof sql,
+           "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '%s' AND "
+           "application_name LIKE 'agenthost-listener-%%'",
+           f.dbname);
+  cr_expect_eq(raw_int(&f, sql), 1);
+  w.want = "*";
+  cr_expect(ts_run_until_pred(&f.loop, has_signal, &w, 10000), "the signal connection was not opened again");
+  g.n = 0;
+  write_ok(&f, other, "[{'op':'notify','payload':'again'}]");
+  w.want = "again";
+  cr_expect(ts_run_until_pred(&f.loop, has_signal, &w, 5000));
+  /* Posted prompts, and whether their session's lease is free. */
+  write_ok(&f, other,
+           "[{'op':'session.put','session':{'id':'s2'}},"
+           "{'op':'lease','id':'s2','owner':'B','until':60000,'now':0},"
+           "{'op':'inbox.put','messageId':'p1','sessionId':'s1','content':['x'],'time':'t','state':'posted'},"
+           "{'op':'inbox.put','messageId':'p2','sessionId':'s2','content':['y'],'time':'t','state':'posted'},"
+           "{'op':'inbox.put','messageId':'q1','sessionId':'s2','content':['z'],'time':'t'}]");
+  expect_json(ah__store_posted(f.s),
+              "[{'id':'s1','leaseOwner':null,'free':true},{'id':'s2','leaseOwner':'B','free':false}]");
+  json_t *open = ah__store_inbox_open(f.s, "s2");
+  cr_expect_eq(json_array_size(open), 2);
+  cr_expect_str_eq(sget(json_array_get(open, 0), "state"), "posted");
+  json_decref(open);
+  write_ok(&f, other, "[{'op':'inbox.state','messageId':'p2','state':'queued'}]");
+  expect_json(ah__store_posted(f.s), "[{'id':'s1','leaseOwner':null,'free':true}]");
+  cr_expect_eq(
+      write_status(&f, other,
+                   "[{'op':'inbox.put','messageId':'x','sessionId':'s1','content':[],'state':'weird'}]"),
+      AH_EINVAL);
+  close_store(&f, other);
+  fx_fini(&f);
+}
+
+/* SQLite has no signals: no watch, nothing posted to list; a notify is accepted and does nothing. */
+Test(store, sqlite_has_no_signals) {
+  SQLITE_ONLY("SQLite's lack of signals");
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  cr_expect_not(ah__store_signals(f.s));
+  signals g = {0};
+  cr_expect_eq(ah__store_watch(f.s, on_signal, &g), AH_EUNAVAILABLE);
+  cr_expect_null(ah__store_posted(f.s));
+  write_ok(&f, f.s, "[{'op':'notify','payload':'x'}]");
+  write_ok(&f, f.s,
+           "[" SESSION1
+           ",{'op':'inbox.put','messageId':'p1','sessionId':'s1','content':['x'],'time':'t','state':"
+           "'posted'},{'op':'inbox.state','messageId':'p1','state':'queued'}]");
+  cr_expect_eq(ah__store_last_cursor(f.s), 0);
+  fx_fini(&f);
+}
 #endif
