@@ -126,6 +126,7 @@ static void renewed(int status, const json_t *results, void *arg) {
 void ah__live_renew_leases(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
+  ah__hosts_sweep(m); /* a shared store: prompts posted for sessions no host runs */
   if (!m->store || m->renewing)
     return; /* never opened: nothing is leased; or the last renewal is still being written */
   uint64_t now = ah__time_ms();
@@ -356,7 +357,11 @@ static void recover_after_load(session *s) {
   json_t *row = NULL;
   json_array_foreach(open, i, row) {
     const char *mid = str(row, "messageId");
-    if (strcmp(str(row, "state"), "claimed") == 0) {
+    if (strcmp(str(row, "state"), "posted") == 0) {
+      json_t *one = json_pack("[O]", row);
+      ah__hosts_adopt(s, one); /* posted by another host: taken in here, in order */
+      json_decref(one);
+    } else if (strcmp(str(row, "state"), "claimed") == 0) {
       const char *tid = str(row, "turnId");
       json_t *ops = json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "done");
       ah__write_ops(s, ops, "turn/ended", tid, mid,
@@ -601,7 +606,9 @@ static char *title_from(const json_t *content) {
   return out;
 }
 
-void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]) {
+/* Queue `content` under `mid` (in memory now, in submission order) with `ops` and its inbox/received. */
+static void enqueue(session *s, const char *mid, json_t *content, json_t *ops, bool claim, written_fn cb,
+                    void *arg) {
   const char *title = str(s->row, "title");
   if (s->seq == 0 && (!title || !*title)) { /* the first prompt names a session that has no name */
     char *t = title_from(content);
@@ -614,6 +621,23 @@ void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, cha
     free(t);
   }
   queued *q = calloc(1, sizeof *q);
+  if (q) {
+    q->message_id = strdup(mid);
+    q->content = json_incref(content);
+    ah__list_push(&s->queue, &q->link);
+  }
+  ah__write_ops(s, ops, "inbox/received", NULL, mid, json_pack("{s:o}", "content", content), cb, arg);
+  /* An idle agent claims it at once, its writes in the same group commit as the inbox row: the provider
+   * starts while the receipt is being stored (the receipt itself is sent only once it is durable, from the
+   * write callback), and its first delta does not wait for a commit. Nothing of the turn with an effect
+   * outside can overtake the receipt: a tool runs only once its tool/call event, written after the inbox
+   * row, is stored, and the turn's events commit in seq order after it. A prompt_submit hook (a command
+   * the user configured) runs only for a stored prompt, so with one the claim waits for the receipt. */
+  if (claim && !ah__hooks_any(s->m->host, "prompt_submit", NULL))
+    ah__turn_claim(s);
+}
+
+void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]) {
   char mid[37];
   ah__uuid7(mid);
   if (out_id)
@@ -622,22 +646,12 @@ void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, cha
   ah__time_rfc3339(now);
   json_t *ops = json_pack("[{s:s, s:s, s:s, s:O, s:s}]", "op", "inbox.put", "messageId", mid, "sessionId",
                           s->id, "content", content, "time", now);
-  if (q) {
-    q->message_id = strdup(mid);
-    q->content = json_incref(content);
-  }
-  /* Queued in memory now (order = submission order). */
-  if (q)
-    ah__list_push(&s->queue, &q->link);
-  ah__write_ops(s, ops, "inbox/received", NULL, mid, json_pack("{s:o}", "content", content), cb, arg);
-  /* An idle agent claims it at once, its writes in the same group commit as the inbox row: the provider
-   * starts while the receipt is being stored (the receipt itself is sent only once it is durable, from the
-   * write callback), and its first delta does not wait for a commit. Nothing of the turn with an effect
-   * outside can overtake the receipt: a tool runs only once its tool/call event, written after the inbox
-   * row, is stored, and the turn's events commit in seq order after it. A prompt_submit hook (a command
-   * the user configured) runs only for a stored prompt, so with one the claim waits for the receipt. */
-  if (!ah__hooks_any(s->m->host, "prompt_submit", NULL))
-    ah__turn_claim(s);
+  enqueue(s, mid, content, ops, true, cb, arg);
+}
+
+void ah__live_enqueue_as(session *s, const char *mid, json_t *content, json_t *ops, bool claim, written_fn cb,
+                         void *arg) {
+  enqueue(s, mid, content, ops, claim, cb, arg);
 }
 
 /* ---- close

@@ -32,6 +32,8 @@ ah_store *ah__sm_store(ah_sessions *m) {
     AH_LOG_E(LOG, "cannot open the store: %s", why ? why : "unknown error");
     m->store = NULL;
     m->store_failed = true;
+  } else {
+    ah__hosts_start(m);
   }
   free(why);
   return m->store;
@@ -48,7 +50,8 @@ json_t *ah__sm_public_row(const json_t *row, const char *status) {
 }
 
 void ah__sm_emit(ah_sessions *m, const char *name, json_t *data) {
-  ah__host_emit(m->host, name, data);
+  if (!ah__hosts_hold(m, name, data)) /* a shared store: behind the events committed before it */
+    ah__host_emit(m->host, name, data);
 }
 
 int ah__sessions_new(const ah_sessions_opts *opts, ah_sessions **out, char **why) {
@@ -127,6 +130,7 @@ void ah__sessions_start(ah_sessions *m, ah_mount *core) {
   m->core = core;
   ah__services_timer_start(core, m->lease_ttl / 3, m->lease_ttl / 3, ah__live_renew_leases, m,
                            &m->lease_timer);
+  ah__hosts_start(m);
   ah__live_idle_start(m);
   if (m->recover_on_start)
     recover(m);
@@ -197,6 +201,7 @@ void ah__sm_check_stopped(ah_sessions *m) {
     store_closed(m); /* never opened (lazy) */
     return;
   }
+  ah__hosts_stop(m); /* what was committed is published before the store closes */
   /* Every lease was released: the heartbeat goes too (committed before the store closes). */
   ah__store_write(m->store, json_pack("[{s:s, s:s}]", "op", "lease.end", "owner", m->owner), NULL, NULL);
   ah__store_close(m->store, store_closed, m);
@@ -242,6 +247,7 @@ void ah__sessions_free(ah_sessions *m) {
   ah__echo_provider_free(m->echo);
   ah__prices_free(m->prices);
   free(m->prices_path);
+  ah__hosts_free(m);
   free(m->store_url);
   ah__wipe_free(m->store_password);
   free(m->store_path);

@@ -114,13 +114,30 @@ static int parse_limit(const json_t *p, size_t def, size_t max, size_t *out) {
   return 0;
 }
 
+/* "HOST:PID" of a lease owner ("HOST:PID:NONCE"). */
+static json_t *owner_shown(const char *owner) {
+  const char *c2 = owner ? strchr(owner, ':') : NULL;
+  c2 = c2 ? strchr(c2 + 1, ':') : NULL;
+  return owner ? json_stringn(owner, c2 ? (size_t)(c2 - owner) : strlen(owner)) : json_null();
+}
+
 static json_t *live_status_row(ah_sessions *m, json_t *row) {
   session *s = ah__live_find(m, str(row, "id"));
+  const char *holder = str(row, "leaseOwner");
+  /* With a shared store a session another host runs shows the status that host stored. */
+  bool elsewhere = ah__hosts_active(m) && !(s && s->ready) && holder && strcmp(holder, m->owner) != 0 &&
+                   !json_is_true(json_object_get(row, "closed"));
   const char *status = s && s->ready                                  ? status_of(s)
                        : json_is_true(json_object_get(row, "closed")) ? "closed"
+                       : elsewhere && str(row, "status")              ? str(row, "status")
                                                                       : "idle";
   json_t *r = ah__sm_public_row(row, status);
   json_object_set_new(r, "live", json_boolean(s && s->ready));
+  if (ah__hosts_active(m)) /* which host runs it: this one, another (HOST:PID), or none */
+    json_object_set_new(r, "owner",
+                        s && s->ready ? owner_shown(m->owner)
+                        : elsewhere   ? owner_shown(holder)
+                                      : json_null());
   /* A live session's own fields may be ahead of the store (ah__session_update is written behind). */
   static const char *const own[] = {"title", "tags", "policy", "model", "settings", "usage"};
   for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
@@ -268,6 +285,8 @@ static void m_export(ah_call *call, const json_t *p, void *data) {
 typedef struct prompt_ctx {
   ah_call *call;
   json_t *content;
+  ah_sessions *m;
+  char *id;
 } prompt_ctx;
 
 static void prompt_written(session *s, int status, const json_t *event, void *arg) {
@@ -296,6 +315,13 @@ static void prompt_written(session *s, int status, const json_t *event, void *ar
 
 static void prompt_found(int status, session *s, void *arg) {
   prompt_ctx *c = arg;
+  if (status == AH_EAGENTBUSY && c->m && ah__hosts_active(c->m)) {
+    /* Another live host runs it: the prompt is posted for it (acknowledged once stored). */
+    ah__hosts_post_prompt(c->m, c->id, c->content, c->call);
+    free(c->id);
+    free(c);
+    return;
+  }
   if (status) {
     ah__call_error(c->call, status,
                    status == AH_ENOENT       ? "no such session"
@@ -310,6 +336,7 @@ static void prompt_found(int status, session *s, void *arg) {
     ah__live_enqueue(s, json_incref(c->content), prompt_written, c->call, NULL);
   }
   json_decref(c->content);
+  free(c->id);
   free(c);
 }
 
@@ -373,6 +400,8 @@ static void m_prompt(ah_call *call, const json_t *p, void *data) {
   }
   c->call = call;
   c->content = content;
+  c->m = m;
+  c->id = strdup(id);
   ah__live_lookup(m, id, prompt_found, c);
 }
 
@@ -393,6 +422,14 @@ static void m_cancel(ah_call *call, const json_t *p, void *data) {
     json_t *row = ah__store_get_session(ah__sm_store(m), id);
     if (!row) {
       ah__call_error(call, AH_ENOENT, "no such session", NULL);
+      return;
+    }
+    /* Run by another host: the cancel is posted for it (acknowledged once stored). */
+    const char *holder = str(row, "leaseOwner");
+    if (ah__hosts_active(m) && holder && strcmp(holder, m->owner) != 0 &&
+        !json_is_true(json_object_get(row, "closed"))) {
+      ah__hosts_post_cancel(m, row, call);
+      json_decref(row);
       return;
     }
     json_decref(row);
@@ -737,7 +774,48 @@ static void m_request_list(ah_call *call, const json_t *p, void *data) {
     if (!sid || strcmp(sid, r->session_id) == 0)
       json_array_append_new(out, ah__request_json(r));
   }
+  if (ah__hosts_active(m)) { /* and those of sessions other hosts run */
+    json_t *elsewhere = ah__hosts_requests(m, sid);
+    json_array_extend(out, elsewhere);
+    json_decref(elsewhere);
+  }
   ah__call_reply(call, json_pack("{s:o}", "requests", out));
+}
+
+/* An answer for a pending request of a session another host runs: checked as here, then posted (the
+ * request's row takes it; the owner acts on it). false: not such a request (answered as usual). */
+static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, const json_t *value,
+                              const json_t *error) {
+  json_t *row = ah__store_get_request(ah__sm_store(m), id);
+  const char *state = row ? str(row, "state") : NULL;
+  const char *sid = row ? str(row, "sessionId") : NULL;
+  if (!state || strcmp(state, "pending") != 0 || !sid || ah__live_find(m, sid)) {
+    json_decref(row);
+    return false;
+  }
+  (void)error;
+  const char *kind = str(row, "kind");
+  if (kind && strcmp(kind, "approval") == 0) {
+    const char *opt = value ? str(value, "optionId") : NULL;
+    if (value && (!opt || !ah__request_is_option(json_object_get(row, "options"), opt))) {
+      ah__call_error(call, AH_EINVAL, "value.optionId: must be one of the request's options", NULL);
+      json_decref(row);
+      return true;
+    }
+    ah__hosts_answer(m, row, opt && strncmp(opt, "allow", 5) == 0 ? "granted" : "denied",
+                     opt ? json_pack("{s:s}", "optionId", opt) : NULL, call);
+  } else {
+    json_t *ans = value ? json_object_get(value, "answer") : NULL;
+    if (value && !json_is_string(ans)) {
+      ah__call_error(call, AH_EINVAL, "value.answer: a string is required", NULL);
+      json_decref(row);
+      return true;
+    }
+    ah__hosts_answer(m, row, ans ? "answered" : "cancelled", ans ? json_pack("{s:O}", "answer", ans) : NULL,
+                     call);
+  }
+  json_decref(row);
+  return true;
 }
 
 static void m_request_respond(ah_call *call, const json_t *p, void *data) {
@@ -753,6 +831,8 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
   }
   const ah_caller *by = ah__call_caller(call);
   request *r = ah__request_find(m, id);
+  if (!r && ah__hosts_active(m) && respond_elsewhere(call, m, id, value, error))
+    return;
   if (!r) {
     /* Late or duplicate: a receipt, never a second resolution. */
     json_t *seen = json_object_get(m->resolved, id);

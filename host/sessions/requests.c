@@ -13,6 +13,15 @@ json_t *ah__request_json(const request *r) {
                    "pending");
 }
 
+/* With a shared store, the other hosts learn of a request's changes from the store ("request:SESSION"). */
+static void signal_request(ah_sessions *m, json_t *ops, const char *sid) {
+  if (!ah__hosts_active(m))
+    return;
+  char payload[96];
+  snprintf(payload, sizeof payload, "request:%s", sid);
+  json_array_append_new(ops, json_pack("{s:s, s:s}", "op", "notify", "payload", payload));
+}
+
 request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *options) {
   ah_sessions *m = t->s->m;
   request *r = calloc(1, sizeof *r);
@@ -36,8 +45,9 @@ request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *opti
   ah__time_rfc3339(now);
   json_t *row = ah__request_json(r);
   json_object_set_new(row, "created", json_string(now));
-  ah__write_ops(t->s, json_pack("[{s:s, s:o}]", "op", "request.put", "request", row), NULL, NULL, NULL, NULL,
-                NULL, NULL);
+  json_t *ops = json_pack("[{s:s, s:o}]", "op", "request.put", "request", row);
+  signal_request(m, ops, r->session_id);
+  ah__write_ops(t->s, ops, NULL, NULL, NULL, NULL, NULL, NULL);
   ah__sm_emit(m, "request.pending", json_pack("{s:o}", "request", ah__request_json(r)));
   return r;
 }
@@ -79,8 +89,29 @@ static void remember_resolution(ah_sessions *m, const char *id, const char *stat
 /* ---- requests: answers
  * ------------------------------------------------------------------------------------- */
 
+static void resolve(request *r, const char *state, const json_t *answer, const char *option_id,
+                    const ah_caller *by, bool stored);
+
 void ah__request_resolve(request *r, const char *state, const json_t *answer, const char *option_id,
                          const ah_caller *by) {
+  resolve(r, state, answer, option_id, by, false);
+}
+
+void ah__request_adopt(request *r) {
+  json_t *row = ah__store_get_request(ah__sm_store(r->m), r->id);
+  const char *state = row ? str(row, "state") : NULL;
+  if (state && strcmp(state, "pending") != 0) {
+    const json_t *answer = json_object_get(row, "answer");
+    const char *opt = json_is_object(answer) ? str(answer, "optionId") : NULL;
+    AH_LOG_I(LOG, "request %s was answered on another host (%s)", r->id, state);
+    resolve(r, state, json_is_object(answer) ? answer : NULL, opt, NULL, true);
+  }
+  json_decref(row);
+}
+
+/* `stored`: the row holds the resolution already (another host wrote it). */
+static void resolve(request *r, const char *state, const json_t *answer, const char *option_id,
+                    const ah_caller *by, bool stored) {
   ah_sessions *m = r->m;
   turn *t = r->t;
   if (t && t->pending == r)
@@ -92,10 +123,13 @@ void ah__request_resolve(request *r, const char *state, const json_t *answer, co
       json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", r->id, "state", state, "resolved", now);
   if (answer)
     json_object_set(op, "answer", (json_t *)answer);
-  if (t)
-    ah__write_ops(t->s, json_pack("[o]", op), NULL, NULL, NULL, NULL, NULL, NULL);
-  else
+  if (t && !stored) {
+    json_t *ops = json_pack("[o]", op);
+    signal_request(m, ops, r->session_id);
+    ah__write_ops(t->s, ops, NULL, NULL, NULL, NULL, NULL, NULL);
+  } else {
     json_decref(op);
+  }
   json_t *ev = json_pack("{s:s, s:s, s:s}", "id", r->id, "sessionId", r->session_id, "state", state);
   if (answer)
     json_object_set(ev, "answer", (json_t *)answer);

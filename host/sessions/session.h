@@ -32,6 +32,7 @@
 #define LOG "sessions"
 
 typedef struct ah_session session; /* the plugin API's ah_session */
+typedef struct ah_hosts ah_hosts;  /* hosts.c */
 typedef struct turn turn;
 typedef struct request request;
 
@@ -92,6 +93,8 @@ struct ah_sessions {
    * which records their interrupted turn. {id: true} */
   json_t *retry;
   ah_timer *retry_timer;
+  /* Several hosts on one store (hosts.c): NULL unless the store has signals. */
+  ah_hosts *hosts;
   /* [host] prices, read when first needed and again when the configuration names another file */
   struct ah_prices *prices;
   char *prices_path;
@@ -242,6 +245,10 @@ void ah__live_lookup_to_close(ah_sessions *m, const char *id, lookup_fn cb, void
 int ah__live_create(ah_sessions *m, const char *cwd, const char *provider, const char *model,
                     const char *title, const char *parent, bool local, int depth, lookup_fn cb, void *arg);
 void ah__live_enqueue(session *s, json_t *content, written_fn cb, void *arg, char out_id[37]);
+/* The same for a prompt stored already under `mid` (posted by another host): `ops` (stolen) are written
+ * with its inbox/received; `claim`: an idle agent claims it at once. */
+void ah__live_enqueue_as(session *s, const char *mid, json_t *content, json_t *ops, bool claim, written_fn cb,
+                         void *arg);
 void ah__live_finish_close(session *s);
 void ah__live_close(session *s, ah_call *call);
 void ah__live_release(session *s);
@@ -267,6 +274,9 @@ request *ah__request_find(ah_sessions *m, const char *id);
 void ah__request_resolve(request *r, const char *state, const json_t *answer, const char *option_id,
                          const ah_caller *by);
 bool ah__request_is_option(const json_t *options, const char *id);
+/* The request's row was answered by another host (the store has its answer): act on it here as on an
+ * answer given here, without writing the row again. Nothing when it is still pending in the store. */
+void ah__request_adopt(request *r);
 
 /* turns.c */
 ah_provider *ah__turn_provider(ah_sessions *m, const char *name, ah_mount **mount, const json_t **config);
@@ -289,6 +299,20 @@ int ah__turn_hooks(turn *t, const char *point, const char *tool, const char *cal
  * `then` (may be NULL) runs after the chain. Returns 1, 0 (no hook: `then` not called) or AH_ENOMEM. */
 int ah__session_hooks(session *s, const char *point, json_t *doc, void (*then)(session *s, void *arg),
                       void *arg);
+
+/* hosts.c: several hosts on one store (docs/scaling.md) */
+void ah__hosts_start(ah_sessions *m);
+void ah__hosts_stop(ah_sessions *m);
+void ah__hosts_free(ah_sessions *m);
+bool ah__hosts_active(const ah_sessions *m);
+bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data);
+void ah__hosts_committed(ah_sessions *m, int64_t cursor);
+void ah__hosts_adopt(session *s, const json_t *rows);
+void ah__hosts_sweep(ah_sessions *m);
+json_t *ah__hosts_requests(ah_sessions *m, const char *sid);
+void ah__hosts_post_prompt(ah_sessions *m, const char *sid, json_t *content, ah_call *call);
+void ah__hosts_post_cancel(ah_sessions *m, const json_t *row, ah_call *call);
+void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json_t *answer, ah_call *call);
 
 /* subagents.c */
 session *ah__subagent_start(session *parent, turn *t, const char *prompt, int *rc);

@@ -23,8 +23,13 @@ static void write_done(int status, const json_t *results, void *arg) {
   else if ((status == AH_EIO || status == AH_EBUSY) && s->fenced)
     ah__live_broken(s, status);
   if (w->event && status == 0) {
-    json_object_set(w->event, "cursor", json_array_get(results, json_array_size(results) - 1));
-    ah__sm_emit(s->m, "session.event", json_pack("{s:s, s:O}", "sessionId", s->id, "event", w->event));
+    json_t *cursor = json_array_get(results, json_array_size(results) - 1);
+    json_object_set(w->event, "cursor", cursor);
+    /* With a shared store the follower publishes every event in cursor order, this host's too. */
+    if (ah__hosts_active(s->m))
+      ah__hosts_committed(s->m, json_integer_value(cursor));
+    else
+      ah__sm_emit(s->m, "session.event", json_pack("{s:s, s:O}", "sessionId", s->id, "event", w->event));
   } else if (w->event && !s->lost && !s->broken) { /* a lost or broken session logged why, once */
     AH_LOG_E(LOG, "session %s: event seq %lld (%s) could not be stored: %s", s->id,
              (long long)json_integer_value(json_object_get(w->event, "seq")), str(w->event, "kind"),

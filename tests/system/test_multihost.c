@@ -170,10 +170,15 @@ Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout 
   char *o2 = tpg_text(c.url, "SELECT lease_owner FROM sessions");
   cr_expect_str_eq(o2, owner, "the lease changed hands again");
   free(o2);
-  /* A refuses a prompt for the session (B owns it): never acknowledged, nothing stored. */
+  /* A prompt that reaches A now is posted for B, the owner, which runs it. */
   char x_mid[64];
-  cr_expect_not(prompt_at(a, sid, "late at A", x_mid, sizeof x_mid), "A acknowledged a prompt it cannot run");
-  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events WHERE data LIKE '%%late at A%%'"), 0);
+  cr_assert(prompt_at(a, sid, "late at A", x_mid, sizeof x_mid), "A refused a prompt it can post:\n%s",
+            d_log(a));
+  cr_assert(turn_ended(&c, x_mid, 10000), "the prompt posted at A never ran:\n%s", d_log(b));
+  char *by = tpg_text(c.url, "SELECT lease_owner FROM sessions");
+  cr_expect_str_eq(by, owner, "the posted prompt moved the session");
+  free(by);
+  expect_settled(&c, x_mid);
   expect_gap_free(&c, sid);
   expect_settled(&c, a_mid);
   expect_settled(&c, a_mid2); /* ended by B's recovery as interrupted */
@@ -362,5 +367,123 @@ Test(multihost, a_host_without_the_sessions_directory_does_not_take_it, .timeout
   ts_rmtree(work);
   free(work);
   free(cwd);
+  cluster_fini(&c);
+}
+
+/* A session one host runs, driven from other hosts: an `agenthost sdk` client (C) prompts it (the prompt
+ * is posted and A, the owner, runs it), sees its events in order and gap-free (C's follower), gets its
+ * approval as a server request and answers it (the answer is posted; A runs the tool); a third host (B)
+ * lists the session with its status and owner, and the request while it waits. */
+Test(multihost, a_session_is_prompted_followed_and_answered_from_other_hosts, .timeout = 120,
+     .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  test_daemon *a = host_on(&c, NULL);
+  test_daemon *b = host_on(&c, NULL);
+  char *work = ts_mkdtemp();
+  char sid[64];
+  d_new_session(a, work, sid, sizeof sid);
+
+  ts_stdio h;
+  ts_stdio_prepare(&h);
+  char *cfg = NULL;
+  cr_assert(asprintf(&cfg, "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n", TTL_MS,
+                     c.url, c.pwfile) > 0);
+  free(ts_write_file(h.dir, "empty.ini", cfg));
+  free(cfg);
+  ts_stdio_spawn(&h, "sdk", NULL);
+  json_t *msg = json_pack("{s:s, s:i, s:s, s:{s:s, s:{s:s}, s:i, s:{s:b}}}", "jsonrpc", "2.0", "id", 1,
+                          "method", "initialize", "params", "cwd", work, "clientInfo", "name", "c",
+                          "protocolVersion", 1, "capabilities", "requests", 1);
+  ts_stdio_send_json(&h, msg);
+  json_decref(msg);
+  json_decref(ts_stdio_answer(&h, 1, "initialize"));
+  msg = json_pack("{s:s, s:i, s:s, s:{s:s, s:s}}", "jsonrpc", "2.0", "id", 2, "method", "session/prompt",
+                  "params", "sessionId", sid, "text",
+                  "/tool write_file {\"path\":\"from-c.txt\",\"content\":\"c\"}");
+  ts_stdio_send_json(&h, msg);
+  json_decref(msg);
+
+  int64_t last_seq = 0, last_cursor = 0;
+  bool receipt = false, asked = false, ended = false, in_order = true, listed = false;
+  char kinds[1024] = "";
+  json_t *approval = NULL;
+  uint64_t end = ts_now_ms() + 30000;
+  while (!ended && ts_now_ms() < end) {
+    json_t *m = ts_stdio_next_msg(&h, 1000);
+    if (!m)
+      continue;
+    const char *method = ts_rpc_method(m);
+    if (!method && json_integer_value(json_object_get(m, "id")) == 2) {
+      receipt = json_is_string(json_object_get(json_object_get(m, "result"), "messageId"));
+    } else if (method && strcmp(method, "request/approval") == 0) {
+      asked = true;
+      approval = json_incref(m);
+    } else if (method && strcmp(method, "session.event") == 0) {
+      json_t *ev = json_object_get(json_object_get(m, "params"), "event");
+      if (strcmp(json_string_value(json_object_get(ev, "sessionId")), sid) == 0) {
+        int64_t seq = json_integer_value(json_object_get(ev, "seq"));
+        int64_t cur = json_integer_value(json_object_get(ev, "cursor"));
+        if ((last_seq && seq != last_seq + 1) || cur <= last_cursor)
+          in_order = false;
+        last_seq = seq;
+        last_cursor = cur;
+        const char *k = json_string_value(json_object_get(ev, "kind"));
+        strncat(kinds, k, sizeof kinds - strlen(kinds) - 2);
+        strcat(kinds, " ");
+        ended = strcmp(k, "turn/ended") == 0;
+      }
+    }
+    json_decref(m);
+    if (approval && !listed) {
+      /* B sees the session as A runs it, and the request waiting. */
+      json_t *got = d_call_ok(b, "session.get", json_pack("{s:s}", "sessionId", sid));
+      json_t *row = json_object_get(got, "session");
+      cr_expect_str_eq(json_string_value(json_object_get(row, "status")), "running");
+      const char *owner = json_string_value(json_object_get(row, "owner"));
+      char want[64];
+      snprintf(want, sizeof want, ":%ld", (long)a->pid);
+      cr_expect(owner && strstr(owner, want), "B shows the owner as %s", owner ? owner : "null");
+      json_decref(got);
+      json_t *reqs = d_call_ok(b, "request.list", json_pack("{s:s}", "sessionId", sid));
+      cr_expect_eq(json_array_size(json_object_get(reqs, "requests")), 1, "B does not list the request");
+      json_decref(reqs);
+      listed = true;
+      json_t *ans = json_pack("{s:s, s:O, s:{s:s}}", "jsonrpc", "2.0", "id", json_object_get(approval, "id"),
+                              "result", "optionId", "allow_once");
+      ts_stdio_send_json(&h, ans);
+      json_decref(ans);
+      json_decref(approval);
+      approval = NULL;
+    }
+  }
+  cr_expect(receipt, "C's prompt was not acknowledged");
+  cr_expect(asked, "C never got the approval");
+  cr_expect(ended, "C never saw the turn end; it saw: %s", kinds);
+  cr_expect(in_order, "C saw the events out of order or with a gap: %s", kinds);
+  cr_expect(strstr(kinds, "inbox/received") && strstr(kinds, "tool/call") && strstr(kinds, "tool/approval") &&
+                strstr(kinds, "tool/result"),
+            "C saw: %s", kinds);
+  char *path = d_join(work, "from-c.txt");
+  char *content = ts_read_file(path, NULL);
+  cr_expect(content && strcmp(content, "c") == 0, "the approved write did not happen (A runs the session)");
+  free(content);
+  free(path);
+  cr_expect_eq(sql_int(&c, "SELECT count(*) FROM requests WHERE state = 'granted'"), 1);
+  char *owner = tpg_text(c.url, "SELECT lease_owner FROM sessions");
+  char want[64];
+  snprintf(want, sizeof want, ":%ld:", (long)a->pid);
+  cr_expect(strstr(owner, want), "the session moved: %s", owner);
+  free(owner);
+  expect_gap_free(&c, sid);
+  ts_stdio_close_stdin(&h);
+  int st = 0;
+  cr_expect(ts_wait_exit(h.pid, 15000, &st) && WIFEXITED(st) && WEXITSTATUS(st) == 0, "C: status %d", st);
+  h.pid = -1;
+  ts_stdio_free(&h);
+  assert_clean_exit(b, d_stop(b));
+  assert_clean_exit(a, d_stop(a));
+  ts_rmtree(work);
+  free(work);
   cluster_fini(&c);
 }

@@ -1,0 +1,487 @@
+/* Several hosts on one store (docs/scaling.md). Active when the store has signals (PostgreSQL); on SQLite
+ * nothing here runs and every path is the single-host one.
+ *
+ * - The follower: this host reads the events table in cursor order (cursors are numbered in commit order
+ *   across hosts) from where it stood at start, woken by the store's "events" signal (and every second in
+ *   case one was missed), and publishes every session.event from those rows — its own sessions' and the
+ *   sessions other hosts run alike — so that its surfaces see one order, gap-free by cursor. This host's
+ *   other bus events (statuses, requests, deltas) wait behind the events it committed before them (they
+ *   are keyed by the highest cursor it had committed when they were emitted). For a session run elsewhere
+ *   the follower also publishes its status (turn/started, turn/ended) and, on the owner's "request:" signal,
+ *   its requests (request.pending, request.resolved).
+ * - Posting: a prompt, cancel or approval answer for a session another live host owns is written to the
+ *   store — a "posted" inbox row (a cancel's content is {"cancel": true}), or the request's row — and
+ *   acknowledged once committed; the owner is signalled ("inbox:ID", "answer:ID:REQUEST") and takes it in:
+ *   a posted prompt becomes a queued one with its inbox/received event, in the owner's seq order.
+ * - The sweep (each lease heartbeat, after a post, after signals were missed): a session with posted rows
+ *   whose lease is free or expired is taken over here (its recovery takes the rows in); one live here takes
+ *   them in.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "session.h"
+
+#define PAGE 256
+#define POLL_MS 1000
+
+typedef struct held {
+  char *name;
+  json_t *data;
+  int64_t key; /* published once the follower has read every event up to this cursor */
+  struct held *next;
+} held;
+
+struct ah_hosts {
+  ah_sessions *m;
+  int64_t cursor;      /* the follower: every event up to here was published */
+  int64_t committed;   /* the highest cursor this host committed */
+  held *head, *tail;   /* bus events waiting for the follower */
+  ah_timer *soon;      /* a pull on the next loop turn */
+  ah_timer *poll;      /* the periodic pull (a missed signal) */
+  json_t *remote_reqs; /* {sessionId: {requestId: true}}: pending requests of sessions run elsewhere */
+  bool pulling;
+  bool stopped;
+};
+
+static void pull(ah_hosts *h);
+
+bool ah__hosts_active(const ah_sessions *m) {
+  return m->hosts && !m->hosts->stopped;
+}
+
+/* ---- the outbox: this host's bus events in cursor order -------------------------------------------------
+ */
+
+static void release(ah_hosts *h, int64_t upto) {
+  while (h->head && h->head->key <= upto) {
+    held *x = h->head;
+    h->head = x->next;
+    if (!h->head)
+      h->tail = NULL;
+    ah__host_emit(h->m->host, x->name, x->data);
+    free(x->name);
+    free(x);
+  }
+}
+
+static void soon_tick(ah_timer *t, void *arg) {
+  (void)t;
+  ah_hosts *h = arg;
+  h->soon = NULL;
+  pull(h);
+}
+
+static void pull_soon(ah_hosts *h) {
+  if (!h->soon && !h->stopped)
+    ah__services_timer_start(h->m->core, 0, 0, soon_tick, h, &h->soon);
+}
+
+/* A local event was committed at `cursor`: the follower publishes it (not the writer). */
+void ah__hosts_committed(ah_sessions *m, int64_t cursor) {
+  ah_hosts *h = m->hosts;
+  if (cursor > h->committed)
+    h->committed = cursor;
+  pull_soon(h);
+}
+
+/* A bus event of this host: published now when nothing it follows is still unread, else held. Returns
+ * false when the caller publishes it itself. */
+bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data) {
+  ah_hosts *h = m->hosts;
+  if (!h || h->stopped || (!h->head && h->committed <= h->cursor))
+    return false;
+  held *x = calloc(1, sizeof *x);
+  if (!x || !(x->name = strdup(name))) {
+    free(x);
+    return false;
+  }
+  x->data = data;
+  x->key = h->committed;
+  if (h->tail)
+    h->tail->next = x;
+  else
+    h->head = x;
+  h->tail = x;
+  pull_soon(h);
+  return true;
+}
+
+/* ---- the follower
+ * ------------------------------------------------------------------------------------------ */
+
+/* What the bus of this host says of an event of a session run elsewhere, besides session.event. */
+static void remote_extras(ah_hosts *h, const json_t *e) {
+  const char *sid = str(e, "sessionId");
+  const char *kind = str(e, "kind");
+  if (!sid || !kind || ah__live_find(h->m, sid))
+    return;
+  const char *status = strcmp(kind, "turn/started") == 0 ? "running"
+                       : strcmp(kind, "turn/ended") == 0 ? "idle"
+                                                         : NULL;
+  if (status)
+    ah__host_emit(h->m->host, "session.status", json_pack("{s:s, s:s}", "sessionId", sid, "status", status));
+}
+
+static void pull(ah_hosts *h) {
+  if (h->pulling || h->stopped)
+    return;
+  h->pulling = true;
+  ah_store *store = ah__sm_store(h->m);
+  for (;;) {
+    json_t *page = store ? ah__store_events_after(store, h->cursor, PAGE) : NULL;
+    if (!page)
+      break; /* read failed: the next signal or poll tries again */
+    size_t i = 0;
+    json_t *e = NULL;
+    json_array_foreach(page, i, e) {
+      int64_t c = json_integer_value(json_object_get(e, "cursor"));
+      release(h, c - 1);
+      ah__host_emit(h->m->host, "session.event",
+                    json_pack("{s:s, s:O}", "sessionId", str(e, "sessionId"), "event", e));
+      remote_extras(h, e);
+      h->cursor = c;
+    }
+    size_t n = json_array_size(page);
+    json_decref(page);
+    if (n < PAGE)
+      break;
+  }
+  release(h, h->cursor);
+  h->pulling = false;
+}
+
+static void poll_tick(ah_timer *t, void *arg) {
+  (void)t;
+  pull(arg);
+}
+
+/* ---- requests of sessions run elsewhere
+ * --------------------------------------------------------------------- */
+
+static void remote_requests(ah_hosts *h, const char *sid) {
+  ah_sessions *m = h->m;
+  if (ah__live_find(m, sid))
+    return; /* this host's own requests are published where they are made */
+  pull(h);  /* the events written before the request first (a tool/call before its approval) */
+  json_t *pending = ah__store_requests_pending(ah__sm_store(m), sid);
+  if (!pending)
+    return;
+  json_t *known = json_object_get(h->remote_reqs, sid);
+  if (!known) {
+    known = json_object();
+    json_object_set_new(h->remote_reqs, sid, known);
+  }
+  json_t *now = json_object();
+  size_t i = 0;
+  json_t *r = NULL;
+  json_array_foreach(pending, i, r) {
+    const char *id = str(r, "id");
+    json_object_set_new(now, id, json_true());
+    if (!json_object_get(known, id)) {
+      json_t *req = json_pack("{s:s, s:s, s:O, s:s, s:O, s:O, s:s}", "id", id, "sessionId", sid, "turnId",
+                              json_object_get(r, "turnId"), "kind", str(r, "kind"), "params",
+                              json_object_get(r, "params"), "options", json_object_get(r, "options"), "state",
+                              "pending");
+      ah__host_emit(m->host, "request.pending", json_pack("{s:o}", "request", req));
+    }
+  }
+  const char *id = NULL;
+  json_t *v = NULL;
+  json_object_foreach(known, id, v) {
+    if (json_object_get(now, id))
+      continue;
+    json_t *row = ah__store_get_request(ah__sm_store(m), id);
+    json_t *ev = json_pack("{s:s, s:s, s:s}", "id", id, "sessionId", sid, "state",
+                           row && str(row, "state") ? str(row, "state") : "cancelled");
+    if (row && json_is_object(json_object_get(row, "answer")))
+      json_object_set(ev, "answer", json_object_get(row, "answer"));
+    ah__host_emit(m->host, "request.resolved", ev);
+    json_decref(row);
+  }
+  if (json_object_size(now))
+    json_object_set_new(h->remote_reqs, sid, now);
+  else {
+    json_decref(now);
+    json_object_del(h->remote_reqs, sid);
+  }
+  json_decref(pending);
+}
+
+/* Pending requests of every session run elsewhere (request.list). New reference. */
+json_t *ah__hosts_requests(ah_sessions *m, const char *sid) {
+  json_t *out = json_array();
+  json_t *rows = ah__store_requests_pending(ah__sm_store(m), sid);
+  size_t i = 0;
+  json_t *r = NULL;
+  json_array_foreach(rows, i, r) {
+    if (ah__live_find(m, str(r, "sessionId")))
+      continue;
+    json_array_append_new(
+        out, json_pack("{s:O, s:O, s:O, s:O, s:O, s:O, s:s}", "id", json_object_get(r, "id"), "sessionId",
+                       json_object_get(r, "sessionId"), "turnId", json_object_get(r, "turnId"), "kind",
+                       json_object_get(r, "kind"), "params", json_object_get(r, "params"), "options",
+                       json_object_get(r, "options"), "state", "pending"));
+  }
+  json_decref(rows);
+  return out;
+}
+
+/* ---- posted rows: taken in by the owner -------------------------------------------------------------------
+ */
+
+static bool known_here(session *s, const char *mid) {
+  if (s->turn && s->turn->message_id && strcmp(s->turn->message_id, mid) == 0)
+    return true;
+  AH__LIST_EACH(it, &s->queue) {
+    queued *q = AH__CONTAINER(it, queued, link);
+    if (strcmp(q->message_id, mid) == 0)
+      return true;
+  }
+  return false;
+}
+
+/* Take in the posted rows of live session `s` (its owner): a prompt becomes a queued one (inbox/received in
+ * this host's seq order, the row "queued"), a cancel cancels the running turn (the row "done"). `rows`:
+ * its open inbox rows (NULL: read now). */
+void ah__hosts_adopt(session *s, const json_t *rows) {
+  json_t *own = rows ? NULL : ah__store_inbox_open(ah__sm_store(s->m), s->id);
+  const json_t *open = rows ? rows : own;
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(open, i, row) {
+    const char *mid = str(row, "messageId");
+    const char *state = str(row, "state");
+    if (!mid || !state || strcmp(state, "posted") != 0 || known_here(s, mid))
+      continue;
+    json_t *content = json_object_get(row, "content");
+    if (json_is_object(content) && json_is_true(json_object_get(content, "cancel"))) {
+      if (s->turn && s->turn->cancel && !s->turn->ended)
+        ah__cancel_trip(s->turn->cancel);
+      ah__write_ops(s, json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "done"),
+                    NULL, NULL, NULL, NULL, NULL, NULL);
+      continue;
+    }
+    AH_LOG_D(LOG, "session %s: takes in prompt %s posted by another host", s->id, mid);
+    ah__live_enqueue_as(
+        s, mid, json_incref(content),
+        json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "queued"), s->ready,
+        NULL, NULL);
+  }
+  json_decref(own);
+}
+
+static void swept(int status, session *s, void *arg) {
+  (void)s;
+  char *id = arg;
+  if (status == 0)
+    AH_LOG_I(LOG, "session %s: taken over here for a prompt posted while no host ran it", id);
+  else if (status != AH_EAGENTBUSY)
+    AH_LOG_W(LOG, "session %s has posted prompts but cannot be taken here: %s", id, ah_strerror(status));
+  free(id);
+}
+
+/* Sessions with posted rows: taken in where they run here, taken over where no host holds them. */
+void ah__hosts_sweep(ah_sessions *m) {
+  if (!ah__hosts_active(m) || m->stopping)
+    return;
+  json_t *rows = ah__store_posted(ah__sm_store(m));
+  size_t i = 0;
+  json_t *r = NULL;
+  json_array_foreach(rows, i, r) {
+    const char *id = str(r, "id");
+    session *s = ah__live_find(m, id);
+    if (s && s->ready && !s->lost && !s->broken)
+      ah__hosts_adopt(s, NULL);
+    else if (!s && m->recover_on_start && json_is_true(json_object_get(r, "free")))
+      ah__live_lookup(m, id, swept, strdup(id)); /* a daemon, not a stdio child serving its own client */
+  }
+  json_decref(rows);
+}
+
+/* ---- signals
+ * ------------------------------------------------------------------------------------------------- */
+
+static void on_signal(const char *payload, void *arg) {
+  ah_hosts *h = arg;
+  ah_sessions *m = h->m;
+  if (h->stopped || m->stopping)
+    return;
+  if (strcmp(payload, "events") == 0) {
+    pull(h);
+  } else if (strncmp(payload, "inbox:", 6) == 0) {
+    session *s = ah__live_find(m, payload + 6);
+    if (s && s->ready && !s->lost && !s->broken)
+      ah__hosts_adopt(s, NULL);
+  } else if (strncmp(payload, "answer:", 7) == 0) {
+    const char *rid = strchr(payload + 7, ':');
+    request *r = rid ? ah__request_find(m, rid + 1) : NULL;
+    if (r)
+      ah__request_adopt(r);
+  } else if (strncmp(payload, "request:", 8) == 0) {
+    remote_requests(h, payload + 8);
+  } else if (strcmp(payload, "*") == 0) { /* signals may have been missed */
+    pull(h);
+    ah__hosts_sweep(m);
+    json_t *ids = json_array();
+    AH__LIST_EACH(it, &m->requests) {
+      json_array_append_new(ids, json_string(AH__CONTAINER(it, request, link)->id));
+    }
+    size_t i = 0;
+    json_t *id = NULL;
+    json_array_foreach(ids, i, id) {
+      request *r = ah__request_find(m, json_string_value(id));
+      if (r)
+        ah__request_adopt(r);
+    }
+    json_decref(ids);
+  }
+}
+
+/* ---- posting (a host that does not own the session)
+ * ----------------------------------------------------------- */
+
+typedef struct post_ctx {
+  ah_sessions *m;
+  ah_call *call;
+  char sid[64];
+  char mid[37];
+  bool cancel;
+  bool running;
+} post_ctx;
+
+static void posted(int status, const json_t *results, void *arg) {
+  (void)results;
+  post_ctx *p = arg;
+  if (status)
+    ah__call_error(p->call, status,
+                   p->cancel ? "the cancel could not be stored" : "the prompt could not be stored", NULL);
+  else if (p->cancel)
+    ah__call_reply(p->call, json_pack("{s:b}", "cancelled", p->running));
+  else
+    ah__call_reply(p->call, json_pack("{s:s, s:s}", "sessionId", p->sid, "messageId", p->mid));
+  /* The owner may have gone meanwhile: a session no host holds is taken over here. */
+  if (status == 0)
+    ah__hosts_sweep(p->m);
+  free(p);
+}
+
+static void post(ah_sessions *m, const char *sid, json_t *content, bool cancel, bool running, ah_call *call) {
+  post_ctx *p = calloc(1, sizeof *p);
+  if (!p) {
+    json_decref(content);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  p->m = m;
+  p->call = call;
+  p->cancel = cancel;
+  p->running = running;
+  snprintf(p->sid, sizeof p->sid, "%s", sid);
+  ah__uuid7(p->mid);
+  char now[32], signal[96];
+  ah__time_rfc3339(now);
+  snprintf(signal, sizeof signal, "inbox:%s", sid);
+  json_t *ops = json_pack("[{s:s, s:s, s:s, s:o, s:s, s:s}, {s:s, s:s}]", "op", "inbox.put", "messageId",
+                          p->mid, "sessionId", sid, "content", content, "time", now, "state", "posted", "op",
+                          "notify", "payload", signal);
+  int rc = ah__store_write(ah__sm_store(m), ops, posted, p);
+  if (rc)
+    posted(rc, NULL, p);
+}
+
+void ah__hosts_post_prompt(ah_sessions *m, const char *sid, json_t *content, ah_call *call) {
+  post(m, sid, content, false, false, call);
+}
+
+void ah__hosts_post_cancel(ah_sessions *m, const json_t *row, ah_call *call) {
+  post(m, str(row, "id"), json_pack("{s:b}", "cancel", 1), true,
+       str(row, "status") && strcmp(str(row, "status"), "running") == 0, call);
+}
+
+static void answered(int status, const json_t *results, void *arg) {
+  (void)results;
+  ah_call *call = arg;
+  if (status == AH_ESTATE)
+    ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", "resolved"));
+  else if (status)
+    ah__call_error(call, status, "the answer could not be stored", NULL);
+  else
+    ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
+}
+
+/* An answer to a pending request of a session run elsewhere: the request's row takes it (the first answer
+ * wins in the store), and the owner is signalled to act on it. */
+void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json_t *answer, ah_call *call) {
+  const char *sid = str(row, "sessionId");
+  const char *rid = str(row, "id");
+  char now[32], sig_answer[160], sig_request[96];
+  ah__time_rfc3339(now);
+  snprintf(sig_answer, sizeof sig_answer, "answer:%s:%s", sid, rid);
+  snprintf(sig_request, sizeof sig_request, "request:%s", sid);
+  json_t *op =
+      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", rid, "state", state, "resolved", now);
+  if (answer)
+    json_object_set_new(op, "answer", answer);
+  json_t *ops = json_pack("[o, {s:s, s:s}, {s:s, s:s}]", op, "op", "notify", "payload", sig_answer, "op",
+                          "notify", "payload", sig_request);
+  int rc = ah__store_write(ah__sm_store(m), ops, answered, call);
+  if (rc)
+    answered(rc, NULL, call);
+}
+
+/* ---- start / stop
+ * ------------------------------------------------------------------------------------------------ */
+
+void ah__hosts_start(ah_sessions *m) {
+  ah_store *store = m->store;
+  if (m->hosts || !store || !m->core || !ah__store_signals(store))
+    return;
+  ah_hosts *h = calloc(1, sizeof *h);
+  if (!h)
+    return;
+  h->m = m;
+  h->remote_reqs = json_object();
+  int64_t last = ah__store_last_cursor(store);
+  h->cursor = last > 0 ? last : 0;
+  h->committed = h->cursor;
+  m->hosts = h;
+  int rc = ah__store_watch(store, on_signal, h);
+  if (rc)
+    AH_LOG_W(LOG, "the store's signals cannot be watched (%s): other hosts are followed every second",
+             ah_strerror(rc));
+  ah__services_timer_start(m->core, POLL_MS, POLL_MS, poll_tick, h, &h->poll);
+  AH_LOG_I(LOG, "a shared store: following the events of every host from cursor %lld", (long long)h->cursor);
+}
+
+/* Before the store closes: what was committed is published, then every held bus event. */
+void ah__hosts_stop(ah_sessions *m) {
+  ah_hosts *h = m->hosts;
+  if (!h || h->stopped)
+    return;
+  pull(h);
+  h->stopped = true;
+  release(h, INT64_MAX);
+  if (h->soon)
+    ah__services_timer_stop(h->soon);
+  if (h->poll)
+    ah__services_timer_stop(h->poll);
+  h->soon = h->poll = NULL;
+}
+
+void ah__hosts_free(ah_sessions *m) {
+  ah_hosts *h = m->hosts;
+  if (!h)
+    return;
+  while (h->head) {
+    held *x = h->head;
+    h->head = x->next;
+    json_decref(x->data);
+    free(x->name);
+    free(x);
+  }
+  json_decref(h->remote_reqs);
+  free(h);
+  m->hosts = NULL;
+}
