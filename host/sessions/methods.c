@@ -859,7 +859,7 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
     }
     const char *state = opt && strncmp(opt, "allow", 5) == 0 ? "granted" : "denied";
     json_t *answer = opt ? json_pack("{s:s}", "optionId", opt) : NULL;
-    ah__request_resolve(r, state, answer, opt, by);
+    ah__request_answer(r, state, answer, opt, call);
     json_decref(answer);
   } else {
     json_t *ans = value ? json_object_get(value, "answer") : NULL;
@@ -868,10 +868,9 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
       return;
     }
     json_t *answer = ans ? json_pack("{s:O}", "answer", ans) : NULL;
-    ah__request_resolve(r, ans ? "answered" : "cancelled", answer, NULL, by);
+    ah__request_answer(r, ans ? "answered" : "cancelled", answer, NULL, call);
     json_decref(answer);
   }
-  ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
 }
 
 /* provider.list {} → {providers: [{name, type, model?, models, default, available, key?, keyEnv?,

@@ -98,6 +98,8 @@ void ah__request_resolve(request *r, const char *state, const json_t *answer, co
 }
 
 void ah__request_adopt(request *r) {
+  if (r->answering)
+    return; /* an answer given here is being stored: its callback reads the outcome */
   json_t *row = ah__store_get_request(ah__sm_store(r->m), r->id);
   const char *state = row ? str(row, "state") : NULL;
   if (state && strcmp(state, "pending") != 0) {
@@ -178,4 +180,76 @@ bool ah__request_is_option(const json_t *options, const char *id) {
       return true;
   }
   return false;
+}
+
+/* ---- an answer given here, with a shared store -------------------------------------------------------- */
+
+typedef struct answer_ctx {
+  ah_sessions *m;
+  ah_call *call;
+  char id[37];
+  char *state;
+  json_t *answer;
+  char *option_id;
+} answer_ctx;
+
+static void answer_written(session *s, int status, const json_t *event, void *arg) {
+  (void)s;
+  (void)event;
+  answer_ctx *a = arg;
+  request *r = ah__request_find(a->m, a->id);
+  if (r)
+    r->answering = false;
+  if (status == 0 && r) {
+    resolve(r, a->state, a->answer, a->option_id, ah__call_caller(a->call), true);
+    ah__call_reply(a->call, json_pack("{s:b}", "accepted", 1));
+  } else if (status == 0 || status == AH_ESTATE) {
+    /* Another host's answer (or this host's cancellation) came first: the stored one is acted on. */
+    if (r)
+      ah__request_adopt(r);
+    ah__call_reply(a->call, json_pack("{s:b, s:s}", "accepted", 0, "reason", "resolved"));
+  } else {
+    ah__call_error(a->call, status, "the answer could not be stored", NULL);
+  }
+  free(a->state);
+  json_decref(a->answer);
+  free(a->option_id);
+  free(a);
+}
+
+void ah__request_answer(request *r, const char *state, const json_t *answer, const char *option_id,
+                        ah_call *call) {
+  ah_sessions *m = r->m;
+  if (!ah__hosts_active(m) || !r->t) {
+    ah__request_resolve(r, state, answer, option_id, ah__call_caller(call));
+    ah__call_reply(call, json_pack("{s:b}", "accepted", 1));
+    return;
+  }
+  /* Several hosts may answer: the store decides which answer is the first (the row's pending state), and
+   * only that one is acted on, here as on the other hosts. */
+  if (r->answering) {
+    ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", "resolved"));
+    return;
+  }
+  answer_ctx *a = calloc(1, sizeof *a);
+  if (!a) {
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  a->m = m;
+  a->call = call;
+  memcpy(a->id, r->id, sizeof a->id);
+  a->state = strdup(state);
+  a->answer = answer ? json_deep_copy(answer) : NULL;
+  a->option_id = option_id ? strdup(option_id) : NULL;
+  r->answering = true;
+  char now[32];
+  ah__time_rfc3339(now);
+  json_t *op =
+      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", r->id, "state", state, "resolved", now);
+  if (answer)
+    json_object_set(op, "answer", (json_t *)answer);
+  json_t *ops = json_pack("[o]", op);
+  signal_request(m, ops, r->session_id);
+  ah__write_ops(r->t->s, ops, NULL, NULL, NULL, NULL, answer_written, a);
 }

@@ -186,6 +186,7 @@ struct request {
   char *call_id;
   char *tool;
   json_t *args;
+  bool answering; /* a shared store: an answer given here is being stored (ah__request_answer) */
   ah__link link;
   UT_hash_handle hh;
 };
@@ -277,6 +278,11 @@ bool ah__request_is_option(const json_t *options, const char *id);
 /* The request's row was answered by another host (the store has its answer): act on it here as on an
  * answer given here, without writing the row again. Nothing when it is still pending in the store. */
 void ah__request_adopt(request *r);
+/* An answer given here (request.respond) to `call`: resolved at once, or with a shared store once its row
+ * took it (another host may have answered first: then that answer is acted on and `call` is told
+ * {accepted: false, reason: "resolved"}). */
+void ah__request_answer(request *r, const char *state, const json_t *answer, const char *option_id,
+                        ah_call *call);
 
 /* turns.c */
 ah_provider *ah__turn_provider(ah_sessions *m, const char *name, ah_mount **mount, const json_t **config);
