@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <libpq-fe.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,8 +48,13 @@
  * LOCK_TIMEOUT, so that a takeover waiting for the paused owner's row lock gets it rather than timing out).
  */
 #define IDLE_TX_TIMEOUT "2s"
-/* A read that takes longer than this fails (the loop waits for reads). */
-#define READ_TIMEOUT "10s"
+/* A read that takes longer than this fails (the loop waits for reads); the server's limit, and the client's
+ * a little later (a server that does not answer at all). */
+#define READ_TIMEOUT "5s"
+#define READ_TIMEOUT_MS 6000
+/* A write statement not answered in this time: the connection is given up and opened again (a group commit
+ * is a few statements; the server's lock_timeout is 5 s). */
+#define WRITE_TIMEOUT_MS 15000
 /* How long the writer keeps trying to learn the outcome of a commit whose answer was lost. */
 #define UNKNOWN_COMMIT_WAIT_MS 30000
 /* Advisory lock keys ("agnt" and "agnt"+1). */
@@ -214,8 +220,8 @@ static PGconn *connect_one(pg_store *q, conn_kind kind, char **why) {
            "-c lock_timeout=%s -c idle_in_transaction_session_timeout=%s -c synchronous_commit=%s%s",
            LOCK_TIMEOUT, IDLE_TX_TIMEOUT, sync_setting(q->sync),
            reader ? " -c statement_timeout=" READ_TIMEOUT " -c default_transaction_read_only=on" : "");
-  const char *keys[8];
-  const char *vals[8];
+  const char *keys[12];
+  const char *vals[12];
   int n = 0;
   keys[n] = "dbname";
   vals[n++] = q->conninfo;
@@ -234,6 +240,13 @@ static PGconn *connect_one(pg_store *q, conn_kind kind, char **why) {
   vals[n++] = "5";
   keys[n] = "tcp_user_timeout";
   vals[n++] = "10000";
+  /* An idle connection (the listener) whose peer went away is found within ~11 s. */
+  keys[n] = "keepalives_idle";
+  vals[n++] = "5";
+  keys[n] = "keepalives_interval";
+  vals[n++] = "2";
+  keys[n] = "keepalives_count";
+  vals[n++] = "3";
   if (q->password) {
     keys[n] = "password";
     vals[n++] = q->password;
@@ -364,6 +377,53 @@ static int map_state(const char *st) {
   return AH_EIO;
 }
 
+static uint64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* One statement with a deadline on the client's side: a server that does not answer (a network that drops
+ * packets, a paused server) would otherwise hold the caller for ever — libpq waits for an answer as long as
+ * the connection stands. Past the deadline the connection is closed (*c = NULL) and NULL is returned with
+ * `why` set; the caller opens it again. Otherwise the statement's last result (an error result too). */
+static PGresult *exec_deadline(PGconn **c, const char *sql, int n, const char *const *vals, int ms, char *why,
+                               size_t cap) {
+  why[0] = '\0';
+  if (!PQsendQueryParams(*c, sql, n, NULL, vals, NULL, NULL, 0)) {
+    one_line(why, cap, PQerrorMessage(*c));
+    return NULL;
+  }
+  uint64_t end = now_ms() + (uint64_t)ms;
+  PGresult *last = NULL;
+  for (;;) {
+    while (!PQisBusy(*c)) {
+      PGresult *r = PQgetResult(*c);
+      if (!r)
+        return last;
+      PQclear(last);
+      last = r;
+    }
+    uint64_t now = now_ms();
+    struct pollfd pfd = {.fd = PQsocket(*c), .events = POLLIN};
+    int rc = now >= end ? 0 : poll(&pfd, 1, (int)(end - now));
+    if (rc < 0 && errno == EINTR)
+      continue;
+    if (rc == 0) {
+      snprintf(why, cap, "no answer from the server in %d ms: the connection is closed and opened again", ms);
+      PQclear(last);
+      PQfinish(*c);
+      *c = NULL;
+      return NULL;
+    }
+    if (rc < 0 || !PQconsumeInput(*c)) {
+      one_line(why, cap, PQerrorMessage(*c));
+      PQclear(last);
+      return NULL;
+    }
+  }
+}
+
 /* Run `sql` with `p` on the writer; returns 0 with *out (may be NULL: cleared) or an AH_E* code with q->err
  * set. Rows affected go to *changed when not NULL. The parameters are freed. */
 static int wexec(pg_store *q, const char *sql, params *p, PGresult **out, long *changed) {
@@ -374,9 +434,22 @@ static int wexec(pg_store *q, const char *sql, params *p, PGresult **out, long *
     set_err(q, "out of memory");
     return AH_ENOMEM;
   }
-  PGresult *res = PQexecParams(q->w, sql, p ? p->n : 0, NULL, p ? p->v : NULL, NULL, NULL, 0);
+  if (!q->w) {
+    if (p)
+      p_free(p);
+    set_err(q, "no connection to the server");
+    return AH_EIO;
+  }
+  char late[200];
+  PGresult *res =
+      exec_deadline(&q->w, sql, p ? p->n : 0, p ? p->v : NULL, WRITE_TIMEOUT_MS, late, sizeof late);
   if (p)
     p_free(p);
+  if (!q->w) {
+    set_err(q, "%s", late);
+    note_health(q, AH_STORE_DAMAGED, q->err);
+    return AH_EIO;
+  }
   ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
   if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
     if (changed)
@@ -398,7 +471,7 @@ static int wexec(pg_store *q, const char *sql, params *p, PGresult **out, long *
   PQclear(res);
   if (st && strcmp(st, "53100") == 0)
     note_health(q, AH_STORE_FULL, q->err);
-  return PQstatus(q->w) != CONNECTION_OK ? AH_EIO : map_state(q->sqlstate);
+  return !q->w || PQstatus(q->w) != CONNECTION_OK ? AH_EIO : map_state(q->sqlstate);
 }
 
 static int wexec_sql(pg_store *q, const char *sql) {
@@ -1215,12 +1288,16 @@ static json_t *collect(pg_store *q, const char *sql, params *p, json_t *(*row)(c
   for (int attempt = 0; attempt < 2; attempt++) {
     if (!reader_ready(q))
       break;
-    r = PQexecParams(q->r, sql, p->n, NULL, p->v, NULL, NULL, 0);
+    char late[200];
+    r = exec_deadline(&q->r, sql, p->n, p->v, READ_TIMEOUT_MS, late, sizeof late);
     if (r && PQresultStatus(r) == PGRES_TUPLES_OK)
       break;
-    bool broken = PQstatus(q->r) != CONNECTION_OK;
+    bool broken = !q->r || PQstatus(q->r) != CONNECTION_OK;
     char msg[300];
-    one_line(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(q->r));
+    if (late[0])
+      snprintf(msg, sizeof msg, "%s", late);
+    else
+      one_line(msg, sizeof msg, r ? PQresultErrorMessage(r) : PQerrorMessage(q->r));
     AH_LOG_E(COMP, "%s: read failed: %s", q->label, msg);
     PQclear(r);
     r = NULL;

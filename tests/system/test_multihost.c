@@ -487,3 +487,105 @@ Test(multihost, a_session_is_prompted_followed_and_answered_from_other_hosts, .t
   free(work);
   cluster_fini(&c);
 }
+
+/* The network between a host and the database starts dropping everything (a TCP proxy that reads and
+ * throws away what either side sends, connections left open): the host's statements get no answer, it
+ * gives its connection up (no answer in 15 s), cannot open another while the drops last, and once the
+ * network is back it reconnects, learns whether the commit it was waiting for happened (its marker) and
+ * goes on. Every prompt it acknowledged, before, during or after, is settled; the seqs are gap-free. */
+Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .timeout = 300,
+     .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  const char *pg = getenv("AH_TEST_PG");
+  const char *pp = pg ? strstr(pg, "port=") : NULL;
+  cr_assert(pp, "no port in AH_TEST_PG");
+  char target[16];
+  snprintf(target, sizeof target, "%d", atoi(pp + 5));
+  char *script = d_join(d_env_path("AH_TEST_SOURCE_ROOT"), "tests/support/tcp_proxy.py");
+  char *out = d_join(c.dir, "proxy.out");
+  char *argv[] = {"/usr/bin/python3", script, target, NULL};
+  pid_t proxy = ts_spawn(argv, out, NULL);
+  cr_assert_gt(proxy, 0);
+  int port = 0;
+  for (uint64_t end = ts_now_ms() + 10000; !port && ts_now_ms() < end; usleep(50 * 1000)) {
+    char *text = ts_read_file(out, NULL);
+    if (text && strncmp(text, "port ", 5) == 0)
+      port = atoi(text + 5);
+    free(text);
+  }
+  cr_assert_gt(port, 0, "the proxy did not start");
+  char *via = NULL;
+  cr_assert(asprintf(&via, "host=127.0.0.1 port=%d user=agenthost dbname=%s", port, c.db) > 0);
+  char *cfg = NULL;
+  cr_assert(asprintf(&cfg,
+                     NO_DEFAULT_PLUGINS
+                     "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n",
+                     TTL_MS, via, c.pwfile) > 0);
+  test_daemon *a = d_new(cfg);
+  free(cfg);
+  d_start(a);
+  char *work = ts_mkdtemp();
+  enum { SESSIONS = 4, MAX = 400 };
+  char sid[SESSIONS][64];
+  for (int i = 0; i < SESSIONS; i++)
+    d_new_session(a, work, sid[i], sizeof sid[i]);
+  static char mids[MAX][64];
+  int acked = 0, n = 0;
+  for (; n < 40; n++)
+    if (prompt_at(a, sid[n % SESSIONS], "/chunks 4\nbefore the drops", mids[acked], sizeof mids[0]))
+      acked++;
+  int before = acked;
+  cr_assert_eq(kill(proxy, SIGUSR1), 0); /* drop */
+  uint64_t drop_end = ts_now_ms() + 25000;
+  int during = 0;
+  while (ts_now_ms() < drop_end && acked < MAX) {
+    json_t *result = NULL, *error = NULL;
+    int rc =
+        ah__admin_call(a->run, "session.prompt",
+                       json_pack("{s:s, s:s}", "sessionId", sid[n++ % SESSIONS], "text", "while dropping"),
+                       3000, &result, &error);
+    const char *m = json_string_value(json_object_get(result, "messageId"));
+    if (rc == 0 && m) {
+      snprintf(mids[acked++], sizeof mids[0], "%s", m);
+      during++;
+    }
+    json_decref(result);
+    json_decref(error);
+  }
+  cr_assert_eq(kill(proxy, SIGUSR2), 0); /* forward again */
+  /* The host takes prompts again once it has reconnected (its sessions reloaded). */
+  bool back = false;
+  for (uint64_t end = ts_now_ms() + 90000; !back && ts_now_ms() < end;) {
+    back = prompt_at(a, sid[0], "after the drops", mids[acked], sizeof mids[0]);
+    if (back)
+      acked++;
+    else
+      usleep(500 * 1000);
+  }
+  cr_assert(back, "the host never took a prompt again:\n%s", d_log(a));
+  for (int i = 0; i < 40 && acked < MAX; i++)
+    if (prompt_at(a, sid[i % SESSIONS], "after the drops", mids[acked], sizeof mids[0]))
+      acked++;
+  cr_expect(d_log_has(a, "no answer from the server"), "the host never gave a silent connection up:\n%s",
+            d_log(a));
+  for (int i = 0; i < acked; i++)
+    cr_assert(turn_ended(&c, mids[i], 60000), "acknowledged prompt %s never ended:\n%s", mids[i], d_log(a));
+  for (int i = 0; i < acked; i++)
+    expect_settled(&c, mids[i]);
+  for (int i = 0; i < SESSIONS; i++)
+    expect_gap_free(&c, sid[i]);
+  cr_log_info("acknowledged: %d before the drops, %d while dropping, %d after; commits resolved by their "
+              "marker: %s",
+              before, during, acked - before - during, d_log_has(a, "its marker shows") ? "yes" : "none");
+  assert_clean_exit(a, d_stop(a));
+  kill(proxy, SIGTERM);
+  int st = 0;
+  ts_wait_exit(proxy, 5000, &st);
+  free(via);
+  free(script);
+  free(out);
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}

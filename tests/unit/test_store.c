@@ -12,6 +12,7 @@
  * queued everything it wants, so that "these opsets form one group" is certain rather than likely. */
 #include <criterion/criterion.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -2245,6 +2246,71 @@ Test(store, sqlite_has_no_signals) {
            ",{'op':'inbox.put','messageId':'p1','sessionId':'s1','content':['x'],'time':'t','state':"
            "'posted'},{'op':'inbox.state','messageId':'p1','state':'queued'}]");
   cr_expect_eq(ah__store_last_cursor(f.s), 0);
+  fx_fini(&f);
+}
+
+/* The answer to a COMMIT is lost (the network drops everything just after the server received it: a
+ * deferred trigger makes the commit take a second, a proxy starts dropping meanwhile): the writer gives
+ * the silent connection up, reconnects once the network is back, finds the group's marker and reports the
+ * group written — once, not written again. */
+Test(store, pg_a_commit_whose_answer_was_lost_is_resolved_by_its_marker, .timeout = 120) {
+  PG_ONLY();
+  fx f;
+  fx_init(&f);
+  const char *pp = strstr(getenv("AH_TEST_PG"), "port=");
+  cr_assert_not_null(pp);
+  char target[16];
+  snprintf(target, sizeof target, "%d", atoi(pp + 5));
+  char *script = NULL, *out = NULL;
+  cr_assert(asprintf(&script, "%s/tests/support/tcp_proxy.py", getenv("AH_TEST_SOURCE_ROOT")) > 0);
+  cr_assert(asprintf(&out, "%s/proxy.out", f.dir) > 0);
+  char *argv[] = {"/usr/bin/python3", script, target, NULL};
+  pid_t proxy = ts_spawn(argv, out, NULL);
+  int port = 0;
+  for (uint64_t end = ts_now_ms() + 10000; !port && ts_now_ms() < end; usleep(50 * 1000)) {
+    char *text = ts_read_file(out, NULL);
+    if (text && strncmp(text, "port ", 5) == 0)
+      port = atoi(text + 5);
+    free(text);
+  }
+  cr_assert_gt(port, 0, "the proxy did not start");
+  char *via = NULL;
+  cr_assert(asprintf(&via, "host=127.0.0.1 port=%d user=agenthost dbname=%s", port, f.dbname) > 0);
+  ah_store_opts o = {.url = via, .password = tpg_password(), .sync = AH_STORE_SYNC_NORMAL};
+  char *why = NULL;
+  cr_assert_eq(ah__store_open(&f.loop, &ah__store_pg, &o, &f.s, &why), 0, "%s", why ? why : "-");
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  raw_exec(&f, "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1.5); "
+               "RETURN NULL; END $$;"
+               "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON events DEFERRABLE INITIALLY DEFERRED "
+               "FOR EACH ROW EXECUTE FUNCTION slow()");
+  wres w;
+  memset(&w, 0, sizeof w);
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]"),
+                               on_write, &w),
+               0);
+  volatile bool never = false;
+  ts_run_until(&f.loop, &never, 700); /* the COMMIT is at the server, sleeping in the trigger */
+  cr_assert_eq(kill(proxy, SIGUSR1), 0);
+  ts_run_until(&f.loop, &never, 3000); /* it committed; its answer was dropped */
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 1, "the commit did not happen at the server");
+  cr_expect_not(w.done, "the writer had an answer it cannot have had");
+  cr_assert_eq(kill(proxy, SIGUSR2), 0);
+  cr_assert(ts_run_until(&f.loop, &w.done, 60000), "the write never completed");
+  cr_expect_eq(w.status, 0, "%s", ah_err_name(w.status));
+  cr_expect_eq(json_integer_value(json_array_get(w.results, 0)),
+               raw_int(&f, "SELECT max(\"cursor\") FROM events"),
+               "the event's cursor, as the transaction had it");
+  json_decref(w.results);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 1, "written twice");
+  cr_expect_eq(ah__store_retries(f.s), 0, "the group was tried again");
+  kill(proxy, SIGTERM);
+  int st = 0;
+  ts_wait_exit(proxy, 5000, &st);
+  free(via);
+  free(script);
+  free(out);
   fx_fini(&f);
 }
 #endif
