@@ -8,6 +8,7 @@
 # creates), listens on 127.0.0.1 on a free port (and on a socket in its own directory), and requires a
 # password (scram-sha-256) for its superuser `agenthost`. The command sees:
 #   AH_TEST_PG           a libpq connection string without the database and without the password
+#   AH_TEST_PG_URL       the same with an empty database of its own, "agenthost"
 #   AH_TEST_PG_PASSWORD  the password (a fresh random one)
 #   AH_TEST_PG_BIN       the directory of the server's programs (pg_ctl, psql)
 #   AH_TEST_PG_DATA      the cluster's directory
@@ -70,7 +71,11 @@ CONF
   exit 1
 }
 
+"${run_as[@]}" env PGPASSWORD="$password" "$bin/psql" -q -h 127.0.0.1 -p "$port" -U agenthost -d postgres \
+  -c "CREATE DATABASE agenthost" >/dev/null
+
 export AH_TEST_PG="host=127.0.0.1 port=$port user=agenthost"
+export AH_TEST_PG_URL="$AH_TEST_PG dbname=agenthost"
 export AH_TEST_PG_PASSWORD="$password"
 export AH_TEST_PG_BIN="$bin"
 export AH_TEST_PG_DATA="$data"
