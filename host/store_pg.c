@@ -91,7 +91,18 @@ static const char *const pg_migrations[PG_SCHEMA_VERSION] = {
     "CREATE INDEX requests_state ON requests (state);"
     "CREATE INDEX requests_session ON requests (session_id);"
     "CREATE TABLE owners (owner text PRIMARY KEY NOT NULL, until bigint NOT NULL);"
-    "CREATE TABLE commit_markers (token text PRIMARY KEY NOT NULL, at timestamptz NOT NULL DEFAULT now());",
+    "CREATE TABLE commit_markers (token text PRIMARY KEY NOT NULL, at timestamptz NOT NULL DEFAULT now());"
+    /* Conditions that fail an opset are raised by the server (so that a group can be pipelined): AH001 not
+     * found, AH002 already resolved, AH003 the fence. */
+    "CREATE FUNCTION agenthost_need(n bigint, code text, msg text) RETURNS void LANGUAGE plpgsql AS $f$ "
+    "BEGIN "
+    "IF n = 0 THEN RAISE EXCEPTION USING ERRCODE = code, MESSAGE = msg; END IF; END $f$;"
+    "CREATE FUNCTION agenthost_fence(sid text, who text) RETURNS void LANGUAGE plpgsql AS $f$ DECLARE holder "
+    "text; BEGIN SELECT lease_owner INTO holder FROM sessions WHERE id = sid FOR UPDATE; IF NOT FOUND THEN "
+    "RAISE EXCEPTION USING ERRCODE = 'AH001', MESSAGE = format('fence: session %s: no such session', sid); "
+    "END IF; IF holder IS DISTINCT FROM who THEN RAISE EXCEPTION USING ERRCODE = 'AH003', MESSAGE = "
+    "format('fence: session %s is owned by %s, not by this process', sid, coalesce(holder, 'no process')); "
+    "END IF; END $f$;",
 };
 
 /* The server's clock in Unix milliseconds. */
@@ -115,10 +126,10 @@ typedef struct pg_store {
   PGconn *w; /* NULL when read-only */
   PGconn *r;
   PGconn *l;     /* the listening connection (the watch), loop thread */
+  bool prepared; /* the writer's connection has prepared_sql prepared ("ah0", "ah1", ...) */
   char err[512]; /* the writer thread's description of the last failed operation */
   char sqlstate[6];
   uint64_t groups;
-  bool events_locked; /* writer: this transaction holds LOCK_EVENTS */
   pthread_mutex_t health_mu;
   int health;
   char health_detail[300];
@@ -267,6 +278,8 @@ static PGconn *connect_one(pg_store *q, conn_kind kind, char **why) {
   return c;
 }
 
+static void prepare_all(pg_store *q);
+
 /* The writer's connection is good, or reconnected now; false when the server cannot be reached. */
 static bool writer_ready(pg_store *q) {
   if (q->w && PQstatus(q->w) == CONNECTION_OK)
@@ -281,6 +294,7 @@ static bool writer_ready(pg_store *q) {
   }
   PQfinish(q->w);
   q->w = c;
+  prepare_all(q);
   AH_LOG_I(COMP, "%s: the writer reconnected", q->label);
   return true;
 }
@@ -424,60 +438,6 @@ static PGresult *exec_deadline(PGconn **c, const char *sql, int n, const char *c
   }
 }
 
-/* Run `sql` with `p` on the writer; returns 0 with *out (may be NULL: cleared) or an AH_E* code with q->err
- * set. Rows affected go to *changed when not NULL. The parameters are freed. */
-static int wexec(pg_store *q, const char *sql, params *p, PGresult **out, long *changed) {
-  if (out)
-    *out = NULL;
-  if (p && p->oom) {
-    p_free(p);
-    set_err(q, "out of memory");
-    return AH_ENOMEM;
-  }
-  if (!q->w) {
-    if (p)
-      p_free(p);
-    set_err(q, "no connection to the server");
-    return AH_EIO;
-  }
-  char late[200];
-  PGresult *res =
-      exec_deadline(&q->w, sql, p ? p->n : 0, p ? p->v : NULL, WRITE_TIMEOUT_MS, late, sizeof late);
-  if (p)
-    p_free(p);
-  if (!q->w) {
-    set_err(q, "%s", late);
-    note_health(q, AH_STORE_DAMAGED, q->err);
-    return AH_EIO;
-  }
-  ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
-  if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
-    if (changed)
-      *changed = atol(PQcmdTuples(res));
-    if (out)
-      *out = res;
-    else
-      PQclear(res);
-    q->sqlstate[0] = '\0';
-    return 0;
-  }
-  const char *st = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-  snprintf(q->sqlstate, sizeof q->sqlstate, "%s", st ? st : "");
-  char msg[400];
-  one_line(msg, sizeof msg, res ? PQresultErrorMessage(res) : PQerrorMessage(q->w));
-  if (!*msg || strcmp(msg, "no message") == 0)
-    one_line(msg, sizeof msg, PQerrorMessage(q->w));
-  set_err(q, "%s", msg);
-  PQclear(res);
-  if (st && strcmp(st, "53100") == 0)
-    note_health(q, AH_STORE_FULL, q->err);
-  return !q->w || PQstatus(q->w) != CONNECTION_OK ? AH_EIO : map_state(q->sqlstate);
-}
-
-static int wexec_sql(pg_store *q, const char *sql) {
-  return wexec(q, sql, NULL, NULL, NULL);
-}
-
 /* ---- rows ------------------------------------------------------------------------------------------------
  */
 
@@ -591,6 +551,162 @@ static json_t *row_tree(const PGresult *r, int i) {
 /* ---- operations (writer thread) -------------------------------------------------------------------------
  */
 
+/* The statements of the operations: prepared once on each writer connection (prepare_all). */
+static const char SQL_SESSION_PUT[] =
+    "INSERT INTO sessions (" SESSION_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, "
+    "$13, $14, $15, $16, $17, $18, $19) ON CONFLICT (id) DO UPDATE SET cwd = excluded.cwd, title = "
+    "excluded.title, provider = excluded.provider, model = excluded.model, parent = excluded.parent, "
+    "\"local\" = excluded.\"local\", depth = excluded.depth, status = excluded.status, closed = "
+    "excluded.closed, created = excluded.created, updated = excluded.updated, policy = excluded.policy, "
+    "tags = excluded.tags, settings = excluded.settings, \"usage\" = excluded.\"usage\", last_seq = "
+    "greatest(sessions.last_seq, excluded.last_seq)";
+static const char SQL_EVENT[] =
+    "WITH e AS (INSERT INTO events (session_id, seq, kind, \"time\", turn_id, message_id, data) VALUES "
+    "($1, "
+    "$2, $3, $4, $5, $6, $7) RETURNING \"cursor\"), s AS (UPDATE sessions SET last_seq = $2 WHERE id = $1 "
+    "AND last_seq < $2) SELECT \"cursor\" FROM e";
+static const char SQL_INBOX_PUT[] =
+    "WITH i AS (INSERT INTO inbox (message_id, session_id, state, turn_id, created) VALUES ($1, $2, $5, "
+    "NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)";
+static const char SQL_INBOX_STATE[] =
+    "WITH u AS (UPDATE inbox SET state = $2, turn_id = coalesce($3, turn_id) WHERE message_id = $1 "
+    "RETURNING 1) SELECT agenthost_need((SELECT count(*) FROM u), 'AH001', 'inbox.state: no message ' || "
+    "$1)";
+static const char SQL_REQUEST_PUT[] =
+    "INSERT INTO requests (" REQUEST_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+static const char SQL_REQUEST_STATE[] =
+    "WITH u AS (UPDATE requests SET state = $2, answer = $3, resolved = $4 WHERE id = $1 AND state = "
+    "'pending' RETURNING 1), x AS (SELECT EXISTS (SELECT 1 FROM requests WHERE id = $1) AS known) SELECT "
+    "agenthost_need((SELECT count(*) FROM u), CASE WHEN x.known THEN 'AH002' ELSE 'AH001' END, "
+    "'request.state: request ' || $1 || CASE WHEN x.known THEN ' is already resolved' ELSE ' does not "
+    "exist' END) FROM x";
+static const char SQL_LEASE[] =
+    "WITH u AS (UPDATE sessions SET lease_owner = $2, lease_until = " DB_NOW " + $3 WHERE id = $1 AND ("
+    "lease_owner IS NULL OR lease_owner = $2 OR lease_owner = $4 OR (lease_until < " DB_NOW
+    " AND NOT EXISTS (SELECT 1 FROM owners WHERE owner = sessions.lease_owner AND until >= " DB_NOW
+    "))) RETURNING 1), o AS (INSERT INTO owners (owner, until) SELECT $2, " DB_NOW
+    " + $3 WHERE EXISTS (SELECT 1 FROM u) ON CONFLICT (owner) DO UPDATE SET until = "
+    "greatest(owners.until, excluded.until)) SELECT count(*) FROM u";
+static const char SQL_LEASE_RENEW[] =
+    "WITH prev AS (SELECT until FROM owners WHERE owner = $1), up AS (INSERT INTO owners (owner, until) "
+    "VALUES ($1, " DB_NOW " + $2) ON CONFLICT (owner) DO UPDATE SET until = greatest(owners.until, "
+    "excluded.until)), pr AS (DELETE FROM owners WHERE until < " DB_NOW " - $3 AND owner <> $1) SELECT NOT "
+    "EXISTS (SELECT 1 FROM prev WHERE until >= " DB_NOW ")";
+static const char SQL_LEASE_END[] = "DELETE FROM owners WHERE owner = $1";
+static const char SQL_LEASE_RELEASE[] =
+    "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = $1 AND lease_owner = $2";
+static const char SQL_FENCE[] = "SELECT agenthost_fence($1, $2)";
+static const char SQL_NOTIFY[] = "SELECT pg_notify('agenthost', $1)";
+static const char SQL_NOTIFY_EVENTS[] = "SELECT pg_notify('agenthost', 'events')";
+static const char SQL_MARKER[] = "INSERT INTO commit_markers (token) VALUES ($1)";
+static const char SQL_MARKER_PRUNE[] = "DELETE FROM commit_markers WHERE at < now() - interval '1 hour'";
+static const char SQL_DEL_EVENTS[] = "DELETE FROM events WHERE session_id = $1";
+static const char SQL_DEL_INBOX_CONTENT[] =
+    "DELETE FROM inbox_content WHERE message_id IN (SELECT message_id FROM inbox WHERE session_id = $1)";
+static const char SQL_DEL_INBOX[] = "DELETE FROM inbox WHERE session_id = $1";
+static const char SQL_DEL_REQUESTS[] = "DELETE FROM requests WHERE session_id = $1";
+static const char SQL_DEL_SESSION[] = "DELETE FROM sessions WHERE id = $1";
+
+static const char *const prepared_sql[] = {
+    SQL_SESSION_PUT,       SQL_EVENT,         SQL_INBOX_PUT,    SQL_INBOX_STATE,
+    SQL_REQUEST_PUT,       SQL_REQUEST_STATE, SQL_LEASE,        SQL_LEASE_RENEW,
+    SQL_LEASE_END,         SQL_LEASE_RELEASE, SQL_FENCE,        SQL_NOTIFY,
+    SQL_NOTIFY_EVENTS,     SQL_MARKER,        SQL_MARKER_PRUNE, SQL_DEL_EVENTS,
+    SQL_DEL_INBOX_CONTENT, SQL_DEL_INBOX,     SQL_DEL_REQUESTS, SQL_DEL_SESSION,
+};
+#define PREPARED (sizeof prepared_sql / sizeof prepared_sql[0])
+
+/* Prepare every statement on the writer's connection (after the migration: they name its tables); parsed
+ * and planned once per connection instead of once per use. Without them statements are sent as text. */
+static void prepare_all(pg_store *q) {
+  q->prepared = false;
+  for (size_t i = 0; i < PREPARED; i++) {
+    char name[16];
+    snprintf(name, sizeof name, "ah%zu", i);
+    PGresult *r = PQprepare(q->w, name, prepared_sql[i], 0, NULL);
+    bool ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok) {
+      char msg[300];
+      one_line(msg, sizeof msg, PQerrorMessage(q->w));
+      AH_LOG_W(COMP, "%s: statements cannot be prepared (%s); they are sent as text", q->label, msg);
+      return;
+    }
+  }
+  q->prepared = true;
+}
+
+/* The prepared name of `sql` ("ahN"), or NULL. */
+static const char *prepared_name(const pg_store *q, const char *sql, char *buf, size_t cap) {
+  if (!q->prepared)
+    return NULL;
+  for (size_t i = 0; i < PREPARED; i++)
+    if (prepared_sql[i] == sql) {
+      snprintf(buf, cap, "ah%zu", i);
+      return buf;
+    }
+  return NULL;
+}
+
+/* Every operation is planned as statements whose outcome the server decides (a condition that fails an
+ * opset raises an error there: AH001 not found, AH002 already resolved, AH003 the fence), so that a whole
+ * group can be sent as one pipeline and its results read afterwards. */
+
+typedef enum res_kind {
+  RES_NONE = 0, /* nothing in the opset's results */
+  RES_NULL,     /* null */
+  RES_CURSOR,   /* the first column, an integer (an event's cursor) */
+  RES_TAKEN,    /* true when the first column (a count) is not 0 (a lease) */
+  RES_LAPSED,   /* {"lapsed": the first column} (a heartbeat) */
+} res_kind;
+
+typedef struct stmt {
+  const char *sql; /* NULL: no statement, only a result (store.shrink) */
+  char *own_sql;   /* `sql` when built for this operation (session.update) */
+  params p;
+  res_kind kind;
+} stmt;
+
+typedef struct plan {
+  stmt *v;
+  size_t n, cap;
+  bool events; /* an event is written */
+  bool oom;
+} plan;
+
+static void plan_add(plan *pl, const char *sql, params *p, res_kind kind) {
+  if (pl->n == pl->cap) {
+    size_t cap = pl->cap ? pl->cap * 2 : 16;
+    stmt *v = realloc(pl->v, cap * sizeof *v);
+    if (!v) {
+      pl->oom = true;
+      if (p)
+        p_free(p);
+      return;
+    }
+    pl->v = v;
+    pl->cap = cap;
+  }
+  stmt *s = &pl->v[pl->n++];
+  memset(s, 0, sizeof *s);
+  s->sql = sql;
+  if (p) {
+    s->p = *p;
+    if (p->oom)
+      pl->oom = true;
+  }
+  s->kind = kind;
+}
+
+static void plan_free(plan *pl) {
+  for (size_t i = 0; i < pl->n; i++) {
+    p_free(&pl->v[i].p);
+    free(pl->v[i].own_sql);
+  }
+  free(pl->v);
+  memset(pl, 0, sizeof *pl);
+}
+
 static const char *get_str(const json_t *o, const char *key) {
   return json_string_value(json_object_get(o, key));
 }
@@ -606,7 +722,7 @@ static bool scalar_or_absent(const json_t *v) {
   return !v || (!json_is_object(v) && !json_is_array(v));
 }
 
-static int op_session_put(pg_store *q, const json_t *op, json_t *res) {
+static int op_session_put(pg_store *q, const json_t *op, plan *pl) {
   const json_t *s = json_object_get(op, "session");
   const char *id = get_str(s, "id");
   if (!json_is_object(s) || !id || !*id) {
@@ -637,20 +753,8 @@ static int op_session_put(pg_store *q, const json_t *op, json_t *res) {
   p_int(&p, json_integer_value(lease_until));
   p_json(&p, json_object_get(s, "settings"), "{}");
   p_json(&p, json_object_get(s, "usage"), "{}");
-  int rc =
-      wexec(q,
-            "INSERT INTO sessions (" SESSION_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, "
-            "$11, $12, $13, $14, $15, $16, $17, $18, $19) ON CONFLICT (id) DO UPDATE SET cwd = "
-            "excluded.cwd, title = excluded.title, provider = excluded.provider, model = excluded.model, "
-            "parent = excluded.parent, \"local\" = excluded.\"local\", depth = excluded.depth, status = "
-            "excluded.status, closed = excluded.closed, created = excluded.created, updated = "
-            "excluded.updated, policy = excluded.policy, tags = excluded.tags, settings = "
-            "excluded.settings, \"usage\" = excluded.\"usage\", last_seq = greatest(sessions.last_seq, "
-            "excluded.last_seq)",
-            &p, NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_SESSION_PUT, &p, RES_NULL);
+  return 0;
 }
 
 typedef enum col_kind {
@@ -675,7 +779,9 @@ static const struct {
 };
 #define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
 
-static int op_session_update(pg_store *q, const json_t *op, json_t *res) {
+/* session.update's statements are built from the keys of "set" (each checked against update_cols, so no
+ * caller text reaches the SQL): the text is kept in the plan's own buffer list. */
+static int op_session_update(pg_store *q, const json_t *op, plan *pl) {
   const char *id = get_str(op, "id");
   const json_t *set = json_object_get(op, "set");
   if (!id || !json_is_object(set)) {
@@ -683,7 +789,7 @@ static int op_session_update(pg_store *q, const json_t *op, json_t *res) {
     return AH_EINVAL;
   }
   params p = {0};
-  char sql[1024] = "UPDATE sessions SET id = id";
+  char sql[1024] = "WITH u AS (UPDATE sessions SET id = id";
   size_t len = strlen(sql);
   const char *key = NULL;
   json_t *v = NULL;
@@ -738,43 +844,41 @@ static int op_session_update(pg_store *q, const json_t *op, json_t *res) {
     len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = $%d", update_cols[k].column, p.n);
   }
   p_text(&p, id);
-  snprintf(sql + len, sizeof sql - len, " WHERE id = $%d", p.n);
-  long changed = 0;
-  int rc = wexec(q, sql, &p, NULL, &changed);
-  if (rc == 0 && changed == 0) {
-    set_err(q, "session.update: no session %s", id);
-    rc = AH_ENOENT;
+  snprintf(sql + len, sizeof sql - len,
+           " WHERE id = $%d RETURNING 1) SELECT agenthost_need((SELECT count(*) FROM u), 'AH001', "
+           "'session.update: no session ' || $%d)",
+           p.n, p.n);
+  char *text = strdup(sql);
+  if (!text) {
+    p_free(&p);
+    return AH_ENOMEM;
   }
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, text, &p, RES_NULL);
+  if (pl->oom)
+    free(text);
+  else
+    pl->v[pl->n - 1].own_sql = text;
+  return 0;
 }
 
-static int op_session_delete(pg_store *q, const json_t *op, json_t *res) {
+static int op_session_delete(pg_store *q, const json_t *op, plan *pl) {
   const char *id = get_str(op, "id");
   if (!id) {
     set_err(q, "session.delete needs a string id");
     return AH_EINVAL;
   }
-  static const char *const dels[] = {
-      "DELETE FROM events WHERE session_id = $1",
-      "DELETE FROM inbox_content WHERE message_id IN (SELECT message_id FROM inbox WHERE session_id = $1)",
-      "DELETE FROM inbox WHERE session_id = $1",
-      "DELETE FROM requests WHERE session_id = $1",
-      "DELETE FROM sessions WHERE id = $1",
-  };
-  for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
+  static const char *const dels[] = {SQL_DEL_EVENTS, SQL_DEL_INBOX_CONTENT, SQL_DEL_INBOX, SQL_DEL_REQUESTS,
+                                     SQL_DEL_SESSION};
+  size_t nd = sizeof dels / sizeof dels[0];
+  for (size_t i = 0; i < nd; i++) {
     params p = {0};
     p_text(&p, id);
-    int rc = wexec(q, dels[i], &p, NULL, NULL);
-    if (rc < 0)
-      return rc;
+    plan_add(pl, dels[i], &p, i + 1 == nd ? RES_NULL : RES_NONE);
   }
-  json_array_append_new(res, json_null());
   return 0;
 }
 
-static int op_event(pg_store *q, const json_t *op, json_t *res) {
+static int op_event(pg_store *q, const json_t *op, plan *pl) {
   const char *sid = get_str(op, "sessionId");
   const char *kind = get_str(op, "kind");
   const json_t *seq = json_object_get(op, "seq");
@@ -786,13 +890,6 @@ static int op_event(pg_store *q, const json_t *op, json_t *res) {
     set_err(q, "event needs sessionId, kind (strings), seq (integer); turnId/messageId must be strings");
     return AH_EINVAL;
   }
-  /* The events of one transaction are numbered under LOCK_EVENTS, taken once per group (held to its end). */
-  if (!q->events_locked) {
-    int rc = wexec_sql(q, "SELECT pg_advisory_xact_lock(" LOCK_EVENTS ")");
-    if (rc < 0)
-      return rc;
-    q->events_locked = true;
-  }
   params p = {0};
   p_text(&p, sid);
   p_int(&p, json_integer_value(seq));
@@ -801,20 +898,12 @@ static int op_event(pg_store *q, const json_t *op, json_t *res) {
   p_str(&p, turn);
   p_str(&p, msg);
   p_json(&p, json_object_get(op, "data"), "{}");
-  PGresult *r = NULL;
-  int rc = wexec(q,
-                 "WITH e AS (INSERT INTO events (session_id, seq, kind, \"time\", turn_id, message_id, data) "
-                 "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING \"cursor\"), s AS (UPDATE sessions SET "
-                 "last_seq = $2 WHERE id = $1 AND last_seq < $2) SELECT \"cursor\" FROM e",
-                 &p, &r, NULL);
-  if (rc == 0) {
-    json_array_append_new(res, json_integer(col_int(r, 0, 0)));
-    PQclear(r);
-  }
-  return rc;
+  plan_add(pl, SQL_EVENT, &p, RES_CURSOR);
+  pl->events = true;
+  return 0;
 }
 
-static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
+static int op_inbox_put(pg_store *q, const json_t *op, plan *pl) {
   const char *mid = get_str(op, "messageId");
   const char *sid = get_str(op, "sessionId");
   const json_t *content = json_object_get(op, "content");
@@ -831,16 +920,11 @@ static int op_inbox_put(pg_store *q, const json_t *op, json_t *res) {
   p_scalar(&p, json_object_get(op, "time"));
   p_json(&p, content, NULL);
   p_text(&p, state ? json_string_value(state) : "queued");
-  int rc = wexec(q,
-                 "WITH i AS (INSERT INTO inbox (message_id, session_id, state, turn_id, created) VALUES ($1, "
-                 "$2, $5, NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)",
-                 &p, NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_INBOX_PUT, &p, RES_NULL);
+  return 0;
 }
 
-static int op_inbox_state(pg_store *q, const json_t *op, json_t *res) {
+static int op_inbox_state(pg_store *q, const json_t *op, plan *pl) {
   static const char *const states[] = {"queued", "claimed", "done", "cancelled", NULL};
   const char *mid = get_str(op, "messageId");
   const char *state = get_str(op, "state");
@@ -853,19 +937,11 @@ static int op_inbox_state(pg_store *q, const json_t *op, json_t *res) {
   p_text(&p, mid);
   p_text(&p, state);
   p_str(&p, turn);
-  long changed = 0;
-  int rc = wexec(q, "UPDATE inbox SET state = $2, turn_id = coalesce($3, turn_id) WHERE message_id = $1", &p,
-                 NULL, &changed);
-  if (rc == 0 && changed == 0) {
-    set_err(q, "inbox.state: no message %s", mid);
-    rc = AH_ENOENT;
-  }
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_INBOX_STATE, &p, RES_NULL);
+  return 0;
 }
 
-static int op_request_put(pg_store *q, const json_t *op, json_t *res) {
+static int op_request_put(pg_store *q, const json_t *op, plan *pl) {
   const json_t *r = json_object_get(op, "request");
   const char *id = get_str(r, "id");
   const char *sid = get_str(r, "sessionId");
@@ -888,15 +964,12 @@ static int op_request_put(pg_store *q, const json_t *op, json_t *res) {
   p_json(&p, json_object_get(r, "answer"), NULL);
   p_scalar(&p, json_object_get(r, "created"));
   p_scalar(&p, json_object_get(r, "resolved"));
-  int rc =
-      wexec(q, "INSERT INTO requests (" REQUEST_COLS ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)", &p,
-            NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_REQUEST_PUT, &p, RES_NULL);
+  return 0;
 }
 
-static int op_request_state(pg_store *q, const json_t *op, json_t *res) {
+/* A request is resolved once: the first answer wins (AH002 for a later one, AH001 for no such request). */
+static int op_request_state(pg_store *q, const json_t *op, plan *pl) {
   static const char *const states[] = {"granted", "denied", "answered", "cancelled", NULL};
   const char *id = get_str(op, "id");
   const char *state = get_str(op, "state");
@@ -909,81 +982,40 @@ static int op_request_state(pg_store *q, const json_t *op, json_t *res) {
   p_text(&p, state);
   p_json(&p, json_object_get(op, "answer"), NULL);
   p_scalar(&p, json_object_get(op, "resolved"));
-  long changed = 0;
-  int rc = wexec(q,
-                 "UPDATE requests SET state = $2, answer = $3, resolved = $4 WHERE id = $1 AND state = "
-                 "'pending'",
-                 &p, NULL, &changed);
-  if (rc == 0 && changed == 0) {
-    params e = {0};
-    p_text(&e, id);
-    PGresult *r = NULL;
-    rc = wexec(q, "SELECT 1 FROM requests WHERE id = $1", &e, &r, NULL);
-    if (rc == 0) {
-      bool exists = PQntuples(r) > 0;
-      PQclear(r);
-      set_err(q, "request.state: request %s %s", id, exists ? "is already resolved" : "does not exist");
-      rc = exists ? AH_ESTATE : AH_ENOENT;
-    }
-  }
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
-}
-
-/* The owner's heartbeat, `ttl` ms past the server's clock; never moved back. */
-static int owner_put(pg_store *q, const char *owner, long long ttl) {
-  params p = {0};
-  p_text(&p, owner);
-  p_int(&p, ttl);
-  return wexec(q,
-               "INSERT INTO owners (owner, until) VALUES ($1, " DB_NOW " + $2) ON CONFLICT (owner) DO UPDATE "
-               "SET until = greatest(owners.until, excluded.until)",
-               &p, NULL, NULL);
+  plan_add(pl, SQL_REQUEST_STATE, &p, RES_NULL);
+  return 0;
 }
 
 /* The caller's TTL: until - now (its clock only measures the length; the server's clock places it). */
 static long long ttl_of(const json_t *op) {
-  long long ttl = (long long)(json_integer_value(json_object_get(op, "until")) -
-                              json_integer_value(json_object_get(op, "now")));
-  return ttl;
+  return (long long)(json_integer_value(json_object_get(op, "until")) -
+                     json_integer_value(json_object_get(op, "now")));
 }
 
-static int op_lease(pg_store *q, const json_t *op, json_t *res) {
+static int op_lease(pg_store *q, const json_t *op, plan *pl) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
-  const json_t *until = json_object_get(op, "until");
-  const json_t *now = json_object_get(op, "now");
   const json_t *steal = json_object_get(op, "steal");
-  if (!id || !owner || !json_is_integer(until) || !json_is_integer(now) ||
+  if (!id || !owner || !json_is_integer(json_object_get(op, "until")) ||
+      !json_is_integer(json_object_get(op, "now")) ||
       (steal && !json_is_string(steal) && !json_is_null(steal))) {
     set_err(q, "lease needs id, owner (strings), until and now (integers); steal must be a string");
     return AH_EINVAL;
   }
-  long long ttl = ttl_of(op);
   params p = {0};
   p_text(&p, id);
   p_text(&p, owner);
-  p_int(&p, ttl);
+  p_int(&p, ttl_of(op));
   p_str(&p, steal);
-  long changed = 0;
-  int rc = wexec(
-      q,
-      "UPDATE sessions SET lease_owner = $2, lease_until = " DB_NOW " + $3 WHERE id = $1 AND ("
-      "lease_owner IS NULL OR lease_owner = $2 OR lease_owner = $4 OR (lease_until < " DB_NOW
-      " AND NOT EXISTS (SELECT 1 FROM owners WHERE owner = sessions.lease_owner AND until >= " DB_NOW ")))",
-      &p, NULL, &changed);
-  bool taken = rc == 0 && changed > 0;
-  if (taken)
-    rc = owner_put(q, owner, ttl);
-  if (rc == 0)
-    json_array_append_new(res, json_boolean(taken));
-  return rc;
+  /* Taken: the owner's heartbeat keeps it from now on (lease.renew). */
+  plan_add(pl, SQL_LEASE, &p, RES_TAKEN);
+  return 0;
 }
 
 #define OWNER_PRUNE_MS (24ll * 3600 * 1000)
 
-static int op_lease_renew(pg_store *q, const json_t *op, json_t *res) {
+/* lease.renew: the process's heartbeat; lapsed when it had run out before (by the server's clock). */
+static int op_lease_renew(pg_store *q, const json_t *op, plan *pl) {
   const char *owner = get_str(op, "owner");
   if (!owner || !json_is_integer(json_object_get(op, "until")) ||
       !json_is_integer(json_object_get(op, "now"))) {
@@ -992,31 +1024,20 @@ static int op_lease_renew(pg_store *q, const json_t *op, json_t *res) {
   }
   params p = {0};
   p_text(&p, owner);
-  PGresult *r = NULL;
-  int rc = wexec(q, "SELECT until < " DB_NOW " FROM owners WHERE owner = $1", &p, &r, NULL);
-  if (rc < 0)
-    return rc;
-  bool lapsed = PQntuples(r) == 0 || col_bool(r, 0, 0);
-  PQclear(r);
-  rc = owner_put(q, owner, ttl_of(op));
-  if (rc == 0) {
-    params d = {0};
-    p_int(&d, OWNER_PRUNE_MS);
-    rc = wexec(q, "DELETE FROM owners WHERE until < " DB_NOW " - $1", &d, NULL, NULL);
-  }
-  if (rc == 0)
-    json_array_append_new(res, json_pack("{s:b}", "lapsed", lapsed));
-  return rc;
-}
-
-static int op_store_shrink(pg_store *q, const json_t *op, json_t *res) {
-  (void)q;
-  (void)op;
-  json_array_append_new(res, json_null());
+  p_int(&p, ttl_of(op));
+  p_int(&p, OWNER_PRUNE_MS);
+  plan_add(pl, SQL_LEASE_RENEW, &p, RES_LAPSED);
   return 0;
 }
 
-static int op_lease_end(pg_store *q, const json_t *op, json_t *res) {
+static int op_store_shrink(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
+  (void)op;
+  plan_add(pl, NULL, NULL, RES_NULL); /* the server keeps the caches */
+  return 0;
+}
+
+static int op_lease_end(pg_store *q, const json_t *op, plan *pl) {
   const char *owner = get_str(op, "owner");
   if (!owner) {
     set_err(q, "lease.end needs owner (a string)");
@@ -1024,13 +1045,11 @@ static int op_lease_end(pg_store *q, const json_t *op, json_t *res) {
   }
   params p = {0};
   p_text(&p, owner);
-  int rc = wexec(q, "DELETE FROM owners WHERE owner = $1", &p, NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_LEASE_END, &p, RES_NULL);
+  return 0;
 }
 
-static int op_lease_release(pg_store *q, const json_t *op, json_t *res) {
+static int op_lease_release(pg_store *q, const json_t *op, plan *pl) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
   if (!id || !owner) {
@@ -1040,17 +1059,14 @@ static int op_lease_release(pg_store *q, const json_t *op, json_t *res) {
   params p = {0};
   p_text(&p, id);
   p_text(&p, owner);
-  int rc =
-      wexec(q, "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = $1 AND lease_owner = $2",
-            &p, NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_LEASE_RELEASE, &p, RES_NULL);
+  return 0;
 }
 
-/* The fence (see store_sqlite.c): the row is locked until the transaction ends, so a takeover cannot
- * commit between this check and this transaction's commit. */
-static int op_fence(pg_store *q, const json_t *op, json_t *res) {
+/* The fence (see store_sqlite.c): agenthost_fence locks the session's row until the transaction ends, so a
+ * takeover cannot commit between this check and this transaction's commit; AH003 when another owner (or
+ * none) holds it. */
+static int op_fence(pg_store *q, const json_t *op, plan *pl) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
   if (!id || !owner) {
@@ -1059,28 +1075,13 @@ static int op_fence(pg_store *q, const json_t *op, json_t *res) {
   }
   params p = {0};
   p_text(&p, id);
-  PGresult *r = NULL;
-  int rc = wexec(q, "SELECT lease_owner FROM sessions WHERE id = $1 FOR UPDATE", &p, &r, NULL);
-  if (rc < 0)
-    return rc;
-  if (PQntuples(r) == 0) {
-    PQclear(r);
-    set_err(q, "fence: session %s: no such session", id);
-    return AH_ENOENT;
-  }
-  const char *holder = PQgetisnull(r, 0, 0) ? NULL : PQgetvalue(r, 0, 0);
-  bool mine = holder && strcmp(holder, owner) == 0;
-  if (!mine)
-    set_err(q, "fence: session %s is owned by %s, not by this process", id, holder ? holder : "no process");
-  PQclear(r);
-  if (!mine)
-    return AH_EAGENTBUSY;
-  json_array_append_new(res, json_null());
+  p_text(&p, owner);
+  plan_add(pl, SQL_FENCE, &p, RES_NULL);
   return 0;
 }
 
 /* notify {payload}: delivered to every listening host once (and only if) the transaction commits. */
-static int op_notify(pg_store *q, const json_t *op, json_t *res) {
+static int op_notify(pg_store *q, const json_t *op, plan *pl) {
   const char *payload = get_str(op, "payload");
   if (!payload || strlen(payload) > 7000) {
     set_err(q, "notify needs a payload (a string of at most 7000 bytes)");
@@ -1088,15 +1089,13 @@ static int op_notify(pg_store *q, const json_t *op, json_t *res) {
   }
   params p = {0};
   p_text(&p, payload);
-  int rc = wexec(q, "SELECT pg_notify('agenthost', $1)", &p, NULL, NULL);
-  if (rc == 0)
-    json_array_append_new(res, json_null());
-  return rc;
+  plan_add(pl, SQL_NOTIFY, &p, RES_NULL);
+  return 0;
 }
 
 static const struct {
   const char *name;
-  int (*fn)(pg_store *q, const json_t *op, json_t *res);
+  int (*fn)(pg_store *q, const json_t *op, plan *pl);
 } ops[] = {
     {"notify", op_notify},
     {"fence", op_fence},
@@ -1115,7 +1114,9 @@ static const struct {
     {"store.shrink", op_store_shrink},
 };
 
-static int apply_opset(pg_store *q, const json_t *opset, json_t *res, size_t *failed_at) {
+/* Plan one opset into `pl` (its statements appended); an invalid operation fails the opset before anything
+ * is sent. */
+static int plan_opset(pg_store *q, const json_t *opset, plan *pl, size_t *failed_at) {
   size_t i = 0;
   const json_t *op = NULL;
   json_array_foreach(opset, i, op) {
@@ -1128,11 +1129,102 @@ static int apply_opset(pg_store *q, const json_t *opset, json_t *res, size_t *fa
       set_err(q, "unknown operation %s", name ? name : "(no \"op\" string)");
       return AH_EINVAL;
     }
-    int rc = ops[k].fn(q, op, res);
+    int rc = ops[k].fn(q, op, pl);
     if (rc < 0)
       return rc;
+    if (pl->oom)
+      return AH_ENOMEM;
   }
   return 0;
+}
+
+/* What a statement's result adds to its opset's results. */
+static void take_result(const stmt *s, const PGresult *r, json_t *res) {
+  switch (s->kind) {
+  case RES_NULL:
+    json_array_append_new(res, json_null());
+    break;
+  case RES_CURSOR:
+    json_array_append_new(res, json_integer(r && PQntuples(r) ? col_int(r, 0, 0) : 0));
+    break;
+  case RES_TAKEN:
+    json_array_append_new(res, json_boolean(r && PQntuples(r) && col_int(r, 0, 0) > 0));
+    break;
+  case RES_LAPSED:
+    json_array_append_new(res, json_pack("{s:b}", "lapsed", r && PQntuples(r) && col_bool(r, 0, 0)));
+    break;
+  default:
+    break;
+  }
+}
+
+/* The error of a failed statement: its code (agenthost's own SQLSTATEs first) with q->err set. */
+static int result_error(pg_store *q, const PGresult *r) {
+  const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
+  snprintf(q->sqlstate, sizeof q->sqlstate, "%s", st ? st : "");
+  const char *primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+  char msg[400];
+  one_line(msg, sizeof msg, primary ? primary : r ? PQresultErrorMessage(r) : PQerrorMessage(q->w));
+  set_err(q, "%s", msg);
+  if (st && strcmp(st, "53100") == 0)
+    note_health(q, AH_STORE_FULL, q->err);
+  if (!q->w || PQstatus(q->w) != CONNECTION_OK)
+    return AH_EIO;
+  if (st && strcmp(st, "AH001") == 0)
+    return AH_ENOENT;
+  if (st && strcmp(st, "AH002") == 0)
+    return AH_ESTATE;
+  if (st && strcmp(st, "AH003") == 0)
+    return AH_EAGENTBUSY;
+  return map_state(st);
+}
+
+/* Run `sql` with `p` on the writer; returns 0 with *out (may be NULL: cleared) or an AH_E* code with q->err
+ * set. The parameters are freed unless `keep`. */
+static int wexec_p(pg_store *q, const char *sql, params *p, bool keep, PGresult **out) {
+  if (out)
+    *out = NULL;
+  if (p && p->oom) {
+    if (!keep)
+      p_free(p);
+    set_err(q, "out of memory");
+    return AH_ENOMEM;
+  }
+  if (!q->w) {
+    if (p && !keep)
+      p_free(p);
+    set_err(q, "no connection to the server");
+    return AH_EIO;
+  }
+  char late[200];
+  PGresult *res =
+      exec_deadline(&q->w, sql, p ? p->n : 0, p ? p->v : NULL, WRITE_TIMEOUT_MS, late, sizeof late);
+  if (p && !keep)
+    p_free(p);
+  if (!q->w) {
+    set_err(q, "%s", late);
+    return AH_EIO;
+  }
+  ExecStatusType s = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  if (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK) {
+    if (out)
+      *out = res;
+    else
+      PQclear(res);
+    q->sqlstate[0] = '\0';
+    return 0;
+  }
+  int rc = result_error(q, res);
+  PQclear(res);
+  return rc;
+}
+
+static int wexec(pg_store *q, const char *sql, params *p, PGresult **out) {
+  return wexec_p(q, sql, p, false, out);
+}
+
+static int wexec_sql(pg_store *q, const char *sql) {
+  return wexec(q, sql, NULL, NULL);
 }
 
 static void fail_all(json_t **results, int *statuses, size_t n, int code) {
@@ -1158,7 +1250,7 @@ static int commit_outcome(pg_store *q, const char *token) {
       params p = {0};
       p_text(&p, token);
       PGresult *r = NULL;
-      if (wexec(q, "SELECT 1 FROM commit_markers WHERE token = $1", &p, &r, NULL) == 0) {
+      if (wexec(q, "SELECT 1 FROM commit_markers WHERE token = $1", &p, &r) == 0) {
         int found = PQntuples(r) > 0;
         PQclear(r);
         return found;
@@ -1169,6 +1261,291 @@ static int commit_outcome(pg_store *q, const char *token) {
     sleep_ms(delay);
     waited += delay;
   }
+}
+
+/* A group: the opsets' plans (planned[i] != 0: opset i failed, with that code, and is left out). */
+typedef struct group {
+  size_t n;
+  plan *plans;
+  int *planned;
+  bool events;
+  char token[40];
+} group;
+
+/* The statements every group ends with, before COMMIT: the events' signal, the marker, now and then the
+ * markers' pruning. */
+static void tail_statements(pg_store *q, group *g, plan *tail) {
+  bool events = false;
+  for (size_t i = 0; i < g->n; i++)
+    events = events || (!g->planned[i] && g->plans[i].events);
+  if (events)
+    plan_add(tail, SQL_NOTIFY_EVENTS, NULL, RES_NONE);
+  params p = {0};
+  p_text(&p, g->token);
+  plan_add(tail, SQL_MARKER, &p, RES_NONE);
+  if ((q->groups + 1) % MARKER_PRUNE_EVERY == 0)
+    plan_add(tail, SQL_MARKER_PRUNE, NULL, RES_NONE);
+}
+
+typedef struct pl_stmt {
+  const char *sql;
+  const params *p;
+  size_t opset; /* SIZE_MAX: a statement of the group, not of an opset */
+  const stmt *s;
+  bool commit;
+} pl_stmt;
+
+/* A result the answers did not bring (lost with the connection after a commit its marker confirmed), read
+ * again from what the transaction wrote. */
+static json_t *result_again(pg_store *q, const stmt *s) {
+  PGresult *r = NULL;
+  json_t *v = json_null();
+  params p = {0};
+  if (s->kind == RES_CURSOR) { /* the event's cursor, by its session and seq */
+    p_text(&p, s->p.v[0]);
+    p_text(&p, s->p.v[1]);
+    if (wexec(q, "SELECT \"cursor\" FROM events WHERE session_id = $1 AND seq = $2::bigint", &p, &r) == 0 &&
+        PQntuples(r))
+      v = json_integer(col_int(r, 0, 0));
+  } else if (s->kind == RES_TAKEN) { /* the lease: whether its owner holds it */
+    p_text(&p, s->p.v[0]);
+    p_text(&p, s->p.v[1]);
+    v = json_false();
+    if (wexec(q, "SELECT 1 FROM sessions WHERE id = $1 AND lease_owner = $2", &p, &r) == 0 && PQntuples(r))
+      v = json_true();
+  } else if (s->kind == RES_LAPSED) {
+    v = json_pack("{s:b}", "lapsed", 1); /* unknown: the caller checks its sessions, as after a lapse */
+  }
+  PQclear(r);
+  return v;
+}
+
+/* The opsets' results from what the pipeline returned: results[i] holds one entry per statement of opset
+ * i that has a result, in order (short when the answers were lost: read again). */
+static void pipelined_results(pg_store *q, group *g, json_t **results, int *statuses) {
+  for (size_t i = 0; i < g->n; i++) {
+    if (g->planned[i])
+      continue;
+    json_t *res = json_array();
+    json_t *got = results[i];
+    size_t ri = 0;
+    for (size_t k = 0; k < g->plans[i].n; k++) {
+      const stmt *s = &g->plans[i].v[k];
+      if (!s->sql) {
+        take_result(s, NULL, res);
+      } else if (s->kind != RES_NONE) {
+        json_t *v = json_array_get(got, ri++);
+        json_array_append_new(res, v ? json_incref(v) : result_again(q, s));
+      }
+    }
+    json_decref(got);
+    results[i] = res;
+    statuses[i] = 0;
+  }
+}
+
+/* Statements sent between two syncs (AGENTHOST_PG_PIPELINE_BATCH: 1 to 4096, default 256). */
+static size_t pipeline_batch(void) {
+  const char *v = getenv("AGENTHOST_PG_PIPELINE_BATCH");
+  long n = v ? strtol(v, NULL, 10) : 0;
+  return n >= 1 && n <= 4096 ? (size_t)n : 256;
+}
+
+/* Write the group as one pipeline: every statement sent before its answer is read, so a group costs one
+ * round trip and one flush of the server's log. Returns 1 when its outcome is known (written, or failed as a
+ * whole: statuses set); 0 when opset *bad failed (its code in *code) and the rest must be sent again
+ * without it (nothing was written: the transaction was rolled back). */
+static int write_pipelined(pg_store *q, group *g, json_t **results, int *statuses, size_t *bad, int *code) {
+  *bad = SIZE_MAX;
+  *code = AH_EIO;
+  plan tail = {0};
+  tail_statements(q, g, &tail);
+  size_t total = 3 + tail.n;
+  bool events = false;
+  for (size_t i = 0; i < g->n; i++) {
+    total += g->planned[i] ? 0 : g->plans[i].n;
+    events = events || (!g->planned[i] && g->plans[i].events);
+  }
+  pl_stmt *list = calloc(total, sizeof *list);
+  if (!list || tail.oom) {
+    free(list);
+    plan_free(&tail);
+    fail_all(results, statuses, g->n, AH_ENOMEM);
+    return 1;
+  }
+  size_t n = 0;
+  list[n++] = (pl_stmt){"BEGIN", NULL, SIZE_MAX, NULL, false};
+  /* Cursors in commit order across hosts: the events are numbered under a lock held to the commit. */
+  if (events)
+    list[n++] = (pl_stmt){"SELECT pg_advisory_xact_lock(" LOCK_EVENTS ")", NULL, SIZE_MAX, NULL, false};
+  for (size_t i = 0; i < g->n; i++) {
+    if (g->planned[i])
+      continue;
+    /* No savepoint per opset: a statement that fails aborts the whole transaction, and the group is sent
+     * again without that opset (write_group). */
+    for (size_t k = 0; k < g->plans[i].n; k++) {
+      const stmt *s = &g->plans[i].v[k];
+      if (s->sql)
+        list[n++] = (pl_stmt){s->sql, &s->p, i, s, false};
+    }
+  }
+  for (size_t k = 0; k < tail.n; k++)
+    list[n++] = (pl_stmt){tail.v[k].sql, &tail.v[k].p, SIZE_MAX, NULL, false};
+  list[n++] = (pl_stmt){"COMMIT", NULL, SIZE_MAX, NULL, true};
+  for (size_t i = 0; i < g->n; i++)
+    results[i] = g->planned[i] ? NULL : json_array();
+
+  PGconn *c = q->w;
+  bool failed = false, sent_commit = false;
+  size_t failed_at = SIZE_MAX;
+  int result = 1;
+  if (PQsetnonblocking(c, 1) != 0 || !PQenterPipelineMode(c)) {
+    set_err(q, "cannot enter pipeline mode: %s", PQerrorMessage(c));
+    goto broken;
+  }
+  size_t sent = 0, read = 0, per = pipeline_batch();
+  size_t syncs_sent = 0, syncs_seen = 0;
+  bool have = false;
+  uint64_t end = now_ms() + WRITE_TIMEOUT_MS;
+  for (;;) {
+    /* A batch, then a sync: between two batches the server is idle in the transaction, so that a writer
+     * stopped there (a paused process) is cut off by idle_in_transaction_session_timeout; inside a batch
+     * it would be "active" and hold its locks for as long as it stays stopped. After a failure nothing
+     * more is sent. */
+    if (!failed && sent < n) {
+      size_t batch = 0;
+      while (sent < n && batch < per) {
+        const pl_stmt *e = &list[sent];
+        char name[16];
+        const char *prep = prepared_name(q, e->sql, name, sizeof name);
+        int np = e->p ? e->p->n : 0;
+        const char *const *pv = e->p ? e->p->v : NULL;
+        if (!(prep ? PQsendQueryPrepared(c, prep, np, pv, NULL, NULL, 0)
+                   : PQsendQueryParams(c, e->sql, np, NULL, pv, NULL, NULL, 0)))
+          goto broken;
+        sent_commit = sent_commit || e->commit;
+        sent++;
+        batch++;
+      }
+      if (!PQpipelineSync(c))
+        goto broken;
+      syncs_sent++;
+    }
+    int f = PQflush(c);
+    if (f < 0 || !PQconsumeInput(c))
+      goto broken;
+    bool progressed = false;
+    while (!PQisBusy(c)) {
+      PGresult *r = PQgetResult(c);
+      if (!r) {
+        if (!have)
+          break;
+        have = false;
+        read++;
+        progressed = true;
+        continue;
+      }
+      ExecStatusType st = PQresultStatus(r);
+      if (st == PGRES_PIPELINE_SYNC) {
+        syncs_seen++;
+        have = false;
+        PQclear(r);
+        progressed = true;
+        if (syncs_seen == syncs_sent)
+          break;
+        continue;
+      }
+      const pl_stmt *e = read < n ? &list[read] : NULL;
+      if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) {
+        if (e && e->s && !failed)
+          take_result(e->s, r, results[e->opset]);
+      } else if (!failed) { /* the first failure: the server skips the rest of its batch */
+        failed = true;
+        failed_at = read;
+        *code = result_error(q, r);
+      }
+      have = true;
+      PQclear(r);
+      progressed = true;
+    }
+    if (syncs_seen == syncs_sent && (sent == n || failed))
+      break;
+    /* More to send: sent at once, unless the output buffer is full; else wait for answers. */
+    bool more = !failed && sent < n;
+    if ((more && f == 1) || (!more && !progressed)) {
+      uint64_t now = now_ms();
+      if (now >= end) {
+        set_err(q, "no answer from the server in %d ms: the connection is closed and opened again",
+                WRITE_TIMEOUT_MS);
+        goto lost;
+      }
+      struct pollfd pfd = {.fd = PQsocket(c), .events = POLLIN | (f == 1 ? POLLOUT : 0)};
+      if (poll(&pfd, 1, (int)(end - now)) < 0 && errno != EINTR)
+        goto broken;
+    }
+  }
+  PQexitPipelineMode(c);
+  PQsetnonblocking(c, 0);
+  if (!failed) {
+    pipelined_results(q, g, results, statuses);
+    q->groups++;
+    note_commit(q);
+    goto done;
+  }
+  /* A statement failed: nothing was written. One of an opset leaves that opset out; one of the group's own
+   * (a lock not given in time, the commit) fails the whole group. */
+  if (PQtransactionStatus(c) != PQTRANS_IDLE)
+    wexec_sql(q, "ROLLBACK");
+  if (failed_at < n && list[failed_at].opset != SIZE_MAX) {
+    *bad = list[failed_at].opset;
+    result = 0;
+    goto clear;
+  }
+  AH_LOG_E(COMP, "%s: transaction failed, %zu opsets not written: %s", q->label, g->n, q->err);
+  fail_all(results, statuses, g->n, *code == AH_EBUSY ? AH_EBUSY : AH_EIO);
+  goto done;
+
+broken:
+  one_line(q->err, sizeof q->err, PQerrorMessage(c));
+lost:
+  PQfinish(q->w);
+  q->w = NULL;
+  if (!sent_commit) { /* nothing was committed: the group fails as a whole (and is tried again) */
+    AH_LOG_W(COMP, "%s: the connection was lost, %zu opsets not written: %s", q->label, g->n, q->err);
+    fail_all(results, statuses, g->n, AH_EIO);
+    goto done;
+  }
+  {
+    char why[512];
+    snprintf(why, sizeof why, "%s", q->err);
+    int outcome = commit_outcome(q, g->token);
+    if (outcome == 1) {
+      AH_LOG_W(COMP, "%s: the answer to a commit was lost (%s); its marker shows it committed", q->label,
+               why);
+      pipelined_results(q, g, results, statuses);
+      q->groups++;
+      note_commit(q);
+      goto done;
+    }
+    if (outcome < 0) {
+      AH_LOG_E(COMP, "%s: the outcome of a commit of %zu opsets is unknown (%s)", q->label, g->n, why);
+      note_health(q, AH_STORE_DAMAGED, why);
+    } else {
+      AH_LOG_W(COMP, "%s: a commit's answer was lost (%s); its marker shows it did not commit", q->label,
+               why);
+    }
+    fail_all(results, statuses, g->n, outcome < 0 ? AH_ETIMEDOUT : AH_EIO);
+    goto done;
+  }
+clear:
+  for (size_t i = 0; i < g->n; i++) {
+    json_decref(results[i]);
+    results[i] = NULL;
+  }
+done:
+  free(list);
+  plan_free(&tail);
+  return result;
 }
 
 static void pg_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
@@ -1186,90 +1563,46 @@ static void pg_write_group(void *impl, json_t *const *opsets, size_t n, json_t *
     fail_all(results, statuses, n, AH_EIO);
     return;
   }
-  q->events_locked = false;
-  char token[40];
-  ah__uuid7(token);
-  int begin = wexec_sql(q, "BEGIN");
-  if (begin < 0) {
-    AH_LOG_E(COMP, "%s: cannot begin a transaction (%zu opsets fail): %s", q->label, n, q->err);
-    fail_all(results, statuses, n, begin == AH_EBUSY ? AH_EBUSY : AH_EIO);
+  group g = {.n = n, .plans = calloc(n, sizeof(plan)), .planned = calloc(n, sizeof(int))};
+  if (!g.plans || !g.planned) {
+    free(g.plans);
+    free(g.planned);
+    fail_all(results, statuses, n, AH_ENOMEM);
     return;
   }
-  int abort_code = AH_EIO;
+  ah__uuid7(g.token);
+  size_t left = 0;
   for (size_t i = 0; i < n; i++) {
-    if ((abort_code = wexec_sql(q, "SAVEPOINT opset")) < 0)
-      goto abort;
-    json_t *res = json_array();
     size_t at = 0;
-    bool locked_before = q->events_locked;
-    int rc = res ? apply_opset(q, opsets[i], res, &at) : AH_ENOMEM;
-    if (rc == 0) {
-      if ((abort_code = wexec_sql(q, "RELEASE opset")) < 0) {
-        json_decref(res);
-        goto abort;
-      }
-      results[i] = res;
-      statuses[i] = 0;
-      continue;
+    int rc = plan_opset(q, opsets[i], &g.plans[i], &at);
+    if (rc < 0) {
+      g.planned[i] = rc;
+      AH_LOG_W(COMP, "opset failed at operation %zu (%s): %s", at, ah_err_name(rc), q->err);
+    } else {
+      left++;
     }
-    json_decref(res);
-    statuses[i] = rc;
-    AH_LOG_W(COMP, "opset failed at operation %zu (%s): %s", at, ah_err_name(rc), q->err);
-    if (PQstatus(q->w) != CONNECTION_OK) {
-      abort_code = AH_EIO;
-      goto abort;
-    }
-    /* A lock the server gave up waiting for, or a lock the rollback below gives back: the group goes on. */
-    if (wexec_sql(q, "ROLLBACK TO opset") < 0 || wexec_sql(q, "RELEASE opset") < 0) {
-      abort_code = AH_EIO;
-      goto abort;
-    }
-    q->events_locked = locked_before; /* a lock taken inside the rolled-back savepoint is released with it */
   }
-  /* The other hosts follow the events: one signal for the group's (delivered at its commit). */
-  if (q->events_locked && (abort_code = wexec_sql(q, "SELECT pg_notify('agenthost', 'events')")) < 0)
-    goto abort;
-  {
-    params p = {0};
-    p_text(&p, token);
-    if ((abort_code = wexec(q, "INSERT INTO commit_markers (token) VALUES ($1)", &p, NULL, NULL)) < 0)
-      goto abort;
-    if (++q->groups % MARKER_PRUNE_EVERY == 0 &&
-        (abort_code = wexec_sql(q, "DELETE FROM commit_markers WHERE at < now() - interval '1 hour'")) < 0)
-      goto abort;
+  /* The group in one pipeline; an opset that fails is left out and the rest sent again (nothing of the
+   * failed attempt was written), so that it fails alone, as on SQLite. */
+  while (left > 0) {
+    size_t bad = SIZE_MAX;
+    int code = AH_EIO;
+    if (write_pipelined(q, &g, results, statuses, &bad, &code))
+      break;
+    AH_LOG_W(COMP, "opset failed (%s): %s", ah_err_name(code), q->err);
+    g.planned[bad] = code;
+    left--;
   }
-  int crc = wexec_sql(q, "COMMIT");
-  if (crc == 0) {
-    note_commit(q);
-    return;
-  }
-  if (PQstatus(q->w) != CONNECTION_OK) {
-    char lost[512];
-    snprintf(lost, sizeof lost, "%s", q->err);
-    int outcome = commit_outcome(q, token);
-    if (outcome == 1) {
-      AH_LOG_W(COMP, "%s: the answer to a commit was lost (%s); its marker shows it committed", q->label,
-               lost);
-      note_commit(q);
-      return;
+  for (size_t i = 0; i < n; i++) {
+    if (g.planned[i]) {
+      json_decref(results[i]);
+      results[i] = NULL;
+      statuses[i] = g.planned[i];
     }
-    if (outcome < 0) {
-      AH_LOG_E(COMP, "%s: the outcome of a commit of %zu opsets is unknown (%s)", q->label, n, lost);
-      fail_all(results, statuses, n, AH_ETIMEDOUT);
-      return;
-    }
-    AH_LOG_W(COMP, "%s: a commit's answer was lost (%s); its marker shows it did not commit", q->label, lost);
-    fail_all(results, statuses, n, AH_EIO);
-    return;
+    plan_free(&g.plans[i]);
   }
-  abort_code = crc;
-abort:
-  AH_LOG_E(COMP, "%s: transaction failed, %zu opsets not written: %s", q->label, n, q->err);
-  if (PQstatus(q->w) == CONNECTION_OK)
-    wexec_sql(q, "ROLLBACK");
-  else
-    note_health(q, AH_STORE_DAMAGED, q->err);
-  fail_all(results, statuses, n, abort_code == AH_EBUSY ? AH_EBUSY : AH_EIO);
+  free(g.plans);
+  free(g.planned);
 }
 
 /* ---- reads (loop thread) ------------------------------------------------------------------------------- */
@@ -1632,6 +1965,8 @@ static int pg_open(const ah_store_opts *opts, void **impl, char **why) {
     rc = AH_EIO;
   if (rc == 0 && !q->read_only)
     rc = migrate(q, why);
+  if (rc == 0 && !q->read_only)
+    prepare_all(q);
   if (rc == 0 && !(q->r = connect_one(q, CONN_READER, why)))
     rc = AH_EIO;
   if (rc == 0 && q->read_only) {

@@ -197,7 +197,12 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
      .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
+  /* A's writer sends one statement at a time and reads its answer before the next (its pipelines are
+   * batches of one), so that its transactions wait on A between statements, where a stop can catch them;
+   * B writes as usual. */
+  setenv("AGENTHOST_PG_PIPELINE_BATCH", "1", 1);
   test_daemon *a = host_on(&c, NULL);
+  unsetenv("AGENTHOST_PG_PIPELINE_BATCH");
   test_daemon *b = host_on(&c, NULL);
   char *work = ts_mkdtemp();
   enum { SESSIONS = 4 };
