@@ -13,6 +13,7 @@
 #include "agenthost/errors.h"
 #include "config.h"
 #include "log.h"
+#include "store.h"
 #include "support.h"
 
 #ifndef AH_INSTALL_PLUGIN_DIR
@@ -1172,6 +1173,64 @@ Test(config, lease_ttl_ms) {
     file_error_case(text,
                     "2: [host] lease_ttl_ms: ", "must be a whole number of milliseconds from 300 to 3600000");
   }
+}
+
+/* [host] store_url, store_password_file, store_password: a connection string never holds a password (the
+ * refusal never quotes it), the file is read when the store is opened, the password from the environment
+ * wins; without store_url the store is SQLite in the state directory. */
+Test(config, the_shared_store_keys) {
+  ah_config cfg;
+  char *err = NULL;
+  cr_assert_eq(load_text(&cfg, "[host]\n", NULL, &err), 0);
+  ah_store_opts o = {0};
+  const ah_store_backend *be = NULL;
+  char path[4096], *password = NULL, *why = NULL;
+  cr_assert_eq(ah__config_store(&cfg, &o, &be, path, sizeof path, &password, &why), 0);
+  cr_expect_eq(be, &ah__store_sqlite);
+  cr_expect(o.path && strstr(o.path, "/agenthost.db"), "%s", o.path ? o.path : "(null)");
+  cr_expect_null(password);
+  ah__config_free(&cfg);
+  const char *refused[] = {"host=db password=SECRET-CANARY", "postgresql://u:SECRET-CANARY@db/x",
+                           "host=db PassWord=SECRET-CANARY"};
+  for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    char text[200];
+    snprintf(text, sizeof text, "[host]\nstore_url = %s\n", refused[i]);
+    cr_expect_neq(load_text(&cfg, text, NULL, &err), 0, "accepted: %s", refused[i]);
+    cr_expect(err && strstr(err, "must not hold a password") && !strstr(err, "CANARY"), "%s", err ? err : "");
+    free(err);
+    err = NULL;
+  }
+  file_error_case("[host]\nstore_password_file = relative/pw\n",
+                  "2: [host] store_password_file: ", "absolute");
+  char *pw = ts_write_file(tmp, "pw", "from-the-file\nsecond line\n");
+  char *text = fmt("[host]\nstore_url = host=127.0.0.1 dbname=x\nstore_password_file = %s\n", pw);
+  cr_assert_eq(load_text(&cfg, text, NULL, &err), 0, "%s", err ? err : "");
+#ifdef AH_HAVE_POSTGRESQL
+  cr_assert_eq(ah__config_store(&cfg, &o, &be, path, sizeof path, &password, &why), 0, "%s", why ? why : "");
+  cr_expect_eq(be, &ah__store_pg);
+  cr_expect_str_eq(o.url, "host=127.0.0.1 dbname=x");
+  cr_expect_null(o.path);
+  cr_expect_str_eq(password, "from-the-file");
+  free(password);
+  password = NULL;
+  free(cfg.store_password_file);
+  cfg.store_password_file = strdup("/nonexistent/pw");
+  cr_expect_eq(ah__config_store(&cfg, &o, &be, path, sizeof path, &password, &why), AH_ECONFIG);
+  cr_expect(why && strstr(why, "/nonexistent/pw") && strstr(why, "cannot be read"), "%s", why ? why : "");
+  free(why);
+  why = NULL;
+  cfg.store_password = strdup("from-the-environment");
+  cr_assert_eq(ah__config_store(&cfg, &o, &be, path, sizeof path, &password, &why), 0);
+  cr_expect_str_eq(password, "from-the-environment");
+  free(password);
+#else
+  cr_expect_eq(ah__config_store(&cfg, &o, &be, path, sizeof path, &password, &why), AH_ECONFIG);
+  cr_expect(why && strstr(why, "without the PostgreSQL backend"), "%s", why ? why : "");
+  free(why);
+#endif
+  ah__config_free(&cfg);
+  free(text);
+  free(pw);
 }
 
 /* [mcp.NAME] sections become the mcp plugin's `servers`, their values as written (the plugin checks them);
