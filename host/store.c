@@ -26,7 +26,10 @@
 #define COMP "store"
 
 typedef struct store_item {
-  json_t *opset; /* owned */
+  json_t *opset;   /* owned */
+  uint64_t gen;    /* its submission number */
+  const char *sid; /* the session it writes for (its fence's, or its first event's), in opset; or NULL */
+  bool poisoned;   /* not written: an earlier write of its session failed (see `poison`) */
   ah_store_write_fn cb;
   void *arg;
   json_t *results; /* set by the writer; owned */
@@ -73,6 +76,13 @@ struct ah_store {
   uv_timer_t watch_timer;
   bool watch_inited; /* the timer is initialized (closed at the end) */
 
+  /* When a session's write fails in a way that stops the session (host/sessions/writes.c), nothing of that
+   * session submitted before the loop learned of it may be written: a later event would leave a gap in
+   * its seqs. `poison`: {sessionId: 0 while the loop does not know yet (every write of it fails), then the
+   * submission number below which its writes fail}. (mu) */
+  json_t *poison;
+  uint64_t submitted; /* loop thread: the next submission number */
+
   _Atomic uint64_t commits;
   _Atomic uint64_t opsets;
   _Atomic uint64_t retries; /* groups tried again (retry_ms) */
@@ -108,6 +118,12 @@ static void item_free(store_item *it) {
  * (AH_EBUSY) is not: the backend waited its busy timeout already. */
 static const unsigned retry_ms[] = {10, 100, 1000};
 
+/* A write's failure that stops the session it belongs to (host/sessions/writes.c): its later writes must not
+ * be written (a gap in its seqs). */
+static bool stops_session(int status) {
+  return status == AH_EIO || status == AH_EBUSY || status == AH_ETIMEDOUT;
+}
+
 static bool transient(int status) {
   return status == AH_EIO;
 }
@@ -123,9 +139,21 @@ static bool worth_retrying(ah_store *s, const int *statuses, size_t n) {
 
 /* Commit one group: everything taken from the queue in one go. */
 static void write_group(ah_store *s, store_item *head) {
+  /* Writes of a session whose earlier write failed (see `poison`) are not written. */
+  pthread_mutex_lock(&s->mu);
+  for (store_item *it = head; it; it = it->next) {
+    json_t *mark = it->sid ? json_object_get(s->poison, it->sid) : NULL;
+    if (mark && (json_integer_value(mark) == 0 || it->gen < (uint64_t)json_integer_value(mark))) {
+      it->status = AH_EIO;
+      it->poisoned = true;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
   size_t n = 0;
   for (store_item *it = head; it; it = it->next)
-    n++;
+    n += !it->poisoned;
+  if (n == 0)
+    return;
   json_t **opsets = calloc(n, sizeof *opsets);
   json_t **results = calloc(n, sizeof *results);
   int *statuses = calloc(n, sizeof *statuses);
@@ -137,7 +165,8 @@ static void write_group(ah_store *s, store_item *head) {
   } else {
     size_t i = 0;
     for (store_item *it = head; it; it = it->next)
-      opsets[i++] = it->opset;
+      if (!it->poisoned)
+        opsets[i++] = it->opset;
     s->be->write_group(s->impl, opsets, n, results, statuses);
     for (size_t r = 0; r < sizeof retry_ms / sizeof retry_ms[0] && worth_retrying(s, statuses, n); r++) {
       for (i = 0; i < n; i++) {
@@ -153,14 +182,23 @@ static void write_group(ah_store *s, store_item *head) {
       s->be->write_group(s->impl, opsets, n, results, statuses);
     }
     i = 0;
-    for (store_item *it = head; it; it = it->next, i++) {
+    pthread_mutex_lock(&s->mu);
+    for (store_item *it = head; it; it = it->next) {
+      if (it->poisoned)
+        continue;
       it->status = statuses[i] < 0 ? statuses[i] : 0;
       it->results = it->status == 0 ? results[i] : NULL;
       if (it->status == 0 && !it->results)
         it->results = json_array();
       else if (it->status < 0)
         json_decref(results[i]);
+      /* A failure that stops its session: the session's writes queued behind it are not written (until the
+       * loop knows, then those submitted before it knew). */
+      if (stops_session(it->status) && it->sid)
+        json_object_set_new(s->poison, it->sid, json_integer(0));
+      i++;
     }
+    pthread_mutex_unlock(&s->mu);
     atomic_fetch_add(&s->commits, 1);
     atomic_fetch_add(&s->opsets, n);
   }
@@ -207,6 +245,7 @@ static void on_async_closed(uv_handle_t *h) {
   void *arg = s->close_arg;
   pthread_cond_destroy(&s->cv);
   pthread_mutex_destroy(&s->mu);
+  json_decref(s->poison);
   free(s);
   if (cb)
     cb(arg);
@@ -257,6 +296,10 @@ static void on_async(uv_async_t *a) {
   ah_store *s = a->data;
   pthread_mutex_lock(&s->mu);
   store_item *head = fifo_take(&s->done);
+  /* The loop learns of these failures now: each such session's writes submitted until now are not written. */
+  for (store_item *it = head; it; it = it->next)
+    if (stops_session(it->status) && it->sid && json_integer_value(json_object_get(s->poison, it->sid)) == 0)
+      json_object_set_new(s->poison, it->sid, json_integer((json_int_t)s->submitted));
   pthread_mutex_unlock(&s->mu);
   while (head) {
     store_item *it = head;
@@ -299,17 +342,20 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
   s->loop = loop;
   s->be = backend;
   s->read_only = opts->read_only;
+  s->poison = json_object();
   atomic_init(&s->commits, 0);
   atomic_init(&s->opsets, 0);
   atomic_init(&s->retries, 0);
 
   int rc = backend->open(opts, &s->impl, why);
   if (rc < 0) {
+    json_decref(s->poison);
     free(s);
     return rc;
   }
   if (pthread_mutex_init(&s->mu, NULL) != 0) {
     backend->close(s->impl);
+    json_decref(s->poison);
     free(s);
     set_why(why, "store: cannot create a mutex");
     return AH_EINTERNAL;
@@ -317,6 +363,7 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
   if (pthread_cond_init(&s->cv, NULL) != 0) {
     pthread_mutex_destroy(&s->mu);
     backend->close(s->impl);
+    json_decref(s->poison);
     free(s);
     set_why(why, "store: cannot create a condition variable");
     return AH_EINTERNAL;
@@ -326,6 +373,7 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);
     backend->close(s->impl);
+    json_decref(s->poison);
     free(s);
     set_why(why, "store: uv_async_init: %s", uv_strerror(rc));
     return AH_EINTERNAL;
@@ -359,6 +407,20 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
   return 0;
 }
 
+/* The session an opset writes for: its fence's, else its first event's (borrowed from the opset). */
+static const char *opset_session(const json_t *opset) {
+  size_t i = 0;
+  const json_t *op = NULL;
+  json_array_foreach(opset, i, op) {
+    const char *name = json_string_value(json_object_get(op, "op"));
+    if (name && strcmp(name, "fence") == 0)
+      return json_string_value(json_object_get(op, "id"));
+    if (name && strcmp(name, "event") == 0)
+      return json_string_value(json_object_get(op, "sessionId"));
+  }
+  return NULL;
+}
+
 int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg) {
   if (!s || !json_is_array(opset)) {
     json_decref(opset);
@@ -380,6 +442,8 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
   it->opset = opset;
   it->cb = cb;
   it->arg = arg;
+  it->gen = s->submitted++;
+  it->sid = opset_session(opset);
   s->in_flight++;
   if (!s->pending.head)
     uv_prepare_start(&s->kick, on_kick);

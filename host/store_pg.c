@@ -74,12 +74,14 @@ static const char *const pg_migrations[PG_SCHEMA_VERSION] = {
     "  closed boolean NOT NULL DEFAULT false, created text, updated text,"
     "  policy text NOT NULL DEFAULT '{}', tags text NOT NULL DEFAULT '[]', last_seq bigint NOT NULL DEFAULT "
     "0,"
-    "  lease_owner text, lease_until bigint NOT NULL DEFAULT 0, settings text NOT NULL DEFAULT '{}',"
+    "  lease_owner text, lease_until bigint NOT NULL DEFAULT 0, lease_epoch bigint NOT NULL DEFAULT 0,"
+    "  settings text NOT NULL DEFAULT '{}',"
     "  \"usage\" text NOT NULL DEFAULT '{}');"
     "CREATE INDEX sessions_parent ON sessions (parent);"
     "CREATE TABLE events ("
     "  \"cursor\" bigserial PRIMARY KEY, session_id text NOT NULL, seq bigint NOT NULL, kind text NOT NULL,"
-    "  \"time\" text, turn_id text, message_id text, data text NOT NULL, UNIQUE (session_id, seq));"
+    "  \"time\" text, turn_id text, message_id text, data text NOT NULL, epoch bigint,"
+    "  UNIQUE (session_id, seq));"
     "CREATE TABLE inbox ("
     "  n bigserial, message_id text PRIMARY KEY NOT NULL, session_id text NOT NULL, state text NOT NULL,"
     "  turn_id text, created text);"
@@ -561,10 +563,10 @@ static const char SQL_SESSION_PUT[] =
     "tags = excluded.tags, settings = excluded.settings, \"usage\" = excluded.\"usage\", last_seq = "
     "greatest(sessions.last_seq, excluded.last_seq)";
 static const char SQL_EVENT[] =
-    "WITH e AS (INSERT INTO events (session_id, seq, kind, \"time\", turn_id, message_id, data) VALUES "
-    "($1, "
-    "$2, $3, $4, $5, $6, $7) RETURNING \"cursor\"), s AS (UPDATE sessions SET last_seq = $2 WHERE id = $1 "
-    "AND last_seq < $2) SELECT \"cursor\" FROM e";
+    "WITH e AS (INSERT INTO events (session_id, seq, kind, \"time\", turn_id, message_id, data, epoch) "
+    "VALUES ($1, $2, $3, $4, $5, $6, $7, (SELECT lease_epoch FROM sessions WHERE id = $1)) RETURNING "
+    "\"cursor\"), s AS (UPDATE sessions SET last_seq = $2 WHERE id = $1 AND last_seq < $2) SELECT \"cursor\" "
+    "FROM e";
 static const char SQL_INBOX_PUT[] =
     "WITH i AS (INSERT INTO inbox (message_id, session_id, state, turn_id, created) VALUES ($1, $2, $5, "
     "NULL, $3)) INSERT INTO inbox_content (message_id, content) VALUES ($1, $4)";
@@ -581,7 +583,8 @@ static const char SQL_REQUEST_STATE[] =
     "'request.state: request ' || $1 || CASE WHEN x.known THEN ' is already resolved' ELSE ' does not "
     "exist' END) FROM x";
 static const char SQL_LEASE[] =
-    "WITH u AS (UPDATE sessions SET lease_owner = $2, lease_until = " DB_NOW " + $3 WHERE id = $1 AND ("
+    "WITH u AS (UPDATE sessions SET lease_epoch = lease_epoch + (lease_owner IS DISTINCT FROM $2)::int, "
+    "lease_owner = $2, lease_until = " DB_NOW " + $3 WHERE id = $1 AND ("
     "lease_owner IS NULL OR lease_owner = $2 OR lease_owner = $4 OR (lease_until < " DB_NOW
     " AND NOT EXISTS (SELECT 1 FROM owners WHERE owner = sessions.lease_owner AND until >= " DB_NOW
     "))) RETURNING 1), o AS (INSERT INTO owners (owner, until) SELECT $2, " DB_NOW

@@ -110,6 +110,10 @@ static const char *const migrations[] = {
     "  owner TEXT PRIMARY KEY NOT NULL,"
     "  until INTEGER NOT NULL"
     ");",
+    /* v6: the lease's epoch, one more at each change of owner, and each event stamped with the epoch of the
+     * lease it was written under (docs/scaling.md): which owner wrote what, in SQL. */
+    "ALTER TABLE sessions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE events ADD COLUMN epoch INTEGER;",
 };
 
 #define SCHEMA_VERSION ((int)(sizeof migrations / sizeof migrations[0]))
@@ -198,8 +202,8 @@ static const char *const stmt_sql[STMT_COUNT] = {
     [W_SESSION_DEL_INBOX] = "DELETE FROM inbox WHERE session_id = ?1",
     [W_SESSION_DEL_REQUESTS] = "DELETE FROM requests WHERE session_id = ?1",
     [W_SESSION_DEL] = "DELETE FROM sessions WHERE id = ?1",
-    [W_EVENT] = "INSERT INTO events (session_id, seq, kind, time, turn_id, message_id, data) "
-                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    [W_EVENT] = "INSERT INTO events (session_id, seq, kind, time, turn_id, message_id, data, epoch) "
+                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT lease_epoch FROM sessions WHERE id = ?1))",
     [W_EVENT_LAST_SEQ] = "UPDATE sessions SET last_seq = ?2 WHERE id = ?1 AND last_seq < ?2",
     [W_INBOX_PUT] = "INSERT INTO inbox (message_id, session_id, state, turn_id, created) "
                     "VALUES (?1, ?2, ?4, NULL, ?3)",
@@ -210,10 +214,10 @@ static const char *const stmt_sql[STMT_COUNT] = {
     [W_REQUEST_STATE] = "UPDATE requests SET state = ?2, answer = ?3, resolved = ?4 "
                         "WHERE id = ?1 AND state = 'pending'",
     [W_REQUEST_EXISTS] = "SELECT state FROM requests WHERE id = ?1",
-    [W_LEASE] =
-        "UPDATE sessions SET lease_owner = ?2, lease_until = ?3 WHERE id = ?1 AND (lease_owner IS NULL "
-        "OR lease_owner = ?2 OR lease_owner = ?5 OR (lease_until < ?4 AND NOT EXISTS (SELECT 1 FROM "
-        "owners WHERE owner = sessions.lease_owner AND until >= ?4)))",
+    [W_LEASE] = "UPDATE sessions SET lease_epoch = lease_epoch + (lease_owner IS NOT ?2), lease_owner = ?2, "
+                "lease_until = ?3 WHERE id = ?1 AND (lease_owner IS NULL "
+                "OR lease_owner = ?2 OR lease_owner = ?5 OR (lease_until < ?4 AND NOT EXISTS (SELECT 1 FROM "
+                "owners WHERE owner = sessions.lease_owner AND until >= ?4)))",
     [W_LEASE_RELEASE] =
         "UPDATE sessions SET lease_owner = NULL, lease_until = 0 WHERE id = ?1 AND lease_owner = ?2",
     [W_FENCE] = "SELECT lease_owner FROM sessions WHERE id = ?1",

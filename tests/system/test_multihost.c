@@ -166,6 +166,15 @@ Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout 
   cr_expect(d_log_wait(a, "lost its lease", 15000), "A did not notice it lost the lease:\n%s", d_log(a));
   usleep(1500 * 1000); /* A's sleeping turn would have ended by now */
   cr_expect_eq(sql_int(&c, "SELECT count(*) FROM events"), rows, "A wrote events after the takeover");
+  /* In SQL: the takeover made a new epoch, and no event of an older one committed after its first event. */
+  int64_t epoch = sql_int(&c, "SELECT lease_epoch FROM sessions WHERE id = '%s'", sid);
+  cr_expect_geq(epoch, 2, "the takeover did not change the epoch");
+  cr_expect_eq(
+      sql_int(&c,
+              "SELECT count(*) FROM events WHERE session_id = '%s' AND epoch < %lld AND \"cursor\" > "
+              "(SELECT min(\"cursor\") FROM events WHERE session_id = '%s' AND epoch = %lld)",
+              sid, (long long)epoch, sid, (long long)epoch),
+      0, "an event of the old epoch committed after the takeover");
   cr_expect_eq(sql_int(&c, "SELECT max(\"cursor\") FROM events"), top);
   char *o2 = tpg_text(c.url, "SELECT lease_owner FROM sessions");
   cr_expect_str_eq(o2, owner, "the lease changed hands again");
@@ -209,14 +218,26 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
   char sid[SESSIONS][64];
   for (int i = 0; i < SESSIONS; i++)
     d_new_session(a, work, sid[i], sizeof sid[i]);
-  /* Keep A's writer busy (prompts on every session), and stop A until it is caught in a transaction. */
+  /* Keep A's writer busy (a child process prompts every session in turn, writing each receipt's messageId
+   * to a file), and stop A at random moments until it is caught in a transaction. */
+  char *acks = d_join(c.dir, "acks");
+  pid_t prompter = fork();
+  cr_assert_geq(prompter, 0);
+  if (prompter == 0) {
+    FILE *fa = fopen(acks, "w");
+    for (int n = 0; fa && n < 100000; n++) {
+      char mid[64];
+      if (prompt_at(a, sid[n % SESSIONS], "busy busy busy busy", mid, sizeof mid)) {
+        fprintf(fa, "%s\n", mid);
+        fflush(fa);
+      }
+    }
+    _exit(0);
+  }
   bool caught = false;
-  char mids[400][64];
-  int nmids = 0;
-  for (int attempt = 0; attempt < 200 && !caught; attempt++) {
-    for (int i = 0; i < SESSIONS && nmids < 400; i++)
-      if (prompt_at(a, sid[i], "/chunks 8\nbusy busy busy busy", mids[nmids], sizeof mids[0]))
-        nmids++;
+  srand((unsigned)getpid());
+  for (int attempt = 0; attempt < 400 && !caught; attempt++) {
+    usleep((useconds_t)(2000 + rand() % 5000));
     cr_assert_eq(kill(a->pid, SIGSTOP), 0);
     usleep(20 * 1000);
     char *st = writer_state(&c, a->pid);
@@ -225,7 +246,21 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
     if (!caught)
       cr_assert_eq(kill(a->pid, SIGCONT), 0);
   }
+  kill(prompter, SIGKILL); /* a prompt it was waiting for was never acknowledged to it */
+  waitpid(prompter, NULL, 0);
+  char mids[4000][64];
+  int nmids = 0;
+  FILE *fa = fopen(acks, "r");
+  while (fa && nmids < 4000 && fgets(mids[nmids], sizeof mids[0], fa))
+    if (mids[nmids][0] && mids[nmids][0] != '\n') {
+      mids[nmids][strcspn(mids[nmids], "\n")] = '\0';
+      nmids++;
+    }
+  if (fa)
+    fclose(fa);
+  free(acks);
   cr_assert(caught, "A was never stopped inside a transaction");
+  cr_log_info("A stopped inside a transaction after %d acknowledged prompts", nmids);
   int64_t rows = sql_int(&c, "SELECT count(*) FROM events");
   usleep((TTL_MS + 1000) * 1000);
   /* B prompts every session: each is taken over (the paused transaction was ended by the server). */

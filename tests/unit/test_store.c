@@ -380,7 +380,7 @@ Test(store, open_creates_wal_database_at_current_schema) {
                  7);
   } else {
     cr_expect(exists(f.path));
-    cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 5);
+    cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 6);
     char *mode = raw_text(&f, "PRAGMA journal_mode");
     cr_expect_str_eq(mode, "wal");
     free(mode);
@@ -833,6 +833,36 @@ Test(store, leases) {
   fx_fini(&f);
 }
 
+/* A lease's epoch: one more at each change of owner (taken from none, stolen, taken after a release), the
+ * same while one owner renews; every event is stamped with the epoch it was written under. */
+Test(store, lease_epochs_count_changes_of_owner_and_stamp_events) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  cr_expect_eq(raw_int(&f, "SELECT lease_epoch FROM sessions WHERE id = 's1'"), 0);
+  write_ok(&f, f.s,
+           "[{'op':'lease','id':'s1','owner':'A','until':60000,'now':0},"
+           "{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}},"
+           "{'op':'lease','id':'s1','owner':'A','until':60000,'now':0}]");
+  cr_expect_eq(raw_int(&f, "SELECT lease_epoch FROM sessions WHERE id = 's1'"), 1,
+               "taken: 1, renewed: still 1");
+  write_ok(&f, f.s,
+           "[{'op':'lease','id':'s1','owner':'B','until':60000,'now':0,'steal':'A'},"
+           "{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}},"
+           "{'op':'lease.release','id':'s1','owner':'B'},"
+           "{'op':'lease','id':'s1','owner':'A','until':60000,'now':0},"
+           "{'op':'event','sessionId':'s1','seq':3,'kind':'k','time':'t','data':{}}]");
+  cr_expect_eq(raw_int(&f, "SELECT lease_epoch FROM sessions WHERE id = 's1'"), 3);
+  cr_expect_eq(raw_int(&f, "SELECT epoch FROM events WHERE seq = 1"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT epoch FROM events WHERE seq = 2"), 2);
+  cr_expect_eq(raw_int(&f, "SELECT epoch FROM events WHERE seq = 3"), 3);
+  json_t *ev = ah__store_events(f.s, "s1", 0, 0);
+  cr_expect_null(json_object_get(json_array_get(ev, 0), "epoch"), "the epoch is not part of an event");
+  json_decref(ev);
+  fx_fini(&f);
+}
+
 Test(store, two_stores_on_one_file_share_leases_and_rows) {
   SQLITE_ONLY("a simulated clock (PostgreSQL: pg_two_stores_share_leases_and_rows)");
   fx f;
@@ -1004,6 +1034,67 @@ Test(store, a_group_that_failed_as_a_whole_is_tried_again_in_order, .timeout = 3
   ev = ah__store_events(f.s, "s1", 0, 0);
   cr_expect_eq(json_array_size(ev), 3);
   json_decref(ev);
+  fx_fini(&f);
+}
+
+/* A backend that fails (nothing written, an I/O error) every group holding an event of kind "fail-me". */
+static void fail_me_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results,
+                                int *statuses) {
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    json_t *op = NULL;
+    json_array_foreach(opsets[i], k, op) {
+      if (json_is_string(json_object_get(op, "kind")) &&
+          strcmp(json_string_value(json_object_get(op, "kind")), "fail-me") == 0) {
+        for (size_t j = 0; j < n; j++) {
+          results[j] = NULL;
+          statuses[j] = AH_EIO;
+        }
+        return;
+      }
+    }
+  }
+  backend()->write_group(impl, opsets, n, results, statuses);
+}
+
+/* A write that fails in a way that stops its session (reported after its retries): that session's writes
+ * submitted before the failure reached the loop are not written (a later event would leave a gap in its
+ * seqs); another session's are, and so are the session's writes submitted after the failure was known. */
+Test(store, a_sessions_writes_behind_its_failed_one_are_not_written, .timeout = 30) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = *backend();
+  be.name = "fail-me";
+  be.write_group = fail_me_write_group;
+  f.s = open_ok(&f, &be);
+  write_ok(&f, f.s, "[" SESSION1 ",{'op':'session.put','session':{'id':'s2'}}]");
+  wres w1, w2, w3, w4;
+  memset(&w1, 0, sizeof w1);
+  memset(&w2, 0, sizeof w2);
+  memset(&w3, 0, sizeof w3);
+  cr_assert_eq(ah__store_write(f.s, J("[{'op':'event','sessionId':'s1','seq':1,'kind':'fail-me','data':{}}]"),
+                               on_write, &w1),
+               0);
+  volatile bool never = false;
+  ts_run_until(&f.loop, &never, 50); /* the writer took it and is trying again (1.1 s) */
+  cr_assert_not(w1.done);
+  cr_assert_eq(ah__store_write(f.s, J("[{'op':'event','sessionId':'s1','seq':2,'kind':'k','data':{}}]"),
+                               on_write, &w2),
+               0);
+  cr_assert_eq(ah__store_write(f.s, J("[{'op':'event','sessionId':'s2','seq':1,'kind':'k','data':{}}]"),
+                               on_write, &w3),
+               0);
+  wres *ws[] = {&w1, &w2, &w3, NULL};
+  cr_assert(ts_run_until_pred(&f.loop, all_done, ws, 10000));
+  cr_expect_eq(w1.status, AH_EIO);
+  cr_expect_eq(w2.status, AH_EIO, "a write behind the session's failed one was written");
+  cr_expect_eq(w3.status, 0, "another session's write failed: %s", ah_err_name(w3.status));
+  json_decref(w3.results);
+  cr_expect_eq(write_wait(&f, f.s, J("[{'op':'event','sessionId':'s1','seq':1,'kind':'k','data':{}}]"), &w4),
+               0, "the session's write after the failure was known");
+  json_decref(w4.results);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events WHERE session_id = 's1'"), 1);
+  cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events WHERE session_id = 's2'"), 1);
   fx_fini(&f);
 }
 
@@ -1340,7 +1431,7 @@ Test(store, newer_schema_is_refused_and_left_unchanged) {
   write_ok(&f, s, "[" SESSION1 "]");
   close_store(&f, s);
   raw_exec(&f, "PRAGMA user_version = 99");
-  const char *needles[] = {"version 99", "version 5 ", f.path, NULL};
+  const char *needles[] = {"version 99", "version 6 ", f.path, NULL};
   expect_refused(&f, AH_ECONFIG, needles);
   cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 99);
   fx_fini(&f);
@@ -1675,9 +1766,12 @@ Test(store, a_version_1_inbox_keeps_its_prompts_when_migrated) {
       "INSERT INTO inbox VALUES ('m2', 's1', '[{\"type\":\"text\",\"text\":\"two\"}]', 'queued', NULL, 2);"
       "INSERT INTO inbox VALUES ('m1', 's1', '[]', 'claimed', 't1', 1);"
       "INSERT INTO inbox VALUES ('m3', 's1', '[]', 'done', 't0', 3);"
+      "CREATE TABLE events (cursor INTEGER PRIMARY KEY AUTOINCREMENT, session_id TEXT NOT NULL, seq INTEGER "
+      "NOT NULL, kind TEXT NOT NULL, time, turn_id TEXT, message_id TEXT, data TEXT NOT NULL, UNIQUE "
+      "(session_id, seq));"
       "PRAGMA user_version = 1;");
   f.s = open_ok(&f, NULL);
-  cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 5);
+  cr_expect_eq(raw_int(&f, "PRAGMA user_version"), 6);
   /* v3 gave every session its settings, v4 its usage, both empty; the rest of the row is as it was. */
   json_t *row = ah__store_get_session(f.s, "s1");
   cr_assert(row);
