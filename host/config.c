@@ -1517,8 +1517,9 @@ char *ah__config_module_path(const ah_config *cfg, const char *name, const json_
   return path;
 }
 
-int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts, const struct ah_store_backend **backend,
-                     char *path_buf, size_t path_cap, char **password, char **why) {
+int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts,
+                     const struct ah_store_backend **backend, char *path_buf, size_t path_cap,
+                     char **password, char **why) {
   *password = NULL;
   *backend = &ah__store_sqlite;
   if (!cfg->store_url) {

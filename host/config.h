@@ -123,8 +123,9 @@ void ah__config_free(ah_config *cfg);
  * backend. */
 struct ah_store_opts;
 struct ah_store_backend;
-int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts, const struct ah_store_backend **backend,
-                     char *path_buf, size_t path_cap, char **password, char **why);
+int ah__config_store(const ah_config *cfg, struct ah_store_opts *opts,
+                     const struct ah_store_backend **backend, char *path_buf, size_t path_cap,
+                     char **password, char **why);
 
 /* A list value of a key (e.g. [provider.NAME] models): a JSON array of strings when it starts with '[',
  * else comma-separated items, blanks trimmed, empty ones dropped. A new array (empty for NULL), or NULL

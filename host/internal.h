@@ -36,7 +36,7 @@ json_t *ah__json_lossy_string(const char *s, size_t n);
 int ah__utf8_seq(const unsigned char *s, size_t n, bool *cut);
 void ah__time_rfc3339(char out[32]); /* now, UTC, milliseconds: 2026-11-30T17:15:03.123Z */
 uint64_t ah__time_ms(void);          /* now, Unix milliseconds */
-void ah__wipe_free(char *secret); /* zero a secret string, then free it (NULL: nothing) */
+void ah__wipe_free(char *secret);    /* zero a secret string, then free it (NULL: nothing) */
 void ah__uuid7(char out[37]);        /* a new UUIDv7 (text), sorting by creation time */
 /* mkdir -p with mode 0700 for what is created. Returns 0 or -errno; *failed (may be NULL) names the path
  * that could not be created (static storage until the next call). */
