@@ -39,6 +39,7 @@
 #include "internal.h"
 #include "log.h"
 #include "store.h"
+#include "store_ops.h"
 
 #define COMP "store"
 
@@ -714,30 +715,12 @@ static const char *get_str(const json_t *o, const char *key) {
   return json_string_value(json_object_get(o, key));
 }
 
-static bool one_of(const char *s, const char *const *set) {
-  for (; s && *set; set++)
-    if (strcmp(s, *set) == 0)
-      return true;
-  return false;
-}
-
-static bool scalar_or_absent(const json_t *v) {
-  return !v || (!json_is_object(v) && !json_is_array(v));
-}
-
 static int op_session_put(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const json_t *s = json_object_get(op, "session");
   const char *id = get_str(s, "id");
-  if (!json_is_object(s) || !id || !*id) {
-    set_err(q, "session.put needs a session object with a string id");
-    return AH_EINVAL;
-  }
   const json_t *last_seq = json_object_get(s, "lastSeq");
   const json_t *lease_until = json_object_get(s, "leaseUntil");
-  if ((last_seq && !json_is_integer(last_seq)) || (lease_until && !json_is_integer(lease_until))) {
-    set_err(q, "session.put: lastSeq and leaseUntil must be integers");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, id);
   static const char *const text_keys[] = {"cwd", "title", "provider", "model", "parent"};
@@ -760,91 +743,36 @@ static int op_session_put(pg_store *q, const json_t *op, plan *pl) {
   return 0;
 }
 
-typedef enum col_kind {
-  COL_INVALID = 0,
-  COL_TEXT,  /* string or null */
-  COL_BOOL,  /* true/false */
-  COL_INT,   /* integer */
-  COL_VALUE, /* any scalar, kept as written (times) */
-  COL_JSON,  /* any JSON, stored as text */
-} col_kind;
-
-static const struct {
-  const char *key;
-  const char *column;
-  col_kind kind;
-} update_cols[] = {
-    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},       {"provider", "provider", COL_TEXT},
-    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},     {"local", "\"local\"", COL_BOOL},
-    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},     {"closed", "closed", COL_BOOL},
-    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE},  {"policy", "policy", COL_JSON},
-    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON}, {"usage", "\"usage\"", COL_JSON},
-};
-#define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
-
-/* session.update's statements are built from the keys of "set" (each checked against update_cols, so no
- * caller text reaches the SQL): the text is kept in the plan's own buffer list. */
+/* session.update's statement is built from the keys of "set" (each one of ah__store_update_col's, so no
+ * caller text reaches the SQL): the text is kept with the statement. */
 static int op_session_update(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *id = get_str(op, "id");
   const json_t *set = json_object_get(op, "set");
-  if (!id || !json_is_object(set)) {
-    set_err(q, "session.update needs a string id and a set object");
-    return AH_EINVAL;
-  }
   params p = {0};
   char sql[1024] = "WITH u AS (UPDATE sessions SET id = id";
   size_t len = strlen(sql);
   const char *key = NULL;
   json_t *v = NULL;
   json_object_foreach((json_t *)set, key, v) {
-    size_t k = 0;
-    while (k < UPDATE_COLS && strcmp(update_cols[k].key, key) != 0)
-      k++;
-    bool ok = false;
-    if (k < UPDATE_COLS) {
-      switch (update_cols[k].kind) {
-      case COL_TEXT:
-        ok = json_is_string(v) || json_is_null(v);
-        break;
-      case COL_BOOL:
-        ok = json_is_boolean(v);
-        break;
-      case COL_INT:
-        ok = json_is_integer(v);
-        break;
-      case COL_VALUE:
-        ok = scalar_or_absent(v);
-        break;
-      case COL_JSON:
-        ok = !json_is_null(v);
-        break;
-      default:
-        break;
-      }
-    }
-    if (k == UPDATE_COLS || !ok) {
-      p_free(&p);
-      set_err(q,
-              k == UPDATE_COLS ? "session.update: field \"%s\" cannot be set"
-                               : "session.update: field \"%s\" has the wrong type",
-              key);
-      return AH_EINVAL;
-    }
-    switch (update_cols[k].kind) {
-    case COL_TEXT:
+    const ah_store_update_col *c = ah__store_update_col(key);
+    if (p.n >= 22)
+      break; /* there are fewer fields than that */
+    switch (c->kind) {
+    case AH_COL_TEXT:
       p_str(&p, v);
       break;
-    case COL_BOOL:
+    case AH_COL_BOOL:
       p_bool(&p, json_is_true(v));
       break;
-    case COL_INT:
+    case AH_COL_INT:
       p_int(&p, json_integer_value(v));
       break;
     default:
       p_json(&p, v, NULL);
       break;
     }
-    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = $%d", update_cols[k].column, p.n);
+    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = $%d", c->column, p.n);
   }
   p_text(&p, id);
   snprintf(sql + len, sizeof sql - len,
@@ -865,11 +793,8 @@ static int op_session_update(pg_store *q, const json_t *op, plan *pl) {
 }
 
 static int op_session_delete(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *id = get_str(op, "id");
-  if (!id) {
-    set_err(q, "session.delete needs a string id");
-    return AH_EINVAL;
-  }
   static const char *const dels[] = {SQL_DEL_EVENTS, SQL_DEL_INBOX_CONTENT, SQL_DEL_INBOX, SQL_DEL_REQUESTS,
                                      SQL_DEL_SESSION};
   size_t nd = sizeof dels / sizeof dels[0];
@@ -882,17 +807,13 @@ static int op_session_delete(pg_store *q, const json_t *op, plan *pl) {
 }
 
 static int op_event(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *sid = get_str(op, "sessionId");
   const char *kind = get_str(op, "kind");
   const json_t *seq = json_object_get(op, "seq");
   const json_t *turn = json_object_get(op, "turnId");
   const json_t *msg = json_object_get(op, "messageId");
   const json_t *time = json_object_get(op, "time");
-  if (!sid || !kind || !json_is_integer(seq) || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
-      (msg && !json_is_string(msg) && !json_is_null(msg)) || !scalar_or_absent(time)) {
-    set_err(q, "event needs sessionId, kind (strings), seq (integer); turnId/messageId must be strings");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, sid);
   p_int(&p, json_integer_value(seq));
@@ -907,16 +828,11 @@ static int op_event(pg_store *q, const json_t *op, plan *pl) {
 }
 
 static int op_inbox_put(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *mid = get_str(op, "messageId");
   const char *sid = get_str(op, "sessionId");
   const json_t *content = json_object_get(op, "content");
-  static const char *const put_states[] = {"queued", "posted", NULL};
   const json_t *state = json_object_get(op, "state");
-  if (!mid || !sid || !content || json_is_null(content) ||
-      (state && !one_of(json_string_value(state), put_states))) {
-    set_err(q, "inbox.put needs messageId, sessionId (strings) and content; state is queued or posted");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, mid);
   p_text(&p, sid);
@@ -928,14 +844,10 @@ static int op_inbox_put(pg_store *q, const json_t *op, plan *pl) {
 }
 
 static int op_inbox_state(pg_store *q, const json_t *op, plan *pl) {
-  static const char *const states[] = {"queued", "claimed", "done", "cancelled", NULL};
+  (void)q;
   const char *mid = get_str(op, "messageId");
   const char *state = get_str(op, "state");
   const json_t *turn = json_object_get(op, "turnId");
-  if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
-    set_err(q, "inbox.state needs messageId and a state of queued, claimed, done or cancelled");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, mid);
   p_text(&p, state);
@@ -945,17 +857,13 @@ static int op_inbox_state(pg_store *q, const json_t *op, plan *pl) {
 }
 
 static int op_request_put(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const json_t *r = json_object_get(op, "request");
   const char *id = get_str(r, "id");
   const char *sid = get_str(r, "sessionId");
   const char *kind = get_str(r, "kind");
   const json_t *turn = json_object_get(r, "turnId");
   const json_t *state = json_object_get(r, "state");
-  if (!id || !sid || !kind || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
-      (state && !json_is_string(state))) {
-    set_err(q, "request.put needs a request with id, sessionId and kind (strings)");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, id);
   p_text(&p, sid);
@@ -973,13 +881,9 @@ static int op_request_put(pg_store *q, const json_t *op, plan *pl) {
 
 /* A request is resolved once: the first answer wins (AH002 for a later one, AH001 for no such request). */
 static int op_request_state(pg_store *q, const json_t *op, plan *pl) {
-  static const char *const states[] = {"granted", "denied", "answered", "cancelled", NULL};
+  (void)q;
   const char *id = get_str(op, "id");
   const char *state = get_str(op, "state");
-  if (!id || !one_of(state, states)) {
-    set_err(q, "request.state needs id and a state of granted, denied, answered or cancelled");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, id);
   p_text(&p, state);
@@ -996,15 +900,10 @@ static long long ttl_of(const json_t *op) {
 }
 
 static int op_lease(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
   const json_t *steal = json_object_get(op, "steal");
-  if (!id || !owner || !json_is_integer(json_object_get(op, "until")) ||
-      !json_is_integer(json_object_get(op, "now")) ||
-      (steal && !json_is_string(steal) && !json_is_null(steal))) {
-    set_err(q, "lease needs id, owner (strings), until and now (integers); steal must be a string");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, id);
   p_text(&p, owner);
@@ -1019,12 +918,8 @@ static int op_lease(pg_store *q, const json_t *op, plan *pl) {
 
 /* lease.renew: the process's heartbeat; lapsed when it had run out before (by the server's clock). */
 static int op_lease_renew(pg_store *q, const json_t *op, plan *pl) {
+  (void)q;
   const char *owner = get_str(op, "owner");
-  if (!owner || !json_is_integer(json_object_get(op, "until")) ||
-      !json_is_integer(json_object_get(op, "now"))) {
-    set_err(q, "lease.renew needs owner (a string), until and now (integers)");
-    return AH_EINVAL;
-  }
   params p = {0};
   p_text(&p, owner);
   p_int(&p, ttl_of(op));
@@ -1035,86 +930,48 @@ static int op_lease_renew(pg_store *q, const json_t *op, plan *pl) {
 
 static int op_store_shrink(pg_store *q, const json_t *op, plan *pl) {
   (void)q;
+  (void)q;
   (void)op;
   plan_add(pl, NULL, NULL, RES_NULL); /* the server keeps the caches */
   return 0;
 }
 
-static int op_lease_end(pg_store *q, const json_t *op, plan *pl) {
-  const char *owner = get_str(op, "owner");
-  if (!owner) {
-    set_err(q, "lease.end needs owner (a string)");
-    return AH_EINVAL;
-  }
-  params p = {0};
-  p_text(&p, owner);
-  plan_add(pl, SQL_LEASE_END, &p, RES_NULL);
-  return 0;
-}
-
-static int op_lease_release(pg_store *q, const json_t *op, plan *pl) {
-  const char *id = get_str(op, "id");
-  const char *owner = get_str(op, "owner");
-  if (!id || !owner) {
-    set_err(q, "lease.release needs id and owner (strings)");
-    return AH_EINVAL;
-  }
-  params p = {0};
-  p_text(&p, id);
-  p_text(&p, owner);
-  plan_add(pl, SQL_LEASE_RELEASE, &p, RES_NULL);
-  return 0;
-}
-
-/* The fence (see store_sqlite.c): agenthost_fence locks the session's row until the transaction ends, so a
- * takeover cannot commit between this check and this transaction's commit; AH003 when another owner (or
- * none) holds it. */
-static int op_fence(pg_store *q, const json_t *op, plan *pl) {
-  const char *id = get_str(op, "id");
-  const char *owner = get_str(op, "owner");
-  if (!id || !owner) {
-    set_err(q, "fence needs id and owner (strings)");
-    return AH_EINVAL;
-  }
-  params p = {0};
-  p_text(&p, id);
-  p_text(&p, owner);
-  plan_add(pl, SQL_FENCE, &p, RES_NULL);
-  return 0;
-}
-
-/* notify {payload}: delivered to every listening host once (and only if) the transaction commits. */
-static int op_notify(pg_store *q, const json_t *op, plan *pl) {
-  const char *payload = get_str(op, "payload");
-  if (!payload || strlen(payload) > 7000) {
-    set_err(q, "notify needs a payload (a string of at most 7000 bytes)");
-    return AH_EINVAL;
-  }
-  params p = {0};
-  p_text(&p, payload);
-  plan_add(pl, SQL_NOTIFY, &p, RES_NULL);
-  return 0;
-}
-
+/* The operations whose statement takes string fields of the operation as they are: lease.end, lease.release,
+ * notify (delivered to every listening host once, and only if, the transaction commits) and the fence
+ * (agenthost_fence locks the session's row until the transaction ends, so that a takeover cannot commit
+ * between this check and this transaction's commit; AH003 when another owner, or none, holds it). */
 static const struct {
-  const char *name;
-  int (*fn)(pg_store *q, const json_t *op, plan *pl);
-} ops[] = {
-    {"notify", op_notify},
-    {"fence", op_fence},
-    {"event", op_event},
-    {"session.put", op_session_put},
-    {"session.update", op_session_update},
-    {"session.delete", op_session_delete},
-    {"inbox.put", op_inbox_put},
-    {"inbox.state", op_inbox_state},
-    {"request.put", op_request_put},
-    {"request.state", op_request_state},
-    {"lease", op_lease},
-    {"lease.release", op_lease_release},
-    {"lease.renew", op_lease_renew},
-    {"lease.end", op_lease_end},
-    {"store.shrink", op_store_shrink},
+  const char *sql;
+  const char *fields[2];
+} simple_ops[] = {
+    [AH_OP_LEASE_END] = {SQL_LEASE_END, {"owner", NULL}},
+    [AH_OP_LEASE_RELEASE] = {SQL_LEASE_RELEASE, {"id", "owner"}},
+    [AH_OP_NOTIFY] = {SQL_NOTIFY, {"payload", NULL}},
+    [AH_OP_FENCE] = {SQL_FENCE, {"id", "owner"}},
+};
+
+static int op_simple(pg_store *q, ah_store_op kind, const json_t *op, plan *pl) {
+  (void)q;
+  params p = {0};
+  for (int i = 0; i < 2 && simple_ops[kind].fields[i]; i++)
+    p_text(&p, get_str(op, simple_ops[kind].fields[i]));
+  plan_add(pl, simple_ops[kind].sql, &p, RES_NULL);
+  return 0;
+}
+
+/* The operations by kind (store_ops.h): each may rely on the checks ah__store_op_check made. */
+static int (*const ops[AH_OP_STORE_SHRINK + 1])(pg_store *q, const json_t *op, plan *pl) = {
+    [AH_OP_EVENT] = op_event,
+    [AH_OP_SESSION_PUT] = op_session_put,
+    [AH_OP_SESSION_UPDATE] = op_session_update,
+    [AH_OP_SESSION_DELETE] = op_session_delete,
+    [AH_OP_INBOX_PUT] = op_inbox_put,
+    [AH_OP_INBOX_STATE] = op_inbox_state,
+    [AH_OP_REQUEST_PUT] = op_request_put,
+    [AH_OP_REQUEST_STATE] = op_request_state,
+    [AH_OP_LEASE] = op_lease,
+    [AH_OP_LEASE_RENEW] = op_lease_renew,
+    [AH_OP_STORE_SHRINK] = op_store_shrink,
 };
 
 /* Plan one opset into `pl` (its statements appended); an invalid operation fails the opset before anything
@@ -1124,15 +981,12 @@ static int plan_opset(pg_store *q, const json_t *opset, plan *pl, size_t *failed
   const json_t *op = NULL;
   json_array_foreach(opset, i, op) {
     *failed_at = i;
-    const char *name = get_str(op, "op");
-    size_t k = 0;
-    while (name && k < sizeof ops / sizeof ops[0] && strcmp(ops[k].name, name) != 0)
-      k++;
-    if (!name || k == sizeof ops / sizeof ops[0]) {
-      set_err(q, "unknown operation %s", name ? name : "(no \"op\" string)");
+    ah_store_op kind = ah__store_op_check(op, q->err, sizeof q->err);
+    if (kind == AH_OP_INVALID)
       return AH_EINVAL;
-    }
-    int rc = ops[k].fn(q, op, pl);
+    int rc = simple_ops[kind < sizeof simple_ops / sizeof simple_ops[0] ? kind : 0].sql
+                 ? op_simple(q, kind, op, pl)
+                 : ops[kind](q, op, pl);
     if (rc < 0)
       return rc;
     if (pl->oom)

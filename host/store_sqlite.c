@@ -23,6 +23,7 @@
 #include "agenthost/errors.h"
 #include "log.h"
 #include "store.h"
+#include "store_ops.h"
 
 #define COMP "store"
 
@@ -770,16 +771,8 @@ static int step_write(sq_store *q, sqlite3_stmt *st, int bind_rc) {
 static int op_session_put(sq_store *q, const json_t *op, json_t *res) {
   const json_t *s = json_object_get(op, "session");
   const char *id = get_str(s, "id");
-  if (!json_is_object(s) || !id || !*id) {
-    set_err(q, "session.put needs a session object with a string id");
-    return AH_EINVAL;
-  }
   const json_t *last_seq = json_object_get(s, "lastSeq");
   const json_t *lease_until = json_object_get(s, "leaseUntil");
-  if ((last_seq && !json_is_integer(last_seq)) || (lease_until && !json_is_integer(lease_until))) {
-    set_err(q, "session.put: lastSeq and leaseUntil must be integers");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_SESSION_PUT);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   static const char *const text_keys[] = {"cwd", "title", "provider", "model", "parent"};
@@ -817,80 +810,27 @@ static int op_session_put(sq_store *q, const json_t *op, json_t *res) {
   return rc;
 }
 
-typedef enum col_kind {
-  COL_INVALID = 0,
-  COL_TEXT,  /* string or null */
-  COL_BOOL,  /* true/false */
-  COL_INT,   /* integer */
-  COL_VALUE, /* any scalar, kept as written (times) */
-  COL_JSON,  /* any JSON, stored as text */
-} col_kind;
-
-static const struct {
-  const char *key;
-  const char *column;
-  col_kind kind;
-} update_cols[] = {
-    {"cwd", "cwd", COL_TEXT},          {"title", "title", COL_TEXT},       {"provider", "provider", COL_TEXT},
-    {"model", "model", COL_TEXT},      {"parent", "parent", COL_TEXT},     {"local", "local", COL_BOOL},
-    {"depth", "depth", COL_INT},       {"status", "status", COL_TEXT},     {"closed", "closed", COL_BOOL},
-    {"created", "created", COL_VALUE}, {"updated", "updated", COL_VALUE},  {"policy", "policy", COL_JSON},
-    {"tags", "tags", COL_JSON},        {"settings", "settings", COL_JSON}, {"usage", "usage", COL_JSON},
-};
-#define UPDATE_COLS (sizeof update_cols / sizeof update_cols[0])
-
 /* session.update builds its statement from the keys of "set" (each checked against update_cols, so no
+ * caller text reaches the SQL); it is rare enough not to be cached. */
+/* session.update builds its statement from the keys of "set" (each one of ah__store_update_col's, so no
  * caller text reaches the SQL); it is rare enough not to be cached. */
 static int op_session_update(sq_store *q, const json_t *op, json_t *res) {
   const char *id = get_str(op, "id");
   const json_t *set = json_object_get(op, "set");
-  if (!id || !json_is_object(set)) {
-    set_err(q, "session.update needs a string id and a set object");
-    return AH_EINVAL;
-  }
-  size_t which[UPDATE_COLS];
-  const json_t *vals[UPDATE_COLS];
+  const ah_store_update_col *cols[32];
+  const json_t *vals[32];
   size_t n = 0;
   char sql[1024] = "UPDATE sessions SET id = id";
   size_t len = strlen(sql);
   const char *key = NULL;
   json_t *v = NULL;
   json_object_foreach((json_t *)set, key, v) {
-    size_t k = 0;
-    while (k < UPDATE_COLS && strcmp(update_cols[k].key, key) != 0)
-      k++;
-    if (k == UPDATE_COLS) {
-      set_err(q, "session.update: field \"%s\" cannot be set", key);
-      return AH_EINVAL;
-    }
-    bool ok = false;
-    switch (update_cols[k].kind) {
-    case COL_TEXT:
-      ok = json_is_string(v) || json_is_null(v);
-      break;
-    case COL_BOOL:
-      ok = json_is_boolean(v);
-      break;
-    case COL_INT:
-      ok = json_is_integer(v);
-      break;
-    case COL_VALUE:
-      ok = !json_is_object(v) && !json_is_array(v);
-      break;
-    case COL_JSON:
-      ok = !json_is_null(v);
-      break;
-    default:
-      break;
-    }
-    if (!ok) {
-      set_err(q, "session.update: field \"%s\" has the wrong type", key);
-      return AH_EINVAL;
-    }
-    which[n] = k;
+    if (n == 32)
+      break; /* there are fewer fields than that: a key twice is not JSON jansson keeps */
+    cols[n] = ah__store_update_col(key);
     vals[n] = v;
     n++;
-    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = ?%zu", update_cols[k].column, n);
+    len += (size_t)snprintf(sql + len, sizeof sql - len, ", %s = ?%zu", cols[n - 1]->column, n);
   }
   snprintf(sql + len, sizeof sql - len, " WHERE id = ?%zu", n + 1);
   sqlite3_stmt *st = NULL;
@@ -900,8 +840,8 @@ static int op_session_update(sq_store *q, const json_t *op, json_t *res) {
   }
   int rc = SQLITE_OK;
   for (size_t i = 0; i < n && rc == SQLITE_OK; i++)
-    rc = update_cols[which[i]].kind == COL_JSON ? bind_json(st, (int)i + 1, vals[i], NULL)
-                                                : bind_value(st, (int)i + 1, vals[i]);
+    rc = cols[i]->kind == AH_COL_JSON ? bind_json(st, (int)i + 1, vals[i], NULL)
+                                      : bind_value(st, (int)i + 1, vals[i]);
   if (rc == SQLITE_OK)
     rc = sqlite3_bind_text(st, (int)n + 1, id, -1, SQLITE_STATIC);
   int status = step_write(q, st, rc);
@@ -917,10 +857,6 @@ static int op_session_update(sq_store *q, const json_t *op, json_t *res) {
 
 static int op_session_delete(sq_store *q, const json_t *op, json_t *res) {
   const char *id = get_str(op, "id");
-  if (!id) {
-    set_err(q, "session.delete needs a string id");
-    return AH_EINVAL;
-  }
   static const stmt_id dels[] = {W_SESSION_DEL_EVENTS, W_SESSION_DEL_INBOX_CONTENT, W_SESSION_DEL_INBOX,
                                  W_SESSION_DEL_REQUESTS, W_SESSION_DEL};
   for (size_t i = 0; i < sizeof dels / sizeof dels[0]; i++) {
@@ -940,12 +876,6 @@ static int op_event(sq_store *q, const json_t *op, json_t *res) {
   const json_t *turn = json_object_get(op, "turnId");
   const json_t *msg = json_object_get(op, "messageId");
   const json_t *time = json_object_get(op, "time");
-  if (!sid || !kind || !json_is_integer(seq) || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
-      (msg && !json_is_string(msg) && !json_is_null(msg)) ||
-      (time && (json_is_object(time) || json_is_array(time)))) {
-    set_err(q, "event needs sessionId, kind (strings), seq (integer); turnId/messageId must be strings");
-    return AH_EINVAL;
-  }
   const json_t *data = json_object_get(op, "data");
   PREPARE(q, st, W_EVENT);
   int rc = sqlite3_bind_text(st, 1, sid, -1, SQLITE_STATIC);
@@ -978,24 +908,11 @@ static int op_event(sq_store *q, const json_t *op, json_t *res) {
   return status;
 }
 
-static bool one_of(const char *s, const char *const *set) {
-  for (; s && *set; set++)
-    if (strcmp(s, *set) == 0)
-      return true;
-  return false;
-}
-
 static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
   const char *mid = get_str(op, "messageId");
   const char *sid = get_str(op, "sessionId");
   const json_t *content = json_object_get(op, "content");
-  static const char *const put_states[] = {"queued", "posted", NULL};
   const json_t *state = json_object_get(op, "state");
-  if (!mid || !sid || !content || json_is_null(content) ||
-      (state && !one_of(json_string_value(state), put_states))) {
-    set_err(q, "inbox.put needs messageId, sessionId (strings) and content; state is queued or posted");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_INBOX_PUT);
   int rc = sqlite3_bind_text(st, 1, mid, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1021,14 +938,9 @@ static int op_inbox_put(sq_store *q, const json_t *op, json_t *res) {
 }
 
 static int op_inbox_state(sq_store *q, const json_t *op, json_t *res) {
-  static const char *const states[] = {"queued", "claimed", "done", "cancelled", NULL};
   const char *mid = get_str(op, "messageId");
   const char *state = get_str(op, "state");
   const json_t *turn = json_object_get(op, "turnId");
-  if (!mid || !one_of(state, states) || (turn && !json_is_string(turn) && !json_is_null(turn))) {
-    set_err(q, "inbox.state needs messageId and a state of queued, claimed, done or cancelled");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_INBOX_STATE);
   int rc = sqlite3_bind_text(st, 1, mid, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1052,11 +964,6 @@ static int op_request_put(sq_store *q, const json_t *op, json_t *res) {
   const char *kind = get_str(r, "kind");
   const json_t *turn = json_object_get(r, "turnId");
   const json_t *state = json_object_get(r, "state");
-  if (!id || !sid || !kind || (turn && !json_is_string(turn) && !json_is_null(turn)) ||
-      (state && !json_is_string(state))) {
-    set_err(q, "request.put needs a request with id, sessionId and kind (strings)");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_REQUEST_PUT);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1086,13 +993,8 @@ static int op_request_put(sq_store *q, const json_t *op, json_t *res) {
 /* A request is resolved once: the first answer wins and a later one fails with AH_ESTATE (two clients
  * may answer the same approval). */
 static int op_request_state(sq_store *q, const json_t *op, json_t *res) {
-  static const char *const states[] = {"granted", "denied", "answered", "cancelled", NULL};
   const char *id = get_str(op, "id");
   const char *state = get_str(op, "state");
-  if (!id || !one_of(state, states)) {
-    set_err(q, "request.state needs id and a state of granted, denied, answered or cancelled");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_REQUEST_STATE);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1129,11 +1031,6 @@ static int op_lease(sq_store *q, const json_t *op, json_t *res) {
   const json_t *until = json_object_get(op, "until");
   const json_t *now = json_object_get(op, "now");
   const json_t *steal = json_object_get(op, "steal");
-  if (!id || !owner || !json_is_integer(until) || !json_is_integer(now) ||
-      (steal && !json_is_string(steal) && !json_is_null(steal))) {
-    set_err(q, "lease needs id, owner (strings), until and now (integers); steal must be a string");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_LEASE);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1163,10 +1060,6 @@ static int op_lease_renew(sq_store *q, const json_t *op, json_t *res) {
   const char *owner = get_str(op, "owner");
   const json_t *until = json_object_get(op, "until");
   const json_t *now = json_object_get(op, "now");
-  if (!owner || !json_is_integer(until) || !json_is_integer(now)) {
-    set_err(q, "lease.renew needs owner (a string), until and now (integers)");
-    return AH_EINVAL;
-  }
   PREPARE(q, get, W_OWNER_GET);
   int rc = sqlite3_bind_text(get, 1, owner, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1201,10 +1094,6 @@ static int op_store_shrink(sq_store *q, const json_t *op, json_t *res) {
 /* lease.end {owner}: the process stops; its heartbeat goes (its leases were released before). */
 static int op_lease_end(sq_store *q, const json_t *op, json_t *res) {
   const char *owner = get_str(op, "owner");
-  if (!owner) {
-    set_err(q, "lease.end needs owner (a string)");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_OWNER_END);
   int rc = step_write(q, st, sqlite3_bind_text(st, 1, owner, -1, SQLITE_STATIC));
   if (rc == 0)
@@ -1215,10 +1104,6 @@ static int op_lease_end(sq_store *q, const json_t *op, json_t *res) {
 static int op_lease_release(sq_store *q, const json_t *op, json_t *res) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
-  if (!id || !owner) {
-    set_err(q, "lease.release needs id and owner (strings)");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_LEASE_RELEASE);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1237,10 +1122,6 @@ static int op_lease_release(sq_store *q, const json_t *op, json_t *res) {
 static int op_fence(sq_store *q, const json_t *op, json_t *res) {
   const char *id = get_str(op, "id");
   const char *owner = get_str(op, "owner");
-  if (!id || !owner) {
-    set_err(q, "fence needs id and owner (strings)");
-    return AH_EINVAL;
-  }
   PREPARE(q, st, W_FENCE);
   int rc = sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (rc == SQLITE_OK)
@@ -1265,10 +1146,8 @@ static int op_fence(sq_store *q, const json_t *op, json_t *res) {
 /* notify {payload}: a signal to the other hosts of a shared store; SQLite has none (one machine, and a
  * process sharing the file learns of changes when it reads). */
 static int op_notify(sq_store *q, const json_t *op, json_t *res) {
-  if (!get_str(op, "payload")) {
-    set_err(q, "notify needs a payload (a string)");
-    return AH_EINVAL;
-  }
+  (void)q;
+  (void)op;
   json_array_append_new(res, json_null());
   return 0;
 }
@@ -1281,25 +1160,23 @@ static int64_t sq_last_cursor(void *impl) {
              : -1;
 }
 
-static const struct {
-  const char *name;
-  int (*fn)(sq_store *q, const json_t *op, json_t *res);
-} ops[] = {
-    {"notify", op_notify},
-    {"fence", op_fence},
-    {"event", op_event},
-    {"session.put", op_session_put},
-    {"session.update", op_session_update},
-    {"session.delete", op_session_delete},
-    {"inbox.put", op_inbox_put},
-    {"inbox.state", op_inbox_state},
-    {"request.put", op_request_put},
-    {"request.state", op_request_state},
-    {"lease", op_lease},
-    {"lease.release", op_lease_release},
-    {"lease.renew", op_lease_renew},
-    {"lease.end", op_lease_end},
-    {"store.shrink", op_store_shrink},
+/* The operations by kind (store_ops.h): each may rely on the checks ah__store_op_check made. */
+static int (*const ops[])(sq_store *q, const json_t *op, json_t *res) = {
+    [AH_OP_NOTIFY] = op_notify,
+    [AH_OP_FENCE] = op_fence,
+    [AH_OP_EVENT] = op_event,
+    [AH_OP_SESSION_PUT] = op_session_put,
+    [AH_OP_SESSION_UPDATE] = op_session_update,
+    [AH_OP_SESSION_DELETE] = op_session_delete,
+    [AH_OP_INBOX_PUT] = op_inbox_put,
+    [AH_OP_INBOX_STATE] = op_inbox_state,
+    [AH_OP_REQUEST_PUT] = op_request_put,
+    [AH_OP_REQUEST_STATE] = op_request_state,
+    [AH_OP_LEASE] = op_lease,
+    [AH_OP_LEASE_RELEASE] = op_lease_release,
+    [AH_OP_LEASE_RENEW] = op_lease_renew,
+    [AH_OP_LEASE_END] = op_lease_end,
+    [AH_OP_STORE_SHRINK] = op_store_shrink,
 };
 
 /* Apply every operation of one opset; stops at the first failure (the caller rolls the opset back). */
@@ -1308,15 +1185,10 @@ static int apply_opset(sq_store *q, const json_t *opset, json_t *res, size_t *fa
   const json_t *op = NULL;
   json_array_foreach(opset, i, op) {
     *failed_at = i;
-    const char *name = get_str(op, "op");
-    size_t k = 0;
-    while (name && k < sizeof ops / sizeof ops[0] && strcmp(ops[k].name, name) != 0)
-      k++;
-    if (!name || k == sizeof ops / sizeof ops[0]) {
-      set_err(q, "unknown operation %s", name ? name : "(no \"op\" string)");
+    ah_store_op kind = ah__store_op_check(op, q->err, sizeof q->err);
+    if (kind == AH_OP_INVALID)
       return AH_EINVAL;
-    }
-    int rc = ops[k].fn(q, op, res);
+    int rc = ops[kind](q, op, res);
     if (rc < 0)
       return rc;
   }
