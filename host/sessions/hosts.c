@@ -415,17 +415,11 @@ static void answered(int status, const json_t *results, void *arg) {
  * wins in the store), and the owner is signalled to act on it. */
 void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json_t *answer, ah_call *call) {
   const char *sid = str(row, "sessionId");
-  const char *rid = str(row, "id");
-  char now[32], sig_answer[160], sig_request[96];
-  ah__time_rfc3339(now);
-  snprintf(sig_answer, sizeof sig_answer, "answer:%s:%s", sid, rid);
-  snprintf(sig_request, sizeof sig_request, "request:%s", sid);
-  json_t *op =
-      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", rid, "state", state, "resolved", now);
-  if (answer)
-    json_object_set_new(op, "answer", answer);
-  json_t *ops = json_pack("[o, {s:s, s:s}, {s:s, s:s}]", op, "op", "notify", "payload", sig_answer, "op",
-                          "notify", "payload", sig_request);
+  char signal[160];
+  snprintf(signal, sizeof signal, "answer:%s:%s", sid, str(row, "id"));
+  json_t *ops = ah__request_state_ops(m, str(row, "id"), sid, state, answer);
+  json_decref(answer);
+  json_array_append_new(ops, json_pack("{s:s, s:s}", "op", "notify", "payload", signal));
   int rc = ah__store_write(ah__sm_store(m), ops, answered, call);
   if (rc)
     answered(rc, NULL, call);

@@ -379,13 +379,9 @@ static void recover_after_load(session *s) {
   }
   json_decref(open);
   json_t *reqs = ah__store_requests_pending(ah__sm_store(m), s->id);
-  char now[32];
-  ah__time_rfc3339(now);
   json_array_foreach(reqs, i, row) {
-    ah__write_ops(s,
-                  json_pack("[{s:s, s:s, s:s, s:s}]", "op", "request.state", "id", str(row, "id"), "state",
-                            "cancelled", "resolved", now),
-                  NULL, NULL, NULL, NULL, NULL, NULL);
+    ah__write_ops(s, ah__request_state_ops(m, str(row, "id"), s->id, "cancelled", NULL), NULL, NULL, NULL,
+                  NULL, NULL, NULL);
     ah__sm_emit(m, "request.resolved",
                 json_pack("{s:s, s:s, s:s}", "id", str(row, "id"), "sessionId", s->id, "state", "cancelled"));
   }

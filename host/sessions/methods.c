@@ -782,38 +782,47 @@ static void m_request_list(ah_call *call, const json_t *p, void *data) {
   ah__call_reply(call, json_pack("{s:o}", "requests", out));
 }
 
+/* What an answer (`value`, or an error response when NULL) to a request of `kind` with `options` resolves it
+ * to: its state, its stored answer (a new reference or NULL) and the option chosen (borrowed from value).
+ * NULL, or the reason the value is refused. */
+static const char *answer_of(const char *kind, const json_t *options, const json_t *value, const char **state,
+                             json_t **answer, const char **opt) {
+  *answer = NULL;
+  *opt = NULL;
+  if (kind && strcmp(kind, "approval") == 0) {
+    *opt = value ? str(value, "optionId") : NULL;
+    if (value && (!*opt || !ah__request_is_option(options, *opt)))
+      return "value.optionId: must be one of the request's options";
+    *state = *opt && strncmp(*opt, "allow", 5) == 0 ? "granted" : "denied";
+    *answer = *opt ? json_pack("{s:s}", "optionId", *opt) : NULL;
+    return NULL;
+  }
+  json_t *ans = value ? json_object_get(value, "answer") : NULL;
+  if (value && !json_is_string(ans))
+    return "value.answer: a string is required";
+  *state = ans ? "answered" : "cancelled";
+  *answer = ans ? json_pack("{s:O}", "answer", ans) : NULL;
+  return NULL;
+}
+
 /* An answer for a pending request of a session another host runs: checked as here, then posted (the
  * request's row takes it; the owner acts on it). false: not such a request (answered as usual). */
-static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, const json_t *value,
-                              const json_t *error) {
+static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, const json_t *value) {
   json_t *row = ah__store_get_request(ah__sm_store(m), id);
-  const char *state = row ? str(row, "state") : NULL;
+  const char *pending = row ? str(row, "state") : NULL;
   const char *sid = row ? str(row, "sessionId") : NULL;
-  if (!state || strcmp(state, "pending") != 0 || !sid || ah__live_find(m, sid)) {
+  if (!pending || strcmp(pending, "pending") != 0 || !sid || ah__live_find(m, sid)) {
     json_decref(row);
     return false;
   }
-  (void)error;
-  const char *kind = str(row, "kind");
-  if (kind && strcmp(kind, "approval") == 0) {
-    const char *opt = value ? str(value, "optionId") : NULL;
-    if (value && (!opt || !ah__request_is_option(json_object_get(row, "options"), opt))) {
-      ah__call_error(call, AH_EINVAL, "value.optionId: must be one of the request's options", NULL);
-      json_decref(row);
-      return true;
-    }
-    ah__hosts_answer(m, row, opt && strncmp(opt, "allow", 5) == 0 ? "granted" : "denied",
-                     opt ? json_pack("{s:s}", "optionId", opt) : NULL, call);
-  } else {
-    json_t *ans = value ? json_object_get(value, "answer") : NULL;
-    if (value && !json_is_string(ans)) {
-      ah__call_error(call, AH_EINVAL, "value.answer: a string is required", NULL);
-      json_decref(row);
-      return true;
-    }
-    ah__hosts_answer(m, row, ans ? "answered" : "cancelled", ans ? json_pack("{s:O}", "answer", ans) : NULL,
-                     call);
-  }
+  const char *state = NULL, *opt = NULL;
+  json_t *answer = NULL;
+  const char *why =
+      answer_of(str(row, "kind"), json_object_get(row, "options"), value, &state, &answer, &opt);
+  if (why)
+    ah__call_error(call, AH_EINVAL, why, NULL);
+  else
+    ah__hosts_answer(m, row, state, answer, call);
   json_decref(row);
   return true;
 }
@@ -831,7 +840,7 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
   }
   const ah_caller *by = ah__call_caller(call);
   request *r = ah__request_find(m, id);
-  if (!r && ah__hosts_active(m) && respond_elsewhere(call, m, id, value, error))
+  if (!r && ah__hosts_active(m) && respond_elsewhere(call, m, id, value))
     return;
   if (!r) {
     /* Late or duplicate: a receipt, never a second resolution. */
@@ -851,26 +860,15 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
     ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", reason));
     return;
   }
-  if (strcmp(r->kind, "approval") == 0) {
-    const char *opt = value ? str(value, "optionId") : NULL;
-    if (value && (!opt || !ah__request_is_option(r->options, opt))) {
-      ah__call_error(call, AH_EINVAL, "value.optionId: must be one of the request's options", NULL);
-      return;
-    }
-    const char *state = opt && strncmp(opt, "allow", 5) == 0 ? "granted" : "denied";
-    json_t *answer = opt ? json_pack("{s:s}", "optionId", opt) : NULL;
-    ah__request_answer(r, state, answer, opt, call);
-    json_decref(answer);
-  } else {
-    json_t *ans = value ? json_object_get(value, "answer") : NULL;
-    if (value && !json_is_string(ans)) {
-      ah__call_error(call, AH_EINVAL, "value.answer: a string is required", NULL);
-      return;
-    }
-    json_t *answer = ans ? json_pack("{s:O}", "answer", ans) : NULL;
-    ah__request_answer(r, ans ? "answered" : "cancelled", answer, NULL, call);
-    json_decref(answer);
+  const char *state = NULL, *opt = NULL;
+  json_t *answer = NULL;
+  const char *why = answer_of(r->kind, r->options, value, &state, &answer, &opt);
+  if (why) {
+    ah__call_error(call, AH_EINVAL, why, NULL);
+    return;
   }
+  ah__request_answer(r, state, answer, opt, call);
+  json_decref(answer);
 }
 
 /* provider.list {} → {providers: [{name, type, model?, models, default, available, key?, keyEnv?,

@@ -22,6 +22,19 @@ static void signal_request(ah_sessions *m, json_t *ops, const char *sid) {
   json_array_append_new(ops, json_pack("{s:s, s:s}", "op", "notify", "payload", payload));
 }
 
+json_t *ah__request_state_ops(ah_sessions *m, const char *id, const char *sid, const char *state,
+                              const json_t *answer) {
+  char now[32];
+  ah__time_rfc3339(now);
+  json_t *op =
+      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", id, "state", state, "resolved", now);
+  if (answer)
+    json_object_set(op, "answer", (json_t *)answer);
+  json_t *ops = json_pack("[o]", op);
+  signal_request(m, ops, sid);
+  return ops;
+}
+
 request *ah__request_new(turn *t, const char *kind, json_t *params, json_t *options) {
   ah_sessions *m = t->s->m;
   request *r = calloc(1, sizeof *r);
@@ -118,20 +131,10 @@ static void resolve(request *r, const char *state, const json_t *answer, const c
   turn *t = r->t;
   if (t && t->pending == r)
     t->pending = NULL;
-  char now[32];
-  ah__time_rfc3339(now);
   remember_resolution(m, r->id, state, by);
-  json_t *op =
-      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", r->id, "state", state, "resolved", now);
-  if (answer)
-    json_object_set(op, "answer", (json_t *)answer);
-  if (t && !stored) {
-    json_t *ops = json_pack("[o]", op);
-    signal_request(m, ops, r->session_id);
-    ah__write_ops(t->s, ops, NULL, NULL, NULL, NULL, NULL, NULL);
-  } else {
-    json_decref(op);
-  }
+  if (t && !stored)
+    ah__write_ops(t->s, ah__request_state_ops(m, r->id, r->session_id, state, answer), NULL, NULL, NULL, NULL,
+                  NULL, NULL);
   json_t *ev = json_pack("{s:s, s:s, s:s}", "id", r->id, "sessionId", r->session_id, "state", state);
   if (answer)
     json_object_set(ev, "answer", (json_t *)answer);
@@ -243,13 +246,6 @@ void ah__request_answer(request *r, const char *state, const json_t *answer, con
   a->answer = answer ? json_deep_copy(answer) : NULL;
   a->option_id = option_id ? strdup(option_id) : NULL;
   r->answering = true;
-  char now[32];
-  ah__time_rfc3339(now);
-  json_t *op =
-      json_pack("{s:s, s:s, s:s, s:s}", "op", "request.state", "id", r->id, "state", state, "resolved", now);
-  if (answer)
-    json_object_set(op, "answer", (json_t *)answer);
-  json_t *ops = json_pack("[o]", op);
-  signal_request(m, ops, r->session_id);
-  ah__write_ops(r->t->s, ops, NULL, NULL, NULL, NULL, answer_written, a);
+  ah__write_ops(r->t->s, ah__request_state_ops(m, r->id, r->session_id, state, answer), NULL, NULL, NULL,
+                NULL, answer_written, a);
 }

@@ -278,6 +278,10 @@ bool ah__request_is_option(const json_t *options, const char *id);
 /* The request's row was answered by another host (the store has its answer): act on it here as on an
  * answer given here, without writing the row again. Nothing when it is still pending in the store. */
 void ah__request_adopt(request *r);
+/* The opset that resolves request `id` of session `sid` to `state` (with `answer`, borrowed; may be NULL),
+ * signalling the other hosts with a shared store. */
+json_t *ah__request_state_ops(ah_sessions *m, const char *id, const char *sid, const char *state,
+                              const json_t *answer);
 /* An answer given here (request.respond) to `call`: resolved at once, or with a shared store once its row
  * took it (another host may have answered first: then that answer is acted on and `call` is told
  * {accepted: false, reason: "resolved"}). */
