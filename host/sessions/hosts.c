@@ -51,6 +51,13 @@ bool ah__hosts_active(const ah_sessions *m) {
   return m->hosts && !m->hosts->stopped;
 }
 
+/* Whether this host runs session `sid`: loaded and holding its lease (a session being loaded here, maybe
+ * only to find that another host holds it, does not count). */
+bool ah__hosts_runs_here(ah_sessions *m, const char *sid) {
+  session *s = ah__live_find(m, sid);
+  return s && s->ready && !s->lost && !s->broken;
+}
+
 /* ---- the outbox: this host's bus events in cursor order -------------------------------------------------
  */
 
@@ -115,7 +122,7 @@ bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data) {
 static void remote_extras(ah_hosts *h, const json_t *e) {
   const char *sid = str(e, "sessionId");
   const char *kind = str(e, "kind");
-  if (!sid || !kind || ah__live_find(h->m, sid))
+  if (!sid || !kind || ah__hosts_runs_here(h->m, sid))
     return;
   const char *status = strcmp(kind, "turn/started") == 0 ? "running"
                        : strcmp(kind, "turn/ended") == 0 ? "idle"
@@ -162,7 +169,7 @@ static void poll_tick(ah_timer *t, void *arg) {
 
 static void remote_requests(ah_hosts *h, const char *sid) {
   ah_sessions *m = h->m;
-  if (ah__live_find(m, sid))
+  if (ah__hosts_runs_here(m, sid))
     return; /* this host's own requests are published where they are made */
   pull(h);  /* the events written before the request first (a tool/call before its approval) */
   json_t *pending = ah__store_requests_pending(ah__sm_store(m), sid);
@@ -216,7 +223,7 @@ json_t *ah__hosts_requests(ah_sessions *m, const char *sid) {
   size_t i = 0;
   json_t *r = NULL;
   json_array_foreach(rows, i, r) {
-    if (ah__live_find(m, str(r, "sessionId")))
+    if (ah__hosts_runs_here(m, str(r, "sessionId")))
       continue;
     json_array_append_new(
         out, json_pack("{s:O, s:O, s:O, s:O, s:O, s:O, s:s}", "id", json_object_get(r, "id"), "sessionId",
@@ -291,10 +298,9 @@ void ah__hosts_sweep(ah_sessions *m) {
   json_t *r = NULL;
   json_array_foreach(rows, i, r) {
     const char *id = str(r, "id");
-    session *s = ah__live_find(m, id);
-    if (s && s->ready && !s->lost && !s->broken)
-      ah__hosts_adopt(s, NULL);
-    else if (!s && m->recover_on_start && json_is_true(json_object_get(r, "free")))
+    if (ah__hosts_runs_here(m, id))
+      ah__hosts_adopt(ah__live_find(m, id), NULL);
+    else if (!ah__live_find(m, id) && m->recover_on_start && json_is_true(json_object_get(r, "free")))
       ah__live_lookup(m, id, swept, strdup(id)); /* a daemon, not a stdio child serving its own client */
   }
   json_decref(rows);
@@ -311,9 +317,8 @@ static void on_signal(const char *payload, void *arg) {
   if (strcmp(payload, "events") == 0) {
     pull(h);
   } else if (strncmp(payload, "inbox:", 6) == 0) {
-    session *s = ah__live_find(m, payload + 6);
-    if (s && s->ready && !s->lost && !s->broken)
-      ah__hosts_adopt(s, NULL);
+    if (ah__hosts_runs_here(m, payload + 6))
+      ah__hosts_adopt(ah__live_find(m, payload + 6), NULL);
   } else if (strncmp(payload, "answer:", 7) == 0) {
     const char *rid = strchr(payload + 7, ':');
     request *r = rid ? ah__request_find(m, rid + 1) : NULL;

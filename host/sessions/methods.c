@@ -811,7 +811,7 @@ static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, con
   json_t *row = ah__store_get_request(ah__sm_store(m), id);
   const char *pending = row ? str(row, "state") : NULL;
   const char *sid = row ? str(row, "sessionId") : NULL;
-  if (!pending || strcmp(pending, "pending") != 0 || !sid || ah__live_find(m, sid)) {
+  if (!pending || strcmp(pending, "pending") != 0 || !sid || ah__hosts_runs_here(m, sid)) {
     json_decref(row);
     return false;
   }

@@ -315,6 +315,7 @@ void ah__hosts_start(ah_sessions *m);
 void ah__hosts_stop(ah_sessions *m);
 void ah__hosts_free(ah_sessions *m);
 bool ah__hosts_active(const ah_sessions *m);
+bool ah__hosts_runs_here(ah_sessions *m, const char *sid);
 bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data);
 void ah__hosts_committed(ah_sessions *m, int64_t cursor);
 void ah__hosts_adopt(session *s, const json_t *rows);
