@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "support.h"
+
 bool tpg_enabled(void) {
   const char *u = getenv("AH_TEST_PG");
   return u && *u;
@@ -84,4 +86,30 @@ void tpg_exec(const char *url, const char *sql) {
   cr_assert(s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK, "%s: %s", sql, PQerrorMessage(c));
   PQclear(r);
   PQfinish(c);
+}
+
+pid_t tpg_proxy_start(const char *dir, const char *db, char **url) {
+  const char *pg = getenv("AH_TEST_PG");
+  const char *pp = pg ? strstr(pg, "port=") : NULL;
+  const char *root = getenv("AH_TEST_SOURCE_ROOT");
+  cr_assert(pp && root, "AH_TEST_PG (with a port) and AH_TEST_SOURCE_ROOT are needed");
+  char target[16], *script = NULL, *out = NULL;
+  snprintf(target, sizeof target, "%d", atoi(pp + 5));
+  cr_assert(asprintf(&script, "%s/tests/support/tcp_proxy.py", root) > 0);
+  cr_assert(asprintf(&out, "%s/proxy.out", dir) > 0);
+  char *argv[] = {"/usr/bin/python3", script, target, NULL};
+  pid_t proxy = ts_spawn(argv, out, NULL);
+  cr_assert_gt(proxy, 0, "cannot start the proxy");
+  int port = 0;
+  for (uint64_t end = ts_now_ms() + 10000; !port && ts_now_ms() < end; usleep(50 * 1000)) {
+    char *text = ts_read_file(out, NULL);
+    if (text && strncmp(text, "port ", 5) == 0)
+      port = atoi(text + 5);
+    free(text);
+  }
+  cr_assert_gt(port, 0, "the proxy did not start");
+  cr_assert(asprintf(url, "host=127.0.0.1 port=%d user=agenthost dbname=%s", port, db) > 0);
+  free(script);
+  free(out);
+  return proxy;
 }

@@ -6,6 +6,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Whether this run is against PostgreSQL (AH_TEST_PG is set by with_pg.sh). */
 bool tpg_enabled(void);
@@ -21,5 +22,10 @@ void tpg_drop_db(const char *name);
 int64_t tpg_int(const char *url, const char *sql);
 char *tpg_text(const char *url, const char *sql);
 void tpg_exec(const char *url, const char *sql);
+
+/* tests/support/tcp_proxy.py in front of the cluster, its output in DIR/proxy.out: its pid (SIGUSR1: drop
+ * everything, SIGUSR2: forward again, SIGTERM: stop), and the connection string of database `db` through it
+ * (malloc'ed, into *url). Asserts on failure. */
+pid_t tpg_proxy_start(const char *dir, const char *db, char **url);
 
 #endif

@@ -48,13 +48,13 @@ static void cluster_fini(cluster *c) {
   free(c->pwfile);
 }
 
-/* A host on the cluster's database. */
-static test_daemon *host_on(cluster *c, const char *extra) {
+/* A host on the cluster's database (through `url` when not NULL). */
+static test_daemon *host_via(cluster *c, const char *url) {
   char *cfg = NULL;
   cr_assert(asprintf(&cfg,
                      NO_DEFAULT_PLUGINS
-                     "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n%s",
-                     TTL_MS, c->url, c->pwfile, extra ? extra : "") > 0);
+                     "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n",
+                     TTL_MS, url ? url : c->url, c->pwfile) > 0);
   test_daemon *d = d_new(cfg);
   free(cfg);
   d_start(d);
@@ -139,8 +139,8 @@ static char *writer_state(cluster *c, pid_t pid) {
 Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout = 120, .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  test_daemon *a = host_on(&c, NULL);
-  test_daemon *b = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
+  test_daemon *b = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   char sid[64], a_mid[64], a_mid2[64], b_mid[64];
   d_new_session(a, work, sid, sizeof sid);
@@ -210,9 +210,9 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
    * batches of one), so that its transactions wait on A between statements, where a stop can catch them;
    * B writes as usual. */
   setenv("AGENTHOST_PG_PIPELINE_BATCH", "1", 1);
-  test_daemon *a = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
   unsetenv("AGENTHOST_PG_PIPELINE_BATCH");
-  test_daemon *b = host_on(&c, NULL);
+  test_daemon *b = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   enum { SESSIONS = 4 };
   char sid[SESSIONS][64];
@@ -296,8 +296,8 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
 Test(multihost, a_killed_owner_loses_no_acknowledged_prompt, .timeout = 120, .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  test_daemon *a = host_on(&c, NULL);
-  test_daemon *b = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
+  test_daemon *b = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   char sid[64], m1[64], m2[64], m3[64], bm[64];
   d_new_session(a, work, sid, sizeof sid);
@@ -328,7 +328,7 @@ Test(multihost, a_killed_owner_loses_no_acknowledged_prompt, .timeout = 120, .fi
 Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 300, .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  test_daemon *a = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   enum { SESSIONS = 10, PROMPTS = 1000 };
   char sid[SESSIONS][64];
@@ -373,8 +373,8 @@ Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 3
 Test(multihost, a_host_without_the_sessions_directory_does_not_take_it, .timeout = 60, .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  test_daemon *a = host_on(&c, NULL);
-  test_daemon *b = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
+  test_daemon *b = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   char *cwd = d_join(work, "project");
   cr_assert_eq(mkdir(cwd, 0700), 0);
@@ -418,8 +418,8 @@ Test(multihost, a_session_is_prompted_followed_and_answered_from_other_hosts, .t
      .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  test_daemon *a = host_on(&c, NULL);
-  test_daemon *b = host_on(&c, NULL);
+  test_daemon *a = host_via(&c, NULL);
+  test_daemon *b = host_via(&c, NULL);
   char *work = ts_mkdtemp();
   char sid[64];
   d_new_session(a, work, sid, sizeof sid);
@@ -537,34 +537,9 @@ Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .time
      .fini = d_cleanup) {
   cluster c;
   cluster_init(&c);
-  const char *pg = getenv("AH_TEST_PG");
-  const char *pp = pg ? strstr(pg, "port=") : NULL;
-  cr_assert(pp, "no port in AH_TEST_PG");
-  char target[16];
-  snprintf(target, sizeof target, "%d", atoi(pp + 5));
-  char *script = d_join(d_env_path("AH_TEST_SOURCE_ROOT"), "tests/support/tcp_proxy.py");
-  char *out = d_join(c.dir, "proxy.out");
-  char *argv[] = {"/usr/bin/python3", script, target, NULL};
-  pid_t proxy = ts_spawn(argv, out, NULL);
-  cr_assert_gt(proxy, 0);
-  int port = 0;
-  for (uint64_t end = ts_now_ms() + 10000; !port && ts_now_ms() < end; usleep(50 * 1000)) {
-    char *text = ts_read_file(out, NULL);
-    if (text && strncmp(text, "port ", 5) == 0)
-      port = atoi(text + 5);
-    free(text);
-  }
-  cr_assert_gt(port, 0, "the proxy did not start");
   char *via = NULL;
-  cr_assert(asprintf(&via, "host=127.0.0.1 port=%d user=agenthost dbname=%s", port, c.db) > 0);
-  char *cfg = NULL;
-  cr_assert(asprintf(&cfg,
-                     NO_DEFAULT_PLUGINS
-                     "[host]\nlease_ttl_ms = %d\nstore_url = %s\nstore_password_file = %s\n",
-                     TTL_MS, via, c.pwfile) > 0);
-  test_daemon *a = d_new(cfg);
-  free(cfg);
-  d_start(a);
+  pid_t proxy = tpg_proxy_start(c.dir, c.db, &via);
+  test_daemon *a = host_via(&c, via);
   char *work = ts_mkdtemp();
   enum { SESSIONS = 4, MAX = 400 };
   char sid[SESSIONS][64];
@@ -623,8 +598,6 @@ Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .time
   int st = 0;
   ts_wait_exit(proxy, 5000, &st);
   free(via);
-  free(script);
-  free(out);
   ts_rmtree(work);
   free(work);
   cluster_fini(&c);

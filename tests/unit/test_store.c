@@ -965,14 +965,19 @@ static _Atomic int flaky_failures;
 static int flaky_status = AH_EIO;
 static _Atomic int flaky_calls;
 
+/* A group failed as a whole: nothing of it written. */
+static void fail_whole_group(size_t n, json_t **results, int *statuses, int status) {
+  for (size_t i = 0; i < n; i++) {
+    results[i] = NULL;
+    statuses[i] = status;
+  }
+}
+
 static void flaky_write_group(void *impl, json_t *const *opsets, size_t n, json_t **results, int *statuses) {
   atomic_fetch_add(&flaky_calls, 1);
   if (atomic_load(&flaky_failures) > 0) {
     atomic_fetch_sub(&flaky_failures, 1);
-    for (size_t i = 0; i < n; i++) {
-      results[i] = NULL;
-      statuses[i] = flaky_status;
-    }
+    fail_whole_group(n, results, statuses, flaky_status);
     return;
   }
   backend()->write_group(impl, opsets, n, results, statuses);
@@ -1046,10 +1051,7 @@ static void fail_me_write_group(void *impl, json_t *const *opsets, size_t n, jso
     json_array_foreach(opsets[i], k, op) {
       if (json_is_string(json_object_get(op, "kind")) &&
           strcmp(json_string_value(json_object_get(op, "kind")), "fail-me") == 0) {
-        for (size_t j = 0; j < n; j++) {
-          results[j] = NULL;
-          statuses[j] = AH_EIO;
-        }
+        fail_whole_group(n, results, statuses, AH_EIO);
         return;
       }
     }
@@ -2351,25 +2353,8 @@ Test(store, pg_a_commit_whose_answer_was_lost_is_resolved_by_its_marker, .timeou
   PG_ONLY();
   fx f;
   fx_init(&f);
-  const char *pp = strstr(getenv("AH_TEST_PG"), "port=");
-  cr_assert_not_null(pp);
-  char target[16];
-  snprintf(target, sizeof target, "%d", atoi(pp + 5));
-  char *script = NULL, *out = NULL;
-  cr_assert(asprintf(&script, "%s/tests/support/tcp_proxy.py", getenv("AH_TEST_SOURCE_ROOT")) > 0);
-  cr_assert(asprintf(&out, "%s/proxy.out", f.dir) > 0);
-  char *argv[] = {"/usr/bin/python3", script, target, NULL};
-  pid_t proxy = ts_spawn(argv, out, NULL);
-  int port = 0;
-  for (uint64_t end = ts_now_ms() + 10000; !port && ts_now_ms() < end; usleep(50 * 1000)) {
-    char *text = ts_read_file(out, NULL);
-    if (text && strncmp(text, "port ", 5) == 0)
-      port = atoi(text + 5);
-    free(text);
-  }
-  cr_assert_gt(port, 0, "the proxy did not start");
   char *via = NULL;
-  cr_assert(asprintf(&via, "host=127.0.0.1 port=%d user=agenthost dbname=%s", port, f.dbname) > 0);
+  pid_t proxy = tpg_proxy_start(f.dir, f.dbname, &via);
   ah_store_opts o = {.url = via, .password = tpg_password(), .sync = AH_STORE_SYNC_NORMAL};
   char *why = NULL;
   cr_assert_eq(ah__store_open(&f.loop, &ah__store_pg, &o, &f.s, &why), 0, "%s", why ? why : "-");
@@ -2403,8 +2388,6 @@ Test(store, pg_a_commit_whose_answer_was_lost_is_resolved_by_its_marker, .timeou
   int st = 0;
   ts_wait_exit(proxy, 5000, &st);
   free(via);
-  free(script);
-  free(out);
   fx_fini(&f);
 }
 #endif
