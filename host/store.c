@@ -602,20 +602,27 @@ static int watch_start(ah_store *s, char **why) {
   return 0;
 }
 
-static void watch_retry(uv_timer_t *t) {
-  ah_store *s = t->data;
+/* Open the listening connection; when it does not open, again in 5 s. `again`: it was open before, so
+ * signals may have been missed meanwhile ("*"). */
+static void watch_open(ah_store *s, bool again) {
   if (s->closing || s->watch_poll)
     return;
   char *why = NULL;
   if (watch_start(s, &why) == 0) {
-    AH_LOG_I(COMP, "the store's signal connection is open again");
-    watch_signal("*", s); /* signals may have been missed meanwhile */
+    if (again) {
+      AH_LOG_I(COMP, "the store's signal connection is open again");
+      watch_signal("*", s);
+    }
   } else {
     AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
              why ? why : "unknown error");
     uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
   }
   free(why);
+}
+
+static void watch_retry(uv_timer_t *t) {
+  watch_open(t->data, true);
 }
 
 int ah__store_watch(ah_store *s, ah_store_signal_fn fn, void *arg) {
@@ -628,13 +635,7 @@ int ah__store_watch(ah_store *s, ah_store_signal_fn fn, void *arg) {
   uv_timer_init(s->loop, &s->watch_timer);
   s->watch_timer.data = s;
   s->watch_inited = true;
-  char *why = NULL;
-  if (watch_start(s, &why) != 0) {
-    AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
-             why ? why : "unknown error");
-    uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
-  }
-  free(why);
+  watch_open(s, false);
   return 0;
 }
 

@@ -131,7 +131,6 @@ typedef struct pg_store {
   PGconn *l;     /* the listening connection (the watch), loop thread */
   bool prepared; /* the writer's connection has prepared_sql prepared ("ah0", "ah1", ...) */
   char err[512]; /* the writer thread's description of the last failed operation */
-  char sqlstate[6];
   uint64_t groups;
   pthread_mutex_t health_mu;
   int health;
@@ -377,9 +376,16 @@ static void p_free(params *p) {
   p->oom = false;
 }
 
+/* A SQLSTATE as an AH_E* code: agenthost's own (the conditions its statements raise) first. */
 static int map_state(const char *st) {
   if (!st || !*st)
     return AH_EIO;
+  if (strcmp(st, "AH001") == 0)
+    return AH_ENOENT;
+  if (strcmp(st, "AH002") == 0)
+    return AH_ESTATE;
+  if (strcmp(st, "AH003") == 0)
+    return AH_EAGENTBUSY;
   if (strcmp(st, "23505") == 0)
     return AH_EEXIST;
   if (strncmp(st, "23", 2) == 0 || strncmp(st, "22", 2) == 0)
@@ -1015,10 +1021,9 @@ static void take_result(const stmt *s, const PGresult *r, json_t *res) {
   }
 }
 
-/* The error of a failed statement: its code (agenthost's own SQLSTATEs first) with q->err set. */
+/* The error of a failed statement: its code, with q->err set. */
 static int result_error(pg_store *q, const PGresult *r) {
   const char *st = r ? PQresultErrorField(r, PG_DIAG_SQLSTATE) : NULL;
-  snprintf(q->sqlstate, sizeof q->sqlstate, "%s", st ? st : "");
   const char *primary = r ? PQresultErrorField(r, PG_DIAG_MESSAGE_PRIMARY) : NULL;
   char msg[400];
   one_line(msg, sizeof msg, primary ? primary : r ? PQresultErrorMessage(r) : PQerrorMessage(q->w));
@@ -1027,12 +1032,6 @@ static int result_error(pg_store *q, const PGresult *r) {
     note_health(q, AH_STORE_FULL, q->err);
   if (!q->w || PQstatus(q->w) != CONNECTION_OK)
     return AH_EIO;
-  if (st && strcmp(st, "AH001") == 0)
-    return AH_ENOENT;
-  if (st && strcmp(st, "AH002") == 0)
-    return AH_ESTATE;
-  if (st && strcmp(st, "AH003") == 0)
-    return AH_EAGENTBUSY;
   return map_state(st);
 }
 
@@ -1068,7 +1067,6 @@ static int wexec_p(pg_store *q, const char *sql, params *p, bool keep, PGresult 
       *out = res;
     else
       PQclear(res);
-    q->sqlstate[0] = '\0';
     return 0;
   }
   int rc = result_error(q, res);
