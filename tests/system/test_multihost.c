@@ -4,7 +4,11 @@
  * machines: a paused owner (SIGSTOP past the lease, also in the middle of a transaction), a killed one, its
  * database connections terminated by the server. The checks are made in SQL on the shared database: no
  * event of an owner committed after its session was taken over, seqs gap-free, every acknowledged prompt
- * settled (its inbox row done, its turn ended). */
+ * settled (its inbox row done, its turn ended).
+ *
+ * PROTOCOLS.md "Core": sessions (a prompt's receipt is durable), every test; SDK-SERVER-EVENTS (the server
+ * reports every session of the host, here also those another host runs) and SDK-WIRE-LIMITS (approvals as
+ * server requests) in a_session_is_prompted_followed_and_answered_from_other_hosts. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <signal.h>

@@ -2,6 +2,8 @@
 // session: Chromium on host A's UI follows a session host B runs — its events arrive live, in order and
 // without a gap — prompts it (A posts the prompt, B runs it), and answers its approval (A posts the answer,
 // B runs the command). Runs beside the cluster tests/support/with_pg.sh starts (AH_TEST_PG).
+// PROTOCOLS.md: UI (approval cards any open tab can answer — here a tab on another host), API-WS-HOST
+// (the session's events and requests reach host A's streams).
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
