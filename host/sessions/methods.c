@@ -702,7 +702,20 @@ static void m_follow(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: sessionId is required", NULL);
     return;
   }
-  ah__live_lookup(SM(data), id, follow_found, call);
+  ah_sessions *m = SM(data);
+  /* A shared store: a session another host holds is followed by its events (hosts.c); a follow does not
+   * try to take its lease (a surface asks again at each call about the session: a write each time). */
+  if (ah__hosts_active(m) && !ah__hosts_runs_here(m, id)) {
+    json_t *row = ah__store_get_session(ah__sm_store(m), id);
+    const char *holder = row ? str(row, "leaseOwner") : NULL;
+    bool elsewhere = holder && strcmp(holder, m->owner) != 0;
+    json_decref(row);
+    if (elsewhere) {
+      ah__call_error(call, AH_EAGENTBUSY, "the session runs on another host", NULL);
+      return;
+    }
+  }
+  ah__live_lookup(m, id, follow_found, call);
 }
 
 /* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
