@@ -297,6 +297,10 @@ static bool writer_ready(pg_store *q) {
   PQfinish(q->w);
   q->w = c;
   prepare_all(q);
+  if (!q->w) { /* no answer while preparing: closed again */
+    set_err(q, "no answer from the server while preparing the statements");
+    return false;
+  }
   AH_LOG_I(COMP, "%s: the writer reconnected", q->label);
   return true;
 }
@@ -410,6 +414,8 @@ static uint64_t now_ms(void) {
  * packets, a paused server) would otherwise hold the caller for ever — libpq waits for an answer as long as
  * the connection stands. Past the deadline the connection is closed (*c = NULL) and NULL is returned with
  * `why` set; the caller opens it again. Otherwise the statement's last result (an error result too). */
+static PGresult *await_deadline(PGconn **c, int ms, char *why, size_t cap);
+
 static PGresult *exec_deadline(PGconn **c, const char *sql, int n, const char *const *vals, int ms, char *why,
                                size_t cap) {
   why[0] = '\0';
@@ -417,6 +423,12 @@ static PGresult *exec_deadline(PGconn **c, const char *sql, int n, const char *c
     one_line(why, cap, PQerrorMessage(*c));
     return NULL;
   }
+  return await_deadline(c, ms, why, cap);
+}
+
+/* The answer to what was sent on *c, as exec_deadline. */
+static PGresult *await_deadline(PGconn **c, int ms, char *why, size_t cap) {
+  why[0] = '\0';
   uint64_t end = now_ms() + (uint64_t)ms;
   PGresult *last = NULL;
   for (;;) {
@@ -633,12 +645,15 @@ static void prepare_all(pg_store *q) {
   for (size_t i = 0; i < PREPARED; i++) {
     char name[16];
     snprintf(name, sizeof name, "ah%zu", i);
-    PGresult *r = PQprepare(q->w, name, prepared_sql[i], 0, NULL);
+    char msg[300] = "";
+    PGresult *r = PQsendPrepare(q->w, name, prepared_sql[i], 0, NULL)
+                      ? await_deadline(&q->w, WRITE_TIMEOUT_MS, msg, sizeof msg)
+                      : NULL;
     bool ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
     PQclear(r);
     if (!ok) {
-      char msg[300];
-      one_line(msg, sizeof msg, PQerrorMessage(q->w));
+      if (!msg[0])
+        one_line(msg, sizeof msg, q->w ? PQerrorMessage(q->w) : "the connection was closed");
       AH_LOG_W(COMP, "%s: statements cannot be prepared (%s); they are sent as text", q->label, msg);
       return;
     }
@@ -1638,12 +1653,14 @@ static int pg_watch_open(void *impl, char **why) {
   q->l = connect_one(q, CONN_LISTENER, why);
   if (!q->l)
     return AH_EIO;
-  PGresult *r = PQexec(q->l, "LISTEN agenthost");
+  /* With a deadline: a network that drops packets would hold the reader thread for ever. */
+  char msg[300] = "";
+  PGresult *r = exec_deadline(&q->l, "LISTEN agenthost", 0, NULL, READ_TIMEOUT_MS, msg, sizeof msg);
   bool ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
   PQclear(r);
   if (!ok || PQsetnonblocking(q->l, 1) != 0) {
-    char msg[300];
-    one_line(msg, sizeof msg, PQerrorMessage(q->l));
+    if (!msg[0])
+      one_line(msg, sizeof msg, q->l ? PQerrorMessage(q->l) : "the connection was closed");
     set_why(why, "store: %s: LISTEN: %s", q->label, msg);
     PQfinish(q->l);
     q->l = NULL;
