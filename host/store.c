@@ -73,6 +73,7 @@ struct ah_store {
   ah_store_signal_fn watch_fn;
   void *watch_arg;
   uv_poll_t *watch_poll; /* NULL while the connection is not open */
+  bool watch_opening;    /* it is being opened on the reader thread */
   uv_timer_t watch_timer;
   bool watch_inited; /* the timer is initialized (closed at the end) */
 
@@ -83,11 +84,48 @@ struct ah_store {
   json_t *poison;
   uint64_t submitted; /* loop thread: the next submission number */
 
+  /* The reader: one thread that runs the reads submitted with ah__store_read on the backend's read
+   * connection, in submission order, and hands their results back to the loop (`rasync`). The blocking
+   * reads (ah__store_get_session...) take `conn` as the reader does for each read, so the read connection is
+   * used by one thread at a time. */
+  pthread_t rthread;
+  bool rthread_started;
+  pthread_mutex_t rmu;
+  pthread_cond_t rcv;
+  struct read_job *rqueue, *rqueue_tail; /* submitted, not yet run (rmu) */
+  struct read_job *rdone, *rdone_tail;   /* run, callbacks not yet called (rmu) */
+  bool rstop;                            /* the reader exits once `rqueue` is empty (rmu) */
+  /* Reads submitted before a read failed (the connection broke, the server did not answer in time) fail at
+   * once, without waiting for their own deadline each: `rsubmitted` numbers the jobs, those up to
+   * `rfailed_upto` fail. (rmu) */
+  uint64_t rsubmitted, rfailed_upto;
+  uv_async_t rasync;
+  pthread_mutex_t conn; /* held while a read runs on the backend's read connection */
+  bool read_failed;     /* the last blocking read failed (conn) */
+
   _Atomic uint64_t commits;
   _Atomic uint64_t opsets;
   _Atomic uint64_t retries; /* groups tried again (retry_ms) */
-  uint64_t reads;           /* loop thread: reads made (ah__store_reads) */
+  _Atomic uint64_t reads;   /* reads made (ah__store_reads) */
+  size_t reads_pending;     /* loop thread: reads submitted whose callback has not run */
 };
+
+/* A read submitted with ah__store_read: its queries (their ids copied), then its results. */
+typedef struct read_job {
+  ah_store_query *q;
+  size_t n;
+  ah_store_read_fn cb;
+  void *arg;
+  bool shrink; /* not a read: the read connection's caches go back to the heap */
+  bool watch;  /* not a read: the signals' listening connection is opened (`fd` or an AH_E* code, `why`) */
+  bool again;  /* (watch) it was open before */
+  int fd;
+  char *why;
+  uint64_t gen; /* its submission number */
+  json_t *results;
+  int status;
+  struct read_job *next;
+} read_job;
 
 static void fifo_push(store_fifo *f, store_item *it) {
   it->next = NULL;
@@ -237,16 +275,24 @@ static void *writer_main(void *arg) {
 
 static void watch_stop(ah_store *s);
 
+/* The store's memory, its threads joined and its handles closed. */
+static void store_free(ah_store *s) {
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  pthread_cond_destroy(&s->rcv);
+  pthread_mutex_destroy(&s->rmu);
+  pthread_mutex_destroy(&s->conn);
+  json_decref(s->poison);
+  free(s);
+}
+
 static void on_async_closed(uv_handle_t *h) {
   ah_store *s = h->data;
   if (--s->handles_open > 0)
     return;
   void (*cb)(void *) = s->close_cb;
   void *arg = s->close_arg;
-  pthread_cond_destroy(&s->cv);
-  pthread_mutex_destroy(&s->mu);
-  json_decref(s->poison);
-  free(s);
+  store_free(s);
   if (cb)
     cb(arg);
 }
@@ -260,15 +306,22 @@ static void maybe_finish(ah_store *s) {
   s->stop = true;
   pthread_cond_signal(&s->cv);
   pthread_mutex_unlock(&s->mu);
-  /* The queue is empty (nothing in flight), so the writer is idle or about to notice `stop`. */
+  /* The queue is empty (nothing in flight), so the writer is idle or about to notice `stop`; so is the
+   * reader. */
   pthread_join(s->thread, NULL);
+  pthread_mutex_lock(&s->rmu);
+  s->rstop = true;
+  pthread_cond_signal(&s->rcv);
+  pthread_mutex_unlock(&s->rmu);
+  pthread_join(s->rthread, NULL);
   if (s->watch_inited)
     watch_stop(s);
   s->be->close(s->impl);
   s->impl = NULL;
-  s->handles_open = 2;
+  s->handles_open = 3;
   uv_close((uv_handle_t *)&s->async, on_async_closed);
   uv_close((uv_handle_t *)&s->kick, on_async_closed);
+  uv_close((uv_handle_t *)&s->rasync, on_async_closed);
   if (s->watch_inited) {
     s->handles_open++;
     uv_close((uv_handle_t *)&s->watch_timer, on_async_closed);
@@ -312,6 +365,9 @@ static void on_async(uv_async_t *a) {
   maybe_finish(s);
 }
 
+static void *reader_main(void *arg);
+static void on_read_async(uv_async_t *a);
+
 static void set_why(char **why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void set_why(char **why, const char *fmt, ...) {
   if (!why)
@@ -353,52 +409,63 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
     free(s);
     return rc;
   }
-  if (pthread_mutex_init(&s->mu, NULL) != 0) {
+  if (pthread_mutex_init(&s->mu, NULL) != 0 || pthread_cond_init(&s->cv, NULL) != 0 ||
+      pthread_mutex_init(&s->rmu, NULL) != 0 || pthread_cond_init(&s->rcv, NULL) != 0 ||
+      pthread_mutex_init(&s->conn, NULL) != 0) {
+    /* Never fails on Linux with default attributes (glibc allocates nothing). */
     backend->close(s->impl);
     json_decref(s->poison);
     free(s);
-    set_why(why, "store: cannot create a mutex");
-    return AH_EINTERNAL;
-  }
-  if (pthread_cond_init(&s->cv, NULL) != 0) {
-    pthread_mutex_destroy(&s->mu);
-    backend->close(s->impl);
-    json_decref(s->poison);
-    free(s);
-    set_why(why, "store: cannot create a condition variable");
+    set_why(why, "store: cannot create a mutex or condition variable");
     return AH_EINTERNAL;
   }
   rc = uv_async_init(loop, &s->async, on_async);
-  if (rc < 0) {
-    pthread_cond_destroy(&s->cv);
-    pthread_mutex_destroy(&s->mu);
+  int rrc = rc == 0 ? uv_async_init(loop, &s->rasync, on_read_async) : rc;
+  if (rc < 0 || rrc < 0) {
     backend->close(s->impl);
-    json_decref(s->poison);
-    free(s);
-    set_why(why, "store: uv_async_init: %s", uv_strerror(rc));
+    s->impl = NULL;
+    set_why(why, "store: uv_async_init: %s", uv_strerror(rc < 0 ? rc : rrc));
+    if (rc < 0) {
+      store_free(s);
+    } else { /* the open handle must close before the memory goes */
+      s->closing = s->finished = true;
+      s->async.data = s;
+      s->handles_open = 1;
+      uv_close((uv_handle_t *)&s->async, on_async_closed);
+    }
     return AH_EINTERNAL;
   }
   s->async.data = s;
+  s->rasync.data = s;
   uv_prepare_init(loop, &s->kick);
   s->kick.data = s;
-  /* The writer inherits a full signal mask: signals are the loop thread's business (libuv's handlers),
-   * and a commit is never interrupted by one. */
+  /* The threads inherit a full signal mask: signals are the loop thread's business (libuv's handlers),
+   * and a commit or a read is never interrupted by one. */
   sigset_t all, old;
   sigfillset(&all);
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int trc = pthread_create(&s->thread, NULL, writer_main, s);
+  int rtrc = trc == 0 ? pthread_create(&s->rthread, NULL, reader_main, s) : -1;
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (trc != 0) {
-    /* The async handle must be closed before the memory goes: finish through the normal close path
+  if (trc != 0 || rtrc != 0) {
+    /* The async handles must be closed before the memory goes: finish through the normal close path
      * without a thread to join. */
+    if (trc == 0) {
+      pthread_mutex_lock(&s->mu);
+      s->stop = true;
+      pthread_cond_signal(&s->cv);
+      pthread_mutex_unlock(&s->mu);
+      pthread_join(s->thread, NULL);
+    }
     backend->close(s->impl);
     s->impl = NULL;
     s->closing = true;
     s->finished = true;
-    s->handles_open = 2;
+    s->handles_open = 3;
     uv_close((uv_handle_t *)&s->async, on_async_closed);
     uv_close((uv_handle_t *)&s->kick, on_async_closed);
-    set_why(why, "store: cannot start the writer thread");
+    uv_close((uv_handle_t *)&s->rasync, on_async_closed);
+    set_why(why, "store: cannot start the writer or the reader thread");
     return AH_EINTERNAL;
   }
   AH_LOG_D(COMP, "opened %s (%s%s)", opts->path ? opts->path : "the database", backend->name,
@@ -451,48 +518,272 @@ int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg)
   return 0;
 }
 
-/* Every read below counts (ah__store_reads): a quiet store is one nothing was read from for a while. */
-static bool reading(ah_store *s) {
+/* ---- reads ------------------------------------------------------------------------------------------ */
+
+/* Kinds whose read returns a row or nothing (not found), rather than a list. */
+static bool one_row(ah_store_query_kind k) {
+  return k == AH_STORE_Q_SESSION || k == AH_STORE_Q_REQUEST;
+}
+
+/* One query on the backend's read connection (`conn` held): its result (json null: not found), or NULL when
+ * the read failed. */
+static json_t *run_query(ah_store *s, const ah_store_query *q) {
+  const ah_store_backend *be = s->be;
+  void *impl = s->impl;
+  bool needs_id = q->kind != AH_STORE_Q_SESSIONS && q->kind != AH_STORE_Q_EVENTS_AFTER &&
+                  q->kind != AH_STORE_Q_REQUESTS_PENDING && q->kind != AH_STORE_Q_TO_RECOVER &&
+                  q->kind != AH_STORE_Q_LAST_CURSOR && q->kind != AH_STORE_Q_POSTED;
+  if (needs_id && !q->id)
+    return one_row(q->kind) ? json_null() : json_array();
+  json_t *r = NULL;
+  switch (q->kind) {
+  case AH_STORE_Q_SESSION:
+    r = be->get_session(impl, q->id);
+    break;
+  case AH_STORE_Q_SESSIONS:
+    r = be->list_sessions(impl, q->id, q->limit);
+    break;
+  case AH_STORE_Q_EVENTS:
+    r = be->events(impl, q->id, q->after, q->limit);
+    break;
+  case AH_STORE_Q_EVENTS_AFTER:
+    r = be->events_after(impl, q->after, q->limit);
+    break;
+  case AH_STORE_Q_INBOX_OPEN:
+    r = be->inbox_open(impl, q->id);
+    break;
+  case AH_STORE_Q_REQUESTS_PENDING:
+    r = be->requests_pending(impl, q->id);
+    break;
+  case AH_STORE_Q_REQUEST:
+    r = be->get_request(impl, q->id);
+    break;
+  case AH_STORE_Q_TO_RECOVER:
+    r = be->sessions_to_recover(impl);
+    break;
+  case AH_STORE_Q_TREE:
+    r = be->session_tree(impl, q->id);
+    break;
+  case AH_STORE_Q_LAST_CURSOR: {
+    int64_t c = be->last_cursor ? be->last_cursor(impl) : -1;
+    return c < 0 ? NULL : json_integer((json_int_t)c);
+  }
+  case AH_STORE_Q_POSTED:
+    if (!be->posted)
+      return json_null(); /* no signals: nothing is ever posted */
+    r = be->posted(impl);
+    break;
+  }
+  if (r)
+    return r;
+  bool failed = !one_row(q->kind) || (be->read_failed && be->read_failed(impl));
+  return failed ? NULL : json_null();
+}
+
+/* Append `j` to the FIFO `*head`..`*tail`. */
+static void job_push(read_job **head, read_job **tail, read_job *j) {
+  j->next = NULL;
+  if (*tail)
+    (*tail)->next = j;
+  else
+    *head = j;
+  *tail = j;
+}
+
+static void job_free(read_job *j) {
+  free(j->why);
+  for (size_t i = 0; i < j->n; i++)
+    free((char *)j->q[i].id);
+  free(j->q);
+  json_decref(j->results);
+  free(j);
+}
+
+/* Run a job on the read connection (the reader thread). */
+static void run_job(ah_store *s, read_job *j) {
+  pthread_mutex_lock(&s->conn);
+  if (j->shrink) {
+    if (s->be->release_memory)
+      s->be->release_memory(s->impl);
+  } else if (j->watch) { /* a connection to the server: never on the loop */
+    j->fd = s->be->watch_open(s->impl, &j->why);
+  } else {
+    j->results = json_array();
+    for (size_t i = 0; i < j->n && j->results; i++) {
+      json_t *r = run_query(s, &j->q[i]);
+      if (!r || json_array_append_new(j->results, r) != 0) {
+        j->status = r ? AH_ENOMEM : AH_EIO;
+        json_decref(j->results);
+        j->results = NULL;
+      }
+    }
+    if (!j->results && !j->status)
+      j->status = AH_ENOMEM;
+  }
+  pthread_mutex_unlock(&s->conn);
+}
+
+static void *reader_main(void *arg) {
+  ah_store *s = arg;
+  pthread_setname_np(pthread_self(), "ah-store-reader");
+  pthread_mutex_lock(&s->rmu);
+  for (;;) {
+    while (!s->rqueue && !s->rstop)
+      pthread_cond_wait(&s->rcv, &s->rmu);
+    read_job *j = s->rqueue;
+    if (!j)
+      break; /* stop requested and nothing left */
+    s->rqueue = j->next;
+    if (!s->rqueue)
+      s->rqueue_tail = NULL;
+    pthread_mutex_unlock(&s->rmu);
+
+    pthread_mutex_lock(&s->rmu);
+    bool doomed = j->gen <= s->rfailed_upto && !j->shrink && !j->watch;
+    pthread_mutex_unlock(&s->rmu);
+    if (doomed)
+      j->status = AH_EIO;
+    else
+      run_job(s, j);
+
+    pthread_mutex_lock(&s->rmu);
+    if (j->status == AH_EIO && !doomed)
+      s->rfailed_upto = s->rsubmitted;
+    job_push(&s->rdone, &s->rdone_tail, j);
+    pthread_mutex_unlock(&s->rmu);
+    uv_async_send(&s->rasync);
+    pthread_mutex_lock(&s->rmu);
+  }
+  pthread_mutex_unlock(&s->rmu);
+  return NULL;
+}
+
+static void watch_opened(ah_store *s, int fd, const char *why, bool again);
+
+/* The callbacks of the reads done, a few per loop turn: what they release (pages of events) is freed on the
+ * loop, so timers and other handles run between them. */
+#define READ_CALLBACKS_PER_TURN 4
+
+static void on_read_async(uv_async_t *a) {
+  ah_store *s = a->data;
+  pthread_mutex_lock(&s->rmu);
+  read_job *head = s->rdone, *last = head;
+  for (int i = 1; last && last->next && i < READ_CALLBACKS_PER_TURN; i++)
+    last = last->next;
+  s->rdone = last ? last->next : NULL;
+  if (!s->rdone)
+    s->rdone_tail = NULL;
+  if (last)
+    last->next = NULL;
+  bool more = s->rdone != NULL;
+  pthread_mutex_unlock(&s->rmu);
+  if (more)
+    uv_async_send(&s->rasync);
+  while (head) {
+    read_job *j = head;
+    head = j->next;
+    s->in_flight--;
+    if (!j->watch && !j->shrink)
+      s->reads_pending--;
+    if (j->watch)
+      watch_opened(s, j->fd, j->why, j->again);
+    else if (j->cb)
+      j->cb(j->status, j->status == 0 ? j->results : NULL, j->arg);
+    job_free(j);
+  }
+  maybe_finish(s);
+}
+
+static int submit_job(ah_store *s, read_job *j) {
+  s->in_flight++;
+  pthread_mutex_lock(&s->rmu);
+  j->gen = ++s->rsubmitted;
+  job_push(&s->rqueue, &s->rqueue_tail, j);
+  pthread_cond_signal(&s->rcv);
+  pthread_mutex_unlock(&s->rmu);
+  return 0;
+}
+
+int ah__store_read(ah_store *s, const ah_store_query *q, size_t n, ah_store_read_fn cb, void *arg) {
+  if (!s || !s->impl || (n > 0 && !q))
+    return AH_EINVAL;
+  if (s->closing)
+    return AH_ECLOSED;
+  read_job *j = calloc(1, sizeof *j);
+  if (!j)
+    return AH_ENOMEM;
+  j->q = calloc(n ? n : 1, sizeof *j->q);
+  if (!j->q)
+    return (free(j), AH_ENOMEM);
+  for (size_t i = 0; i < n; i++) {
+    j->q[i] = q[i];
+    j->q[i].id = q[i].id ? strdup(q[i].id) : NULL;
+    j->n = i + 1;
+    if (q[i].id && !j->q[i].id) {
+      job_free(j);
+      return AH_ENOMEM;
+    }
+  }
+  j->cb = cb;
+  j->arg = arg;
+  atomic_fetch_add(&s->reads, n);
+  s->reads_pending++;
+  return submit_job(s, j);
+}
+
+/* A blocking read: one query on the caller's thread, after the reader's current read. NULL: not found, or
+ * the read failed (ah__store_read_status tells which). */
+static json_t *read_now(ah_store *s, ah_store_query q) {
   if (!s || !s->impl)
-    return false;
-  s->reads++;
-  return true;
+    return NULL;
+  atomic_fetch_add(&s->reads, 1);
+  pthread_mutex_lock(&s->conn);
+  json_t *r = run_query(s, &q);
+  s->read_failed = r == NULL;
+  pthread_mutex_unlock(&s->conn);
+  if (json_is_null(r)) {
+    json_decref(r);
+    r = NULL;
+  }
+  return r;
 }
 
 json_t *ah__store_session_tree(ah_store *s, const char *id) {
-  return reading(s) && id ? s->be->session_tree(s->impl, id) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_TREE, .id = id});
 }
 
 json_t *ah__store_get_session(ah_store *s, const char *id) {
-  return reading(s) && id ? s->be->get_session(s->impl, id) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_SESSION, .id = id});
 }
 
 json_t *ah__store_list_sessions(ah_store *s, const char *after_id, size_t limit) {
-  return reading(s) ? s->be->list_sessions(s->impl, after_id, limit) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_SESSIONS, .id = after_id, .limit = limit});
 }
 
 json_t *ah__store_events(ah_store *s, const char *session_id, int64_t after_seq, size_t limit) {
-  return reading(s) && session_id ? s->be->events(s->impl, session_id, after_seq, limit) : NULL;
+  return read_now(
+      s, (ah_store_query){.kind = AH_STORE_Q_EVENTS, .id = session_id, .after = after_seq, .limit = limit});
 }
 
 json_t *ah__store_events_after(ah_store *s, int64_t after_cursor, size_t limit) {
-  return reading(s) ? s->be->events_after(s->impl, after_cursor, limit) : NULL;
+  return read_now(s,
+                  (ah_store_query){.kind = AH_STORE_Q_EVENTS_AFTER, .after = after_cursor, .limit = limit});
 }
 
 json_t *ah__store_inbox_open(ah_store *s, const char *session_id) {
-  return reading(s) && session_id ? s->be->inbox_open(s->impl, session_id) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_INBOX_OPEN, .id = session_id});
 }
 
 json_t *ah__store_requests_pending(ah_store *s, const char *session_id) {
-  return reading(s) ? s->be->requests_pending(s->impl, session_id) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_REQUESTS_PENDING, .id = session_id});
 }
 
 json_t *ah__store_get_request(ah_store *s, const char *id) {
-  return reading(s) && id ? s->be->get_request(s->impl, id) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_REQUEST, .id = id});
 }
 
 json_t *ah__store_sessions_to_recover(ah_store *s) {
-  return reading(s) ? s->be->sessions_to_recover(s->impl) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_TO_RECOVER});
 }
 
 int ah__store_health(ah_store *s, char *detail, size_t cap) {
@@ -509,16 +800,47 @@ int ah__store_health(ah_store *s, char *detail, size_t cap) {
   return s->be->health(s->impl, detail, cap);
 }
 
+typedef struct shrink_ctx {
+  ah_store *s;
+  ah_store_write_fn cb;
+  void *arg;
+} shrink_ctx;
+
+/* The reader's caches are released (on its thread, between two reads): now the writer's, in order. */
+static void shrink_released(int status, const json_t *results, void *arg) {
+  (void)status;
+  (void)results;
+  shrink_ctx *c = arg;
+  int rc = ah__store_write(c->s, json_pack("[{s:s}]", "op", "store.shrink"), c->cb, c->arg);
+  if (rc && c->cb)
+    c->cb(rc, NULL, c->arg);
+  free(c);
+}
+
 int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg) {
   if (!s || !s->impl)
     return AH_EINVAL;
-  if (s->be->release_memory)
-    s->be->release_memory(s->impl);
-  return ah__store_write(s, json_pack("[{s:s}]", "op", "store.shrink"), cb, arg);
+  if (s->closing)
+    return AH_ECLOSED;
+  if (s->read_only)
+    return AH_EPERM;
+  shrink_ctx *c = calloc(1, sizeof *c);
+  read_job *j = calloc(1, sizeof *j);
+  if (!c || !j)
+    return (free(c), free(j), AH_ENOMEM);
+  *c = (shrink_ctx){s, cb, arg};
+  j->shrink = true;
+  j->cb = shrink_released;
+  j->arg = c;
+  return submit_job(s, j);
+}
+
+bool ah__store_reading(const ah_store *s) {
+  return s && s->reads_pending > 0;
 }
 
 uint64_t ah__store_reads(const ah_store *s) {
-  return s ? s->reads : 0;
+  return s ? atomic_load(&((ah_store *)s)->reads) : 0;
 }
 
 int64_t ah__store_memory_used(const ah_store *s) {
@@ -528,7 +850,7 @@ int64_t ah__store_memory_used(const ah_store *s) {
 int ah__store_read_status(ah_store *s) {
   if (!s || !s->impl)
     return AH_EIO;
-  return s->be->read_failed && s->be->read_failed(s->impl) ? AH_EIO : 0;
+  return s->read_failed ? AH_EIO : 0;
 }
 
 const char *ah__store_health_name(int health) {
@@ -536,11 +858,18 @@ const char *ah__store_health_name(int health) {
 }
 
 int64_t ah__store_last_cursor(ah_store *s) {
-  return reading(s) && s->be->last_cursor ? s->be->last_cursor(s->impl) : -1;
+  json_t *c = read_now(s, (ah_store_query){.kind = AH_STORE_Q_LAST_CURSOR});
+  int64_t v = c ? json_integer_value(c) : -1;
+  json_decref(c);
+  return v;
 }
 
 json_t *ah__store_posted(ah_store *s) {
-  return reading(s) && s->be->posted ? s->be->posted(s->impl) : NULL;
+  return read_now(s, (ah_store_query){.kind = AH_STORE_Q_POSTED});
+}
+
+bool ah__store_watching(const ah_store *s) {
+  return s && s->watch_poll;
 }
 
 bool ah__store_signals(const ah_store *s) {
@@ -582,43 +911,53 @@ static void watch_readable(uv_poll_t *p, int status, int events) {
     uv_timer_start(&s->watch_timer, watch_retry, 1000, 0);
 }
 
-/* Open the listening connection and poll it; 0 or an AH_E* code with *why. */
-static int watch_start(ah_store *s, char **why) {
-  int fd = s->be->watch_open(s->impl, why);
-  if (fd < 0)
-    return fd;
+/* The listening connection was opened on the reader thread (`fd`, or an AH_E* code with `why`): it is
+ * polled, and the watcher told "*" (signals sent before may have been missed); when it did not open, it is
+ * tried again in 5 s. `again`: it was open before. */
+static void watch_opened(ah_store *s, int fd, const char *why, bool again) {
+  s->watch_opening = false;
+  if (fd >= 0 && s->closing) {
+    s->be->watch_close(s->impl);
+    return;
+  }
+  if (fd < 0) {
+    if (!s->closing) {
+      AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
+               why ? why : "unknown error");
+      uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
+    }
+    return;
+  }
   uv_poll_t *p = calloc(1, sizeof *p);
   int rc = p ? uv_poll_init(s->loop, p, fd) : UV_ENOMEM;
   if (rc < 0) {
     free(p);
     s->be->watch_close(s->impl);
-    if (why && asprintf(why, "cannot poll the signal connection: %s", uv_strerror(rc)) < 0)
-      *why = NULL;
-    return AH_EIO;
+    AH_LOG_W(COMP, "cannot poll the store's signal connection (%s); trying again in 5 s", uv_strerror(rc));
+    uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
+    return;
   }
   p->data = s;
   s->watch_poll = p;
   uv_poll_start(p, UV_READABLE, watch_readable);
-  return 0;
+  if (again)
+    AH_LOG_I(COMP, "the store's signal connection is open again");
+  watch_signal("*", s); /* signals sent before it was open (or while it was broken) were missed */
 }
 
-/* Open the listening connection; when it does not open, again in 5 s. `again`: it was open before, so
- * signals may have been missed meanwhile ("*"). */
+/* Open the listening connection, on the reader thread (a connection to the server may take its time). */
 static void watch_open(ah_store *s, bool again) {
-  if (s->closing || s->watch_poll)
+  if (s->closing || s->watch_poll || s->watch_opening)
     return;
-  char *why = NULL;
-  if (watch_start(s, &why) == 0) {
-    if (again) {
-      AH_LOG_I(COMP, "the store's signal connection is open again");
-      watch_signal("*", s);
-    }
-  } else {
-    AH_LOG_W(COMP, "the store's signal connection cannot be opened (%s); trying again in 5 s",
-             why ? why : "unknown error");
+  read_job *j = calloc(1, sizeof *j);
+  if (!j) {
     uv_timer_start(&s->watch_timer, watch_retry, 5000, 0);
+    return;
   }
-  free(why);
+  j->watch = true;
+  j->again = again;
+  s->watch_opening = true;
+  submit_job(s, j);
 }
 
 static void watch_retry(uv_timer_t *t) {

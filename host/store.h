@@ -6,8 +6,12 @@
  * thread, in submission order. So the loop never waits for the disk, and many small writes of one loop
  * turn cost one commit.
  *
- * Reads run synchronously on the caller's thread through a separate read connection (WAL lets readers
- * run beside the writer). They see everything whose write callback has run.
+ * Reads run on a second dedicated thread, the reader, through a separate read connection (WAL lets readers
+ * run beside the writer): ah__store_read submits a list of queries and its callback gets their results on
+ * the loop thread, so a slow read (a remote database, a lost connection: up to its deadline) never stops
+ * the loop. Reads run one at a time in submission order and see everything whose write callback had run
+ * when they were submitted. The blocking reads (ah__store_get_session...) are for programs without a
+ * loop to keep running (the CLI) and for tests.
  *
  * A backend implements ah_store_backend; store_sqlite.c is the SQLite one (WAL, schema version in
  * PRAGMA user_version, forward migrations; a corrupt file or a newer schema is refused, never rewritten).
@@ -74,8 +78,9 @@ typedef struct ah_store_opts {
   unsigned wal_restart_frames;
 } ah_store_opts;
 
-/* A backend. Every function but write_group runs on the loop thread; write_group runs on the writer
- * thread, with no other call of the backend in between on that connection. */
+/* A backend. write_group runs on the writer thread, with no other call of the backend in between on that
+ * connection. The reads, read_failed, release_memory, last_cursor and posted run on one thread at a time
+ * (the reader, or a blocking read's caller) on the read connection. The rest run on the loop thread. */
 typedef struct ah_store_backend {
   const char *name;
   int (*open)(const ah_store_opts *opts, void **impl, char **why);
@@ -101,24 +106,25 @@ typedef struct ah_store_backend {
   json_t *(*session_tree)(void *impl, const char *id);
   /* Any thread: AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED, with a description in `detail`. */
   int (*health)(void *impl, char *detail, size_t cap);
-  /* Loop thread: whether the last read failed (a NULL from a read is then an error, not "not found"). */
+  /* Read connection: whether the last read failed (a NULL from a read is then an error, not "not found"). */
   bool (*read_failed)(void *impl);
-  /* Loop thread: the read connection's cache goes back to the heap (the writer's: the store.shrink op). */
+  /* Read connection: its cache goes back to the heap (the writer's: the store.shrink op). */
   void (*release_memory)(void *impl);
   /* Any thread: the bytes the backend holds in memory (its caches), -1 when it cannot tell. */
   int64_t (*memory_used)(void *impl);
-  /* Loop thread: the highest event cursor stored (0: none), -1 on error. */
+  /* Read connection: the highest event cursor stored (0: none), -1 on error. */
   int64_t (*last_cursor)(void *impl);
-  /* Signals between the hosts of a shared store (NULL when the backend has none: SQLite). All on the loop
-   * thread. watch_open opens the listening connection and returns its descriptor (to poll for reading) or
-   * an AH_E* code with *why; watch_read takes what arrived and calls `fn` with each signal's payload (0, or
-   * AH_EIO when the connection broke: open it again); watch_close closes it. Every group that stores events
-   * also signals "events". */
+  /* Signals between the hosts of a shared store (NULL when the backend has none: SQLite). watch_open runs
+   * on the reader thread (a connection to the server), watch_read and watch_close on the loop thread, never
+   * at the same time. watch_open opens the listening connection and returns its descriptor (to poll for
+   * reading) or an AH_E* code with *why; watch_read takes what arrived and calls `fn` with each signal's
+   * payload (0, or AH_EIO when the connection broke: open it again); watch_close closes it. Every group that
+   * stores events also signals "events". */
   int (*watch_open)(void *impl, char **why);
   int (*watch_read)(void *impl, void (*fn)(const char *payload, void *arg), void *arg);
   void (*watch_close)(void *impl);
-  /* Loop thread: the sessions not closed with posted inbox rows, [{id, leaseOwner|null, free: bool}] (free:
-   * no lease, or one that expired by the store's clock). NULL: not supported (no signals). */
+  /* Read connection: the sessions not closed with posted inbox rows, [{id, leaseOwner|null, free: bool}]
+   * (free: no lease, or one that expired by the store's clock). NULL: not supported (no signals). */
   json_t *(*posted)(void *impl);
 } ah_store_backend;
 
@@ -142,15 +148,48 @@ int ah__store_open(uv_loop_t *loop, const ah_store_backend *backend, const ah_st
  * with 0 and the results array (borrowed for the call), or a negative AH_E* code and NULL. */
 typedef void (*ah_store_write_fn)(int status, const json_t *results, void *arg);
 int ah__store_write(ah_store *s, json_t *opset, ah_store_write_fn cb, void *arg);
-/* Give the store's caches back to the heap (the sessions left memory): the reader's now, the writer's in
- * submission order; `cb` (may be NULL) runs once both are done. */
+/* Give the store's caches back to the heap (the sessions left memory): the reader's after the reads
+ * submitted before, then the writer's in submission order; `cb` (may be NULL) runs once both are done. */
 int ah__store_shrink(ah_store *s, ah_store_write_fn cb, void *arg);
-/* How many reads were made (loop thread), so that a caller can tell a quiet store from a busy one. */
+/* How many reads (queries) were made, so that a caller can tell a quiet store from a busy one. */
 uint64_t ah__store_reads(const ah_store *s);
+/* Whether reads submitted with ah__store_read are still in flight (loop thread). */
+bool ah__store_reading(const ah_store *s);
 /* The bytes the store holds in memory (its caches), -1 when its backend cannot tell. */
 int64_t ah__store_memory_used(const ah_store *s);
 
-/* Reads (loop thread). New references; NULL when not found (get_*) or on error. */
+/* What a read asks for (ah__store_read); `id` is copied. */
+typedef enum ah_store_query_kind {
+  AH_STORE_Q_SESSION,          /* the session `id`: its row, or null */
+  AH_STORE_Q_SESSIONS,         /* sessions after the id `id` (NULL: from the start), at most `limit` */
+  AH_STORE_Q_EVENTS,           /* events of session `id` with seq > `after`, at most `limit` */
+  AH_STORE_Q_EVENTS_AFTER,     /* events of every session with cursor > `after`, at most `limit` */
+  AH_STORE_Q_INBOX_OPEN,       /* inbox rows of session `id` not done or cancelled */
+  AH_STORE_Q_REQUESTS_PENDING, /* pending requests of session `id` (NULL: of all) */
+  AH_STORE_Q_REQUEST,          /* the request `id`: its row, or null */
+  AH_STORE_Q_TO_RECOVER,       /* sessions to recover after a restart */
+  AH_STORE_Q_TREE,             /* session `id` and those below it: [{id, parent, usage}] */
+  AH_STORE_Q_LAST_CURSOR,      /* the highest event cursor stored (0: none) */
+  AH_STORE_Q_POSTED,           /* see the backend's posted; null without signals */
+} ah_store_query_kind;
+
+typedef struct ah_store_query {
+  ah_store_query_kind kind;
+  const char *id;
+  int64_t after;
+  size_t limit;
+} ah_store_query;
+
+/* Run the `n` queries, in order, on the reader thread; `cb` runs on the loop thread with 0 and an array of
+ * their `n` results (borrowed for the call), or AH_EIO (a query failed: none is given) or AH_ENOMEM and
+ * NULL. When a read fails, the reads submitted before its failure was known fail at once (AH_EIO) rather
+ * than each waiting for the database in turn. Returns 0, or AH_ECLOSED (the store is closing), AH_EINVAL or
+ * AH_ENOMEM without calling `cb`. The store's close waits for the reads in flight and their callbacks. */
+typedef void (*ah_store_read_fn)(int status, const json_t *results, void *arg);
+int ah__store_read(ah_store *s, const ah_store_query *q, size_t n, ah_store_read_fn cb, void *arg);
+
+/* Blocking reads, on the caller's thread (after the reader's current read). New references; NULL when not
+ * found (get_*) or on error. */
 json_t *ah__store_get_session(ah_store *s, const char *id);
 json_t *ah__store_list_sessions(ah_store *s, const char *after_id, size_t limit);
 json_t *ah__store_events(ah_store *s, const char *session_id, int64_t after_seq, size_t limit);
@@ -164,7 +203,7 @@ json_t *ah__store_session_tree(ah_store *s, const char *id);
 /* Health (see the backend's health): AH_STORE_OK, AH_STORE_FULL or AH_STORE_DAMAGED; `detail` (may be
  * NULL) receives a description. A NULL store is AH_STORE_DAMAGED ("the store cannot be opened"). */
 int ah__store_health(ah_store *s, char *detail, size_t cap);
-/* 0, or AH_EIO when the last read on the loop thread failed (its NULL was an error, not "not found"). */
+/* 0, or AH_EIO when the last blocking read failed (its NULL was an error, not "not found"). */
 int ah__store_read_status(ah_store *s);
 const char *ah__store_health_name(int health);
 
@@ -174,12 +213,16 @@ int64_t ah__store_last_cursor(ah_store *s);
 json_t *ah__store_posted(ah_store *s);
 
 /* Signals between the hosts of a shared store: whether the store has them, and a watch that calls `fn` on
- * the loop thread with each signal's payload. A broken listening connection is opened again (after 1 s,
- * then every 5 s) and `fn` gets "*" once it is back: signals may have been missed meanwhile. One watch per
+ * the loop thread with each signal's payload. The listening connection is opened on the reader thread;
+ * `fn` gets "*" once it is open, and again each time it is back after it broke (it is opened again after
+ * 1 s, then every 5 s): signals may have been missed meanwhile. One watch per
  * store; it ends with the store. Returns AH_EUNAVAILABLE without signals. */
 typedef void (*ah_store_signal_fn)(const char *payload, void *arg);
 bool ah__store_signals(const ah_store *s);
 int ah__store_watch(ah_store *s, ah_store_signal_fn fn, void *arg);
+/* Whether the watch's listening connection is open now (it is opened on the reader thread: signals sent
+ * before it is open are not seen). */
+bool ah__store_watching(const ah_store *s);
 
 /* Counters: commits (transactions) and opsets written since open. */
 uint64_t ah__store_commits(const ah_store *s);

@@ -1230,6 +1230,194 @@ Test(store, close_drains_queued_writes_then_refuses) {
   fx_fini(&f);
 }
 
+/* ---- reads on the reader thread (ah__store_read) ------------------------------------------------------ */
+
+typedef struct rres {
+  int status;
+  json_t *results;
+  bool done;
+  int order;
+} rres;
+
+static void on_read(int status, const json_t *results, void *arg) {
+  rres *r = arg;
+  cr_assert_not(r->done, "a read callback ran twice");
+  r->status = status;
+  r->results = json_incref((json_t *)results);
+  r->done = true;
+  r->order = completions++;
+  if (status == 0)
+    cr_assert(json_is_array(results), "a successful read without a results array");
+  else
+    cr_assert_null(results);
+}
+
+/* Every kind of query in one read, beside a second read: the callbacks run on the loop, never during the
+ * call, in submission order, with one result per query (null: not found). */
+Test(store, reads_run_on_the_reader_and_call_back_in_order) {
+  fx f;
+  fx_init(&f);
+  f.s = open_ok(&f, NULL);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  write_ok(&f, f.s,
+           "[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}},"
+           "{'op':'event','sessionId':'s1','seq':2,'kind':'k','time':'t','data':{}},"
+           "{'op':'event','sessionId':'s1','seq':3,'kind':'k','time':'t','data':{'x':1}}]");
+  uint64_t reads = ah__store_reads(f.s);
+  ah_store_query q[] = {
+      {.kind = AH_STORE_Q_SESSION, .id = "s1"},
+      {.kind = AH_STORE_Q_SESSION, .id = "nope"},
+      {.kind = AH_STORE_Q_EVENTS, .id = "s1", .after = 1, .limit = 1},
+      {.kind = AH_STORE_Q_SESSIONS, .limit = 10},
+      {.kind = AH_STORE_Q_REQUEST, .id = "nope"},
+      {.kind = AH_STORE_Q_LAST_CURSOR},
+      {.kind = AH_STORE_Q_TO_RECOVER},
+      {.kind = AH_STORE_Q_TREE, .id = "s1"},
+      {.kind = AH_STORE_Q_INBOX_OPEN, .id = "s1"},
+      {.kind = AH_STORE_Q_REQUESTS_PENDING},
+      {.kind = AH_STORE_Q_EVENTS_AFTER, .after = 0, .limit = 10},
+      {.kind = AH_STORE_Q_POSTED},
+  };
+  size_t n = sizeof q / sizeof q[0];
+  rres a = {0}, b = {0};
+  char id[] = "s1";
+  cr_assert_eq(ah__store_read(f.s, q, n, on_read, &a), 0);
+  cr_assert_eq(ah__store_read(f.s, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = id}, 1, on_read, &b),
+               0);
+  id[0] = 'x'; /* the ids were copied */
+  cr_expect_not(a.done || b.done, "a read never calls back during the call");
+  cr_assert(ts_run_until(&f.loop, &b.done, 10000));
+  cr_assert(a.done);
+  cr_expect_lt(a.order, b.order, "read callbacks run in submission order");
+  cr_assert_eq(a.status, 0);
+  cr_assert_eq(json_array_size(a.results), n);
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(a.results, 0), "id")), "s1");
+  cr_expect(json_is_null(json_array_get(a.results, 1)), "a missing row is null");
+  json_t *evs = json_array_get(a.results, 2);
+  cr_expect_eq(json_array_size(evs), 1);
+  cr_expect_eq(json_integer_value(json_object_get(json_array_get(evs, 0), "seq")), 2);
+  cr_expect_eq(json_array_size(json_array_get(a.results, 3)), 1);
+  cr_expect(json_is_null(json_array_get(a.results, 4)));
+  json_t *all = json_array_get(a.results, 10);
+  cr_expect_eq(json_array_size(all), 3);
+  cr_expect_eq(json_integer_value(json_array_get(a.results, 5)),
+               json_integer_value(json_object_get(json_array_get(all, 2), "cursor")), "the last cursor");
+  cr_expect(json_is_array(json_array_get(a.results, 6)));
+  cr_expect_eq(json_array_size(json_array_get(a.results, 7)), 1, "the tree of a session without children");
+  cr_expect_eq(json_array_size(json_array_get(a.results, 8)), 0);
+  cr_expect_eq(json_array_size(json_array_get(a.results, 9)), 0);
+  cr_expect(tpg_enabled() ? json_is_array(json_array_get(a.results, 11))
+                          : json_is_null(json_array_get(a.results, 11)),
+            "posted rows exist with signals only");
+  cr_expect_eq(b.status, 0);
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(b.results, 0), "id")), "s1");
+  cr_expect_eq(ah__store_reads(f.s), reads + n + 1, "every query counts as a read");
+  json_decref(a.results);
+  json_decref(b.results);
+  /* Argument errors are returned, never called back. */
+  rres c = {0};
+  cr_expect_eq(ah__store_read(NULL, q, 1, on_read, &c), AH_EINVAL);
+  cr_expect_eq(ah__store_read(f.s, NULL, 1, on_read, &c), AH_EINVAL);
+  uv_run(&f.loop, UV_RUN_NOWAIT);
+  cr_expect_not(c.done);
+  fx_fini(&f);
+}
+
+/* A backend whose reads of a session take 400 ms (a remote database, a slow disk), and whose reads of
+ * events fail. */
+static atomic_int slow_reads;
+
+static json_t *slow_get_session(void *impl, const char *id) {
+  atomic_fetch_add(&slow_reads, 1);
+  usleep(400 * 1000);
+  return backend()->get_session(impl, id);
+}
+
+static json_t *failing_events(void *impl, const char *id, int64_t after, size_t limit) {
+  (void)impl, (void)id, (void)after, (void)limit;
+  return NULL;
+}
+
+static ah_store_backend slow_backend(void) {
+  ah_store_backend b = *backend();
+  b.name = "slow";
+  b.get_session = slow_get_session;
+  b.events = failing_events;
+  return b;
+}
+
+static void count_tick(uv_timer_t *t) {
+  (*(int *)t->data)++;
+}
+
+/* A slow read leaves the loop running: timers fire while it is read; writes commit beside it. */
+Test(store, a_slow_read_does_not_stop_the_loop, .timeout = 30) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = slow_backend();
+  f.s = open_ok(&f, &be);
+  write_ok(&f, f.s, "[" SESSION1 "]");
+  int ticks = 0;
+  uv_timer_t t;
+  uv_timer_init(&f.loop, &t);
+  t.data = &ticks;
+  uv_timer_start(&t, count_tick, 20, 20);
+  rres r = {0};
+  uint64_t t0 = uv_hrtime();
+  cr_assert_eq(ah__store_read(f.s, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = "s1"}, 1, on_read, &r),
+               0);
+  wres w = {0};
+  cr_assert_eq(ah__store_write(f.s,
+                               J("[{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]"),
+                               on_write, &w),
+               0);
+  cr_assert(ts_run_until(&f.loop, &r.done, 10000));
+  double ms = (double)(uv_hrtime() - t0) / 1e6;
+  cr_expect_geq(ms, 380, "the read took its time (%.0f ms)", ms);
+  cr_expect_geq(ticks, 5, "the loop ran timers while the read took %.0f ms (%d ticks)", ms, ticks);
+  cr_expect(w.done && w.status == 0, "a write committed while the read was running");
+  cr_expect_eq(r.status, 0);
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(r.results, 0), "id")), "s1");
+  json_decref(r.results);
+  json_decref(w.results);
+  uv_close((uv_handle_t *)&t, NULL);
+  fx_fini(&f);
+}
+
+/* A read with a failing query reports AH_EIO and no results, and the reads submitted before its failure
+ * was known fail at once (they do not wait for the database each in turn); later ones are read. The close
+ * waits for the reads in flight (their callbacks run before its own) and refuses new ones. */
+Test(store, a_failed_read_fails_those_behind_it_and_close_waits_for_reads, .timeout = 30) {
+  fx f;
+  fx_init(&f);
+  ah_store_backend be = slow_backend();
+  ah_store *s = open_ok(&f, &be);
+  write_ok(&f, s, "[" SESSION1 "]");
+  rres bad = {0}, behind = {0}, after = {0}, late = {0};
+  ah_store_query q[] = {{.kind = AH_STORE_Q_SESSION, .id = "s1"}, {.kind = AH_STORE_Q_EVENTS, .id = "s1"}};
+  atomic_store(&slow_reads, 0);
+  cr_assert_eq(ah__store_read(s, q, 2, on_read, &bad), 0);
+  cr_assert_eq(ah__store_read(s, q, 1, on_read, &behind), 0);
+  cr_assert(ts_run_until(&f.loop, &behind.done, 10000));
+  cr_expect_eq(bad.status, AH_EIO, "a failed query fails the read: %s", ah_err_name(bad.status));
+  cr_expect_null(bad.results);
+  cr_expect_eq(behind.status, AH_EIO, "a read queued behind a failed one: %s", ah_err_name(behind.status));
+  cr_expect_eq(atomic_load(&slow_reads), 1, "the read behind the failed one went to the database");
+  completions = 0;
+  cr_assert_eq(ah__store_read(s, q, 1, on_read, &after), 0);
+  bool closed = false;
+  ah__store_close(s, on_closed_count, &closed);
+  cr_expect_eq(ah__store_read(s, q, 1, on_read, &late), AH_ECLOSED, "a read after close is refused");
+  cr_assert(ts_run_until(&f.loop, &closed, 10000));
+  cr_expect(after.done, "the read in flight was called back");
+  cr_expect_eq(completions_at_close, 1, "before the close callback");
+  cr_expect_eq(after.status, 0, "a read after the failure was known: %s", ah_err_name(after.status));
+  cr_expect_str_eq(json_string_value(json_object_get(json_array_get(after.results, 0), "id")), "s1");
+  cr_expect_not(late.done);
+  json_decref(after.results);
+  fx_fini(&f);
+}
+
 Test(store, write_argument_errors_never_call_back) {
   fx f;
   fx_init(&f);
@@ -2250,6 +2438,10 @@ static bool got_signal(signals *g, const char *want) {
   return false;
 }
 
+static bool watching(void *arg) {
+  return ah__store_watching(arg);
+}
+
 typedef struct wait_signal {
   signals *g;
   const char *want;
@@ -2273,6 +2465,9 @@ Test(store, pg_signals_reach_the_other_hosts_after_the_commit, .timeout = 60) {
   signals g = {0};
   cr_assert_eq(ah__store_watch(f.s, on_signal, &g), 0);
   cr_expect_eq(ah__store_watch(f.s, on_signal, &g), AH_ESTATE, "a second watch");
+  cr_assert(ts_run_until_pred(&f.loop, watching, f.s, 10000), "the listening connection never opened");
+  cr_expect(got_signal(&g, "*"), "an open connection tells that earlier signals may have been missed");
+  g.n = 0;
   write_ok(&f, other,
            "[" SESSION1 ",{'op':'event','sessionId':'s1','seq':1,'kind':'k','time':'t','data':{}}]");
   wait_signal w = {&g, "events"};
