@@ -61,6 +61,24 @@ static void m_stats(ah_call *call, const json_t *params, void *data) {
  * greater than `after` (default 0), in cursor order, at most `limit` (1..1000, default 200); nextAfter is
  * the last cursor of a full page. A pure store read, for surfaces that replay a gap-free stream after a
  * reconnection (the browser's mux). */
+typedef struct events_ctx {
+  ah_call *call;
+  size_t limit;
+} events_ctx;
+
+static void session_events_read(int status, const json_t *results, void *arg) {
+  events_ctx *c = arg;
+  json_t *events = json_array_get(results, 0);
+  if (status)
+    ah__call_error(c->call, AH_EIO, "the store could not be read", NULL);
+  else
+    ah__call_reply(c->call, json_pack("{s:O, s:O?}", "events", events, "nextAfter",
+                                      json_array_size(events) == c->limit
+                                          ? json_object_get(json_array_get(events, c->limit - 1), "cursor")
+                                          : NULL));
+  free(c);
+}
+
 static void m_session_events(ah_call *call, const json_t *params, void *data) {
   ah_sessions *sm = ah__host_sessions(data);
   json_t *after = json_object_get(params, "after");
@@ -77,14 +95,16 @@ static void m_session_events(ah_call *call, const json_t *params, void *data) {
     return;
   }
   size_t n = limit ? (size_t)json_integer_value(limit) : 200;
-  json_t *events = ah__store_events_after(store, after ? json_integer_value(after) : 0, n);
-  if (!events) {
-    ah__call_error(call, AH_EIO, "the store could not be read", NULL);
-    return;
+  ah_store_query q = {
+      .kind = AH_STORE_Q_EVENTS_AFTER, .after = after ? json_integer_value(after) : 0, .limit = n};
+  events_ctx *c = calloc(1, sizeof *c);
+  if (c)
+    *c = (events_ctx){call, n};
+  int rc = c ? ah__store_read(store, &q, 1, session_events_read, c) : AH_ENOMEM;
+  if (rc) {
+    free(c);
+    ah__call_error(call, rc, rc == AH_ECLOSED ? "the host is stopping" : ah_strerror(rc), NULL);
   }
-  json_t *next =
-      json_array_size(events) == n ? json_object_get(json_array_get(events, n - 1), "cursor") : NULL;
-  ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfter", next));
 }
 
 static void m_plugin_list(ah_call *call, const json_t *params, void *data) {

@@ -977,6 +977,20 @@ ah_provider *ah__echo_provider_new(uv_loop_t *loop) {
   return p;
 }
 
+/* Whether a turn of `content` may run a /history step (a line "/history" in one of its text blocks): the
+ * host reads the conversation so far from the store only for such a turn. */
+bool ah__echo_uses_history(const json_t *content) {
+  size_t i = 0;
+  const json_t *block = NULL;
+  json_array_foreach(content, i, block) {
+    const char *text = json_string_value(json_object_get(block, "text"));
+    for (const char *p = text; p && (p = strstr(p, "/history")) != NULL; p += 8)
+      if ((p == text || p[-1] == '\n') && (p[8] == '\0' || echo_is_space(p[8])))
+        return true;
+  }
+  return false;
+}
+
 void ah__echo_provider_free(ah_provider *p) {
   if (!p)
     return;

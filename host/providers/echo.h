@@ -62,5 +62,7 @@
 /* A new echo provider whose timers run on `loop`. Free with ah__echo_provider_free(). */
 ah_provider *ah__echo_provider_new(uv_loop_t *loop);
 void ah__echo_provider_free(ah_provider *p);
+/* Whether a turn with this content may ask for the history (a /history step). */
+bool ah__echo_uses_history(const json_t *content);
 
 #endif

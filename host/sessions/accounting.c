@@ -122,8 +122,9 @@ static void cost_of(const json_t *u, const ah_prices *p, ah_cost *c) {
 }
 
 /* What the session object shows: its own `usage` (the row's, with zeros when it has none), `treeUsage`
- * (itself and every session below it, each counted once) and, with a price table, `cost` and `treeCost`. */
-void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row) {
+ * (itself and every session below it, each counted once, from `tree`: the store's AH_STORE_Q_TREE of it)
+ * and, with a price table, `cost` and `treeCost`. */
+void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row, const json_t *tree) {
   const json_t *own = json_object_get(row, "usage");
   const char *id = str(row, "id");
   json_t *u = json_is_object(own) ? json_deep_copy(own) : json_object();
@@ -141,19 +142,15 @@ void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row) {
     cost_of(u, p, &c);
     json_object_set_new(pub, "cost", ah__cost_json(&c, p));
   }
-  json_t *tree = id ? ah__store_session_tree(ah__sm_store(m), id) : NULL;
   size_t n = json_array_size(tree);
-  if (!tree || n == 0) {
-    json_decref(tree);
+  if (!id || n == 0)
     return;
-  }
   const char **ids = calloc(n, sizeof *ids), **parents = calloc(n, sizeof *parents);
   ah_tokens *owns = calloc(n, sizeof *owns);
   if (!ids || !parents || !owns) {
     free(ids);
     free(parents);
     free(owns);
-    json_decref(tree);
     return;
   }
   int64_t turns = 0;
@@ -181,5 +178,4 @@ void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row) {
   free(ids);
   free(parents);
   free(owns);
-  json_decref(tree);
 }

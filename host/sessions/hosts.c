@@ -41,7 +41,12 @@ struct ah_hosts {
   ah_timer *soon;      /* a pull on the next loop turn */
   ah_timer *poll;      /* the periodic pull (a missed signal) */
   json_t *remote_reqs; /* {sessionId: {requestId: true}}: pending requests of sessions run elsewhere */
-  bool pulling;
+  bool ready;          /* the cursor to start from was read */
+  bool pulling;        /* a read of the events table is in flight */
+  bool again;          /* pull again once it is back (woken meanwhile) */
+  bool final;          /* the host stops: once read, every held bus event is published */
+  bool sweeping;       /* a read of the posted rows is in flight */
+  bool sweep_again;    /* sweep again once it is back */
   bool stopped;
 };
 
@@ -93,19 +98,16 @@ void ah__hosts_committed(ah_sessions *m, int64_t cursor) {
   pull_soon(h);
 }
 
-/* A bus event of this host: published now when nothing it follows is still unread, else held. Returns
- * false when the caller publishes it itself. */
-bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data) {
-  ah_hosts *h = m->hosts;
-  if (!h || h->stopped || (!h->head && h->committed <= h->cursor))
-    return false;
+/* Hold a bus event until the follower has published every event up to cursor `key`; false when out of
+ * memory. */
+static bool hold_until(ah_hosts *h, const char *name, json_t *data, int64_t key) {
   held *x = calloc(1, sizeof *x);
   if (!x || !(x->name = strdup(name))) {
     free(x);
     return false;
   }
   x->data = data;
-  x->key = h->committed;
+  x->key = key;
   if (h->tail)
     h->tail->next = x;
   else
@@ -113,6 +115,15 @@ bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data) {
   h->tail = x;
   pull_soon(h);
   return true;
+}
+
+/* A bus event of this host: published now when nothing it follows is still unread, else held. Returns
+ * false when the caller publishes it itself. */
+bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data) {
+  ah_hosts *h = m->hosts;
+  if (!h || h->stopped || (!h->head && h->committed <= h->cursor))
+    return false;
+  return hold_until(h, name, data, h->committed);
 }
 
 /* ---- the follower
@@ -131,54 +142,102 @@ static void remote_extras(ah_hosts *h, const json_t *e) {
     ah__host_emit(h->m->host, "session.status", json_pack("{s:s, s:s}", "sessionId", sid, "status", status));
 }
 
-static void pull(ah_hosts *h) {
-  if (h->pulling || h->stopped)
-    return;
-  h->pulling = true;
-  ah_store *store = ah__sm_store(h->m);
-  for (;;) {
-    json_t *page = store ? ah__store_events_after(store, h->cursor, PAGE) : NULL;
-    if (!page)
-      break; /* read failed: the next signal or poll tries again */
-    size_t i = 0;
-    json_t *e = NULL;
-    json_array_foreach(page, i, e) {
-      int64_t c = json_integer_value(json_object_get(e, "cursor"));
-      release(h, c - 1);
-      ah__host_emit(h->m->host, "session.event",
-                    json_pack("{s:s, s:O}", "sessionId", str(e, "sessionId"), "event", e));
-      remote_extras(h, e);
-      h->cursor = c;
-    }
-    size_t n = json_array_size(page);
-    json_decref(page);
-    if (n < PAGE)
-      break;
+static void pull_read(ah_hosts *h);
+
+/* A page of the events table was read: each event is published in cursor order, with the bus events held
+ * behind it; a full page (or a wake-up meanwhile) is followed by the next read. */
+static void pulled(int status, const json_t *results, void *arg) {
+  ah_hosts *h = arg;
+  h->pulling = false;
+  const json_t *page = status == 0 ? json_array_get(results, 0) : NULL;
+  size_t i = 0;
+  json_t *e = NULL;
+  json_array_foreach(page, i, e) {
+    int64_t c = json_integer_value(json_object_get(e, "cursor"));
+    release(h, c - 1);
+    ah__host_emit(h->m->host, "session.event",
+                  json_pack("{s:s, s:O}", "sessionId", str(e, "sessionId"), "event", e));
+    remote_extras(h, e);
+    h->cursor = c;
   }
   release(h, h->cursor);
-  h->pulling = false;
+  /* A failed read waits for the next signal or poll. */
+  if (status == 0 && (json_array_size(page) == PAGE || h->again))
+    pull_read(h);
+  else if (h->final)
+    release(h, INT64_MAX);
 }
+
+static void pull_read(ah_hosts *h) {
+  h->again = false;
+  ah_store *store = ah__sm_store(h->m);
+  ah_store_query q = {.kind = AH_STORE_Q_EVENTS_AFTER, .after = h->cursor, .limit = PAGE};
+  h->pulling = store && ah__store_read(store, &q, 1, pulled, h) == 0;
+  if (!h->pulling && h->final)
+    release(h, INT64_MAX);
+}
+
+static void pull(ah_hosts *h) {
+  if (h->stopped || !h->ready)
+    return;
+  if (h->pulling)
+    h->again = true;
+  else
+    pull_read(h);
+}
+
+static void start_cursor(ah_hosts *h);
 
 static void poll_tick(ah_timer *t, void *arg) {
   (void)t;
-  pull(arg);
+  ah_hosts *h = arg;
+  if (!h->ready)
+    start_cursor(h);
+  pull(h);
 }
 
 /* ---- requests of sessions run elsewhere
  * --------------------------------------------------------------------- */
 
-static void remote_requests(ah_hosts *h, const char *sid) {
+typedef struct reqs_ctx {
+  ah_hosts *h;
+  char sid[64];
+} reqs_ctx;
+
+/* The rows of the requests that are no longer pending: request.resolved with their state. */
+static void resolved_read(int status, const json_t *results, void *arg) {
+  reqs_ctx *c = arg;
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(status == 0 ? results : NULL, i, row) {
+    if (!json_is_object(row))
+      continue;
+    json_t *ev = json_pack("{s:s, s:s, s:s}", "id", str(row, "id"), "sessionId", c->sid, "state",
+                           str(row, "state") ? str(row, "state") : "cancelled");
+    if (json_is_object(json_object_get(row, "answer")))
+      json_object_set(ev, "answer", json_object_get(row, "answer"));
+    ah__host_emit(c->h->m->host, "request.resolved", ev);
+  }
+  free(c);
+}
+
+/* The pending requests of a session run elsewhere, and the highest cursor read after them: each new one is
+ * published once the follower has published the events before it (a tool/call before its approval); those
+ * no longer pending are read to be published as resolved. */
+static void pending_read(int status, const json_t *results, void *arg) {
+  reqs_ctx *c = arg;
+  ah_hosts *h = c->h;
   ah_sessions *m = h->m;
-  if (ah__hosts_runs_here(m, sid))
-    return; /* this host's own requests are published where they are made */
-  pull(h);  /* the events written before the request first (a tool/call before its approval) */
-  json_t *pending = ah__store_requests_pending(ah__sm_store(m), sid);
-  if (!pending)
+  if (status || h->stopped || ah__hosts_runs_here(m, c->sid)) {
+    free(c);
     return;
-  json_t *known = json_object_get(h->remote_reqs, sid);
+  }
+  const json_t *pending = json_array_get(results, 0);
+  int64_t upto = json_integer_value(json_array_get(results, 1));
+  json_t *known = json_object_get(h->remote_reqs, c->sid);
   if (!known) {
     known = json_object();
-    json_object_set_new(h->remote_reqs, sid, known);
+    json_object_set_new(h->remote_reqs, c->sid, known);
   }
   json_t *now = json_object();
   size_t i = 0;
@@ -187,39 +246,60 @@ static void remote_requests(ah_hosts *h, const char *sid) {
     const char *id = str(r, "id");
     json_object_set_new(now, id, json_true());
     if (!json_object_get(known, id)) {
-      json_t *req = json_pack("{s:s, s:s, s:O, s:s, s:O, s:O, s:s}", "id", id, "sessionId", sid, "turnId",
+      json_t *req = json_pack("{s:s, s:s, s:O, s:s, s:O, s:O, s:s}", "id", id, "sessionId", c->sid, "turnId",
                               json_object_get(r, "turnId"), "kind", str(r, "kind"), "params",
                               json_object_get(r, "params"), "options", json_object_get(r, "options"), "state",
                               "pending");
-      ah__host_emit(m->host, "request.pending", json_pack("{s:o}", "request", req));
+      json_t *data = json_pack("{s:o}", "request", req);
+      if (upto <= h->cursor || !hold_until(h, "request.pending", data, upto))
+        ah__host_emit(m->host, "request.pending", data);
     }
   }
+  size_t n = 0;
+  ah_store_query *q = calloc(json_object_size(known) + 1, sizeof *q);
   const char *id = NULL;
   json_t *v = NULL;
   json_object_foreach(known, id, v) {
-    if (json_object_get(now, id))
-      continue;
-    json_t *row = ah__store_get_request(ah__sm_store(m), id);
-    json_t *ev = json_pack("{s:s, s:s, s:s}", "id", id, "sessionId", sid, "state",
-                           row && str(row, "state") ? str(row, "state") : "cancelled");
-    if (row && json_is_object(json_object_get(row, "answer")))
-      json_object_set(ev, "answer", json_object_get(row, "answer"));
-    ah__host_emit(m->host, "request.resolved", ev);
-    json_decref(row);
+    if (q && !json_object_get(now, id))
+      q[n++] = (ah_store_query){.kind = AH_STORE_Q_REQUEST, .id = id};
   }
+  reqs_ctx *c2 = n ? malloc(sizeof *c2) : NULL;
+  if (c2) {
+    *c2 = *c;
+    if (ah__store_read(ah__sm_store(m), q, n, resolved_read, c2) != 0)
+      free(c2);
+  }
+  free(q);
   if (json_object_size(now))
-    json_object_set_new(h->remote_reqs, sid, now);
+    json_object_set_new(h->remote_reqs, c->sid, now);
   else {
     json_decref(now);
-    json_object_del(h->remote_reqs, sid);
+    json_object_del(h->remote_reqs, c->sid);
   }
-  json_decref(pending);
+  free(c);
 }
 
-/* Pending requests of every session run elsewhere (request.list). New reference. */
-json_t *ah__hosts_requests(ah_sessions *m, const char *sid) {
+static void remote_requests(ah_hosts *h, const char *sid) {
+  ah_sessions *m = h->m;
+  if (ah__hosts_runs_here(m, sid))
+    return; /* this host's own requests are published where they are made */
+  reqs_ctx *c = calloc(1, sizeof *c);
+  if (!c)
+    return;
+  c->h = h;
+  snprintf(c->sid, sizeof c->sid, "%s", sid);
+  /* The requests first, then the last cursor: every event committed before them is at or below it. */
+  ah_store_query q[2] = {{.kind = AH_STORE_Q_REQUESTS_PENDING, .id = c->sid},
+                         {.kind = AH_STORE_Q_LAST_CURSOR}};
+  if (ah__store_read(ah__sm_store(m), q, 2, pending_read, c) != 0)
+    free(c);
+  pull(h);
+}
+
+/* Of the pending requests `rows` (the store's), those of sessions run elsewhere (request.list). New
+ * reference. */
+json_t *ah__hosts_requests(ah_sessions *m, const json_t *rows) {
   json_t *out = json_array();
-  json_t *rows = ah__store_requests_pending(ah__sm_store(m), sid);
   size_t i = 0;
   json_t *r = NULL;
   json_array_foreach(rows, i, r) {
@@ -231,7 +311,6 @@ json_t *ah__hosts_requests(ah_sessions *m, const char *sid) {
                        json_object_get(r, "kind"), "params", json_object_get(r, "params"), "options",
                        json_object_get(r, "options"), "state", "pending"));
   }
-  json_decref(rows);
   return out;
 }
 
@@ -249,12 +328,31 @@ static bool known_here(session *s, const char *mid) {
   return false;
 }
 
+static void adopt(session *s, const json_t *open);
+
+static void inbox_read(int status, const json_t *results, void *arg) {
+  session *s = arg;
+  s->holds--;
+  if (status == 0 && !s->disposed && ah__hosts_runs_here(s->m, s->id))
+    adopt(s, json_array_get(results, 0));
+  ah__live_free_if_unused(s);
+}
+
 /* Take in the posted rows of live session `s` (its owner): a prompt becomes a queued one (inbox/received in
  * this host's seq order, the row "queued"), a cancel cancels the running turn (the row "done"). `rows`:
- * its open inbox rows (NULL: read now). */
+ * its open inbox rows (NULL: they are read first). */
 void ah__hosts_adopt(session *s, const json_t *rows) {
-  json_t *own = rows ? NULL : ah__store_inbox_open(ah__sm_store(s->m), s->id);
-  const json_t *open = rows ? rows : own;
+  if (rows) {
+    adopt(s, rows);
+    return;
+  }
+  s->holds++;
+  ah_store_query q = {.kind = AH_STORE_Q_INBOX_OPEN, .id = s->id};
+  if (ah__store_read(ah__sm_store(s->m), &q, 1, inbox_read, s) != 0)
+    s->holds--;
+}
+
+static void adopt(session *s, const json_t *open) {
   size_t i = 0;
   json_t *row = NULL;
   json_array_foreach(open, i, row) {
@@ -276,7 +374,6 @@ void ah__hosts_adopt(session *s, const json_t *rows) {
         json_pack("[{s:s, s:s, s:s}]", "op", "inbox.state", "messageId", mid, "state", "queued"), s->ready,
         NULL, NULL);
   }
-  json_decref(own);
 }
 
 static void swept(int status, session *s, void *arg) {
@@ -290,10 +387,16 @@ static void swept(int status, session *s, void *arg) {
 }
 
 /* Sessions with posted rows: taken in where they run here, taken over where no host holds them. */
-void ah__hosts_sweep(ah_sessions *m) {
-  if (!ah__hosts_active(m) || m->stopping)
+static void posted_read(int status, const json_t *results, void *arg) {
+  ah_sessions *m = arg;
+  m->hosts->sweeping = false;
+  if (m->hosts->sweep_again) {
+    m->hosts->sweep_again = false;
+    ah__hosts_sweep(m);
+  }
+  if (status || !ah__hosts_active(m) || m->stopping)
     return;
-  json_t *rows = ah__store_posted(ah__sm_store(m));
+  const json_t *rows = json_array_get(results, 0);
   size_t i = 0;
   json_t *r = NULL;
   json_array_foreach(rows, i, r) {
@@ -303,7 +406,18 @@ void ah__hosts_sweep(ah_sessions *m) {
     else if (!ah__live_find(m, id) && m->recover_on_start && json_is_true(json_object_get(r, "free")))
       ah__live_lookup(m, id, swept, strdup(id)); /* a daemon, not a stdio child serving its own client */
   }
-  json_decref(rows);
+}
+
+void ah__hosts_sweep(ah_sessions *m) {
+  if (!ah__hosts_active(m) || m->stopping)
+    return;
+  ah_hosts *h = m->hosts;
+  if (h->sweeping) { /* one read at a time: a store that does not answer does not pile them up */
+    h->sweep_again = true;
+    return;
+  }
+  ah_store_query q = {.kind = AH_STORE_Q_POSTED};
+  h->sweeping = ah__store_read(ah__sm_store(m), &q, 1, posted_read, m) == 0;
 }
 
 /* ---- signals
@@ -433,6 +547,29 @@ void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json
 /* ---- start / stop
  * ------------------------------------------------------------------------------------------------ */
 
+static void start_cursor(ah_hosts *h);
+
+/* Where the follower starts: the highest cursor stored now (read again until it is read). */
+static void cursor_read(int status, const json_t *results, void *arg) {
+  ah_hosts *h = arg;
+  if (h->ready || h->stopped)
+    return;
+  if (status) {
+    AH_LOG_W(LOG, "a shared store: the last event cursor could not be read; trying again");
+    return; /* the poll tries again */
+  }
+  int64_t last = json_integer_value(json_array_get(results, 0));
+  h->cursor = last > 0 ? last : 0;
+  h->ready = true;
+  AH_LOG_I(LOG, "a shared store: following the events of every host from cursor %lld", (long long)h->cursor);
+  pull(h); /* this host's own commits meanwhile */
+}
+
+static void start_cursor(ah_hosts *h) {
+  ah_store_query q = {.kind = AH_STORE_Q_LAST_CURSOR};
+  ah__store_read(ah__sm_store(h->m), &q, 1, cursor_read, h);
+}
+
 void ah__hosts_start(ah_sessions *m) {
   ah_store *store = m->store;
   if (m->hosts || !store || !m->core || !ah__store_signals(store))
@@ -442,16 +579,13 @@ void ah__hosts_start(ah_sessions *m) {
     return;
   h->m = m;
   h->remote_reqs = json_object();
-  int64_t last = ah__store_last_cursor(store);
-  h->cursor = last > 0 ? last : 0;
-  h->committed = h->cursor;
   m->hosts = h;
   int rc = ah__store_watch(store, on_signal, h);
   if (rc)
     AH_LOG_W(LOG, "the store's signals cannot be watched (%s): other hosts are followed every second",
              ah_strerror(rc));
   ah__services_timer_start(m->core, POLL_MS, POLL_MS, poll_tick, h, &h->poll);
-  AH_LOG_I(LOG, "a shared store: following the events of every host from cursor %lld", (long long)h->cursor);
+  start_cursor(h);
 }
 
 /* Before the store closes: what was committed is published, then every held bus event. */
@@ -459,9 +593,15 @@ void ah__hosts_stop(ah_sessions *m) {
   ah_hosts *h = m->hosts;
   if (!h || h->stopped)
     return;
-  pull(h);
+  /* A last read (behind one in flight) publishes what was committed; then every held bus event goes. */
+  h->final = true;
+  if (h->pulling)
+    h->again = true;
+  else if (h->ready)
+    pull_read(h);
+  else
+    release(h, INT64_MAX);
   h->stopped = true;
-  release(h, INT64_MAX);
   if (h->soon)
     ah__services_timer_stop(h->soon);
   if (h->poll)

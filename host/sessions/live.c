@@ -22,7 +22,7 @@ static uint64_t mono_ms(const ah_sessions *m) {
   return uv_now(ah__host_loop(m->host));
 }
 static void retry_tick(ah_timer *t, void *arg);
-static void recover_after_load(session *s);
+static void recover_after_load(session *s, const json_t *open, const json_t *reqs);
 
 session *ah__live_find(ah_sessions *m, const char *id) {
   session *s = NULL;
@@ -94,19 +94,29 @@ static json_t *lease_op(ah_sessions *m, const char *id, const json_t *row) {
 
 /* The heartbeat ran out before it was renewed (the process was stopped past the TTL): another process may
  * have taken some of its sessions. Each live one is checked; one held by another owner is lost here. */
-static void check_leases(ah_sessions *m) {
-  ah_store *store = m->store;
-  for (ah__link *it = m->sessions.next; it != &m->sessions;) {
-    session *s = AH__CONTAINER(it, session, link);
-    it = it->next; /* a lost session may be disposed */
-    if (!s->ready || s->disposed || s->lost)
-      continue;
-    json_t *row = ah__store_get_session(store, s->id);
-    const char *holder = row ? str(row, "leaseOwner") : NULL;
-    if (row && (!holder || strcmp(holder, m->owner) != 0))
-      ah__live_lease_lost(s, "its lease ran out while this process was not running");
-    json_decref(row);
+static void leases_read(int status, const json_t *results, void *arg) {
+  ah_sessions *m = arg;
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(status == 0 ? results : NULL, i, row) {
+    session *s = ah__live_find(m, str(row, "id"));
+    const char *holder = str(row, "leaseOwner");
+    if (s && s->ready && !s->disposed && !s->lost && (!holder || strcmp(holder, m->owner) != 0))
+      ah__live_lease_lost(s, "its lease ran out while this process was not running", holder);
   }
+}
+
+static void check_leases(ah_sessions *m) {
+  ah_store_query *q = calloc(m->nlive + 1, sizeof *q);
+  size_t n = 0;
+  AH__LIST_EACH(it, &m->sessions) {
+    session *s = AH__CONTAINER(it, session, link);
+    if (q && s->ready && !s->disposed && !s->lost && n < m->nlive)
+      q[n++] = (ah_store_query){.kind = AH_STORE_Q_SESSION, .id = s->id};
+  }
+  if (n)
+    ah__store_read(m->store, q, n, leases_read, m);
+  free(q);
 }
 
 static void renewed(int status, const json_t *results, void *arg) {
@@ -148,7 +158,7 @@ static session *session_new(ah_sessions *m, const char *id, json_t *row) {
     free(s);
     return NULL;
   }
-  s->seq = json_integer_value(json_object_get(row, "lastSeq"));
+  s->seq = row ? json_integer_value(json_object_get(row, "lastSeq")) : 0;
   s->active_ms = mono_ms(m);
   ah__list_init(&s->queue);
   ah__list_init(&s->waiters);
@@ -252,14 +262,40 @@ static void session_dispose(session *s) {
  * was taken over): it stops here at once — its turn is cancelled (nothing of it is written: every write is
  * fenced), prompts waiting in memory are dropped (they are in the store's inbox for the owner), and the
  * next call for the session loads it afresh, which is refused while the other process holds it. */
-void ah__live_lease_lost(session *s, const char *why) {
+typedef struct lost_ctx {
+  char id[40];
+  char why[200];
+} lost_ctx;
+
+static void log_lost(const char *id, const char *why, const char *holder) {
+  AH_LOG_W(LOG, "session %s: this process lost its lease (%s; held by %s now): it no longer runs here", id,
+           why, holder ? holder : "no process");
+}
+
+static void holder_read(int status, const json_t *results, void *arg) {
+  lost_ctx *c = arg;
+  const json_t *row = status == 0 ? json_array_get(results, 0) : NULL;
+  log_lost(c->id, c->why,
+           status ? "an unknown process (the store could not be read)" : str(row, "leaseOwner"));
+  free(c);
+}
+
+void ah__live_lease_lost(session *s, const char *why, const char *holder) {
   if (s->lost || s->broken)
     return;
   s->lost = true;
-  json_t *row = ah__store_get_session(ah__sm_store(s->m), s->id);
-  AH_LOG_W(LOG, "session %s: this process lost its lease (%s; held by %s now): it no longer runs here", s->id,
-           why, row && str(row, "leaseOwner") ? str(row, "leaseOwner") : "no process");
-  json_decref(row);
+  lost_ctx *c = holder ? NULL : calloc(1, sizeof *c);
+  if (c) { /* who holds it now is read for the log */
+    snprintf(c->id, sizeof c->id, "%s", s->id);
+    snprintf(c->why, sizeof c->why, "%s", why);
+    ah_store_query q = {.kind = AH_STORE_Q_SESSION, .id = c->id};
+    if (ah__store_read(ah__sm_store(s->m), &q, 1, holder_read, c) != 0) {
+      free(c);
+      c = NULL;
+    }
+  }
+  if (!c)
+    log_lost(s->id, why, holder);
   stop_here(s, AH_EAGENTBUSY);
 }
 
@@ -341,7 +377,8 @@ static void retry_tick(ah_timer *t, void *arg) {
   }
 }
 
-static void recover_after_load(session *s) {
+/* `open`: the session's open inbox rows, `reqs`: its pending requests (read after its lease was taken). */
+static void recover_after_load(session *s, const json_t *open, const json_t *reqs) {
   ah_sessions *m = s->m;
   bool retried = json_object_get(m->retry, s->id) != NULL;
   const char *why = retried ? "interrupted: the store could not record this turn (disk full or I/O error)"
@@ -352,7 +389,6 @@ static void recover_after_load(session *s) {
   }
   /* Prompts acknowledged before a restart: a claimed one was interrupted (its turn is recorded as ended
    * with an error, attributed to its own message), queued ones are run in order. */
-  json_t *open = ah__store_inbox_open(ah__sm_store(m), s->id);
   size_t i = 0;
   json_t *row = NULL;
   json_array_foreach(open, i, row) {
@@ -377,20 +413,35 @@ static void recover_after_load(session *s) {
       ah__list_push(&s->queue, &q->link);
     }
   }
-  json_decref(open);
-  json_t *reqs = ah__store_requests_pending(ah__sm_store(m), s->id);
   json_array_foreach(reqs, i, row) {
     ah__write_ops(s, ah__request_state_ops(m, str(row, "id"), s->id, "cancelled", NULL), NULL, NULL, NULL,
                   NULL, NULL, NULL);
     ah__sm_emit(m, "request.resolved",
                 json_pack("{s:s, s:s, s:s}", "id", str(row, "id"), "sessionId", s->id, "state", "cancelled"));
   }
-  json_decref(reqs);
   if (strcmp(str(s->row, "status") ? str(s->row, "status") : "idle", "idle") != 0) {
     char t[32];
     ah__time_rfc3339(t);
     ah__write_fields(s, json_pack("{s:s, s:s}", "status", "idle", "updated", t));
   }
+}
+
+static void load_read(int status, const json_t *results, void *arg) {
+  session *s = arg;
+  s->pending_writes--;
+  if (status || s->m->stopping || s->disposed) {
+    if (status)
+      AH_LOG_W(LOG, "session %s: its inbox could not be read (%s): it is not loaded", s->id,
+               ah_strerror(status));
+    ah__live_wake(s, status ? status : AH_ESTATE);
+    session_dispose(s);
+    return;
+  }
+  recover_after_load(s, json_array_get(results, 0), json_array_get(results, 1));
+  s->ready = true;
+  s->m->loads++;
+  ah__live_wake(s, 0);
+  ah__turn_claim(s);
 }
 
 static void load_written(int status, const json_t *results, void *arg) {
@@ -408,11 +459,13 @@ static void load_written(int status, const json_t *results, void *arg) {
   }
   json_object_set_new(s->row, "leaseOwner", json_string(s->m->owner));
   s->fenced = true;
-  recover_after_load(s);
-  s->ready = true;
-  s->m->loads++;
-  ah__live_wake(s, 0);
-  ah__turn_claim(s);
+  /* What it left: its open inbox rows and pending requests, read now that it holds the lease. */
+  s->pending_writes++;
+  ah_store_query q[2] = {{.kind = AH_STORE_Q_INBOX_OPEN, .id = s->id},
+                         {.kind = AH_STORE_Q_REQUESTS_PENDING, .id = s->id}};
+  int rc = ah__store_read(ah__sm_store(s->m), q, 2, load_read, s);
+  if (rc)
+    load_read(rc, NULL, s);
 }
 
 /* A session's working directory exists on one machine (docs/scaling.md): a host that lacks it does not take
@@ -430,6 +483,32 @@ static bool cwd_here(ah_sessions *m, const json_t *row) {
 }
 
 static void lookup(ah_sessions *m, const char *id, bool to_close, lookup_fn cb, void *arg);
+
+/* The row of a session being loaded was read: then its lease is taken. */
+static void row_read(int status, const json_t *results, void *arg) {
+  session *s = arg;
+  ah_sessions *m = s->m;
+  s->pending_writes--;
+  const json_t *row = status == 0 ? json_array_get(results, 0) : NULL;
+  int rc = status                                         ? status
+           : m->stopping || s->disposed                   ? AH_ESTATE
+           : !json_is_object(row)                         ? AH_ENOENT
+           : json_is_true(json_object_get(row, "closed")) ? AH_ECLOSED
+           : !s->to_close && !cwd_here(m, row)            ? AH_EUNAVAILABLE
+                                                          : 0;
+  if (rc) {
+    ah__live_wake(s, rc);
+    session_dispose(s);
+    return;
+  }
+  s->row = json_deep_copy(row);
+  s->seq = json_integer_value(json_object_get(row, "lastSeq"));
+  s->pending_writes++;
+  rc = s->row ? ah__store_write(m->store, json_pack("[o]", lease_op(m, s->id, s->row)), load_written, s)
+              : AH_ENOMEM;
+  if (rc)
+    load_written(rc, NULL, s);
+}
 
 void ah__live_lookup(ah_sessions *m, const char *id, lookup_fn cb, void *arg) {
   lookup(m, id, false, cb, arg);
@@ -461,33 +540,20 @@ static void lookup(ah_sessions *m, const char *id, bool to_close, lookup_fn cb, 
     ah__list_push(&s->waiters, &w->link);
     return;
   }
-  json_t *row = ah__store_get_session(ah__sm_store(m), id);
-  if (!row || json_is_true(json_object_get(row, "closed"))) {
-    free(w);
-    cb(row ? AH_ECLOSED : AH_ENOENT, NULL, arg);
-    json_decref(row);
-    return;
-  }
-  if (!to_close && !cwd_here(m, row)) {
-    free(w);
-    cb(AH_EUNAVAILABLE, NULL, arg);
-    json_decref(row);
-    return;
-  }
-  json_t *op = lease_op(m, id, row);
-  s = session_new(m, id, row);
+  /* A new load: the session (not ready, without its row yet) takes the callers that come meanwhile. */
+  s = session_new(m, id, NULL);
   if (!s) {
-    json_decref(op);
-    json_decref(row);
     free(w);
     cb(AH_ENOMEM, NULL, arg);
     return;
   }
   ah__list_push(&s->waiters, &w->link);
+  s->to_close = to_close;
   s->pending_writes++;
-  int rc = ah__store_write(ah__sm_store(m), json_pack("[o]", op), load_written, s);
+  ah_store_query q = {.kind = AH_STORE_Q_SESSION, .id = s->id};
+  int rc = ah__store_read(ah__sm_store(m), &q, 1, row_read, s);
   if (rc)
-    load_written(rc, NULL, s);
+    row_read(rc, NULL, s);
 }
 
 /* ---- sessions: create ------------------------------------------------------------------------------------
@@ -873,7 +939,7 @@ static void idle_tick(ah_timer *t, void *arg) {
   (void)t;
   ah_sessions *m = arg;
   uint64_t reads = ah__store_reads(m->store);
-  bool quiet = reads == m->reads_seen;
+  bool quiet = reads == m->reads_seen && !ah__store_reading(m->store); /* none made, none in flight */
   m->reads_seen = reads;
   if (m->nlive == 0 && quiet && (m->unloads > m->trimmed_at || reads != m->reads_at_shrink)) {
     m->trimmed_at = m->unloads;

@@ -142,14 +142,23 @@ static void recovered(int status, session *s, void *arg) {
     AH_LOG_I(LOG, "session %s resumed after a restart", s->id);
 }
 
-static void recover(ah_sessions *m) {
-  json_t *ids = ah__store_sessions_to_recover(ah__sm_store(m));
+static void to_recover_read(int status, const json_t *results, void *arg) {
+  ah_sessions *m = arg;
+  if (status) {
+    AH_LOG_E(LOG, "the sessions to resume after a restart could not be read: %s", ah_strerror(status));
+    return;
+  }
   size_t i = 0;
   json_t *row = NULL;
-  json_array_foreach(ids, i, row) {
+  json_array_foreach(json_array_get(results, 0), i, row) {
     ah__live_lookup(m, str(row, "id"), recovered, NULL);
   }
-  json_decref(ids);
+}
+
+static void recover(ah_sessions *m) {
+  ah_store_query q = {.kind = AH_STORE_Q_TO_RECOVER};
+  if (ah__sm_store(m))
+    ah__store_read(ah__sm_store(m), &q, 1, to_recover_read, m);
 }
 
 static void store_closed(void *arg) {

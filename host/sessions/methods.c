@@ -30,13 +30,60 @@ static void answer_read_error(ah_call *call, ah_sessions *m) {
   ah__call_error(call, AH_EIO, msg, NULL);
 }
 
-/* After a read that returned NULL: true (and the call answered) when the read failed, false when the NULL
- * only means "not found". */
-static bool read_failed(ah_call *call, ah_sessions *m) {
-  if (ah__store_read_status(ah__sm_store(m)) == 0)
-    return false;
-  answer_read_error(call, m);
-  return true;
+/* A method's store read (never on the loop: host/store.h): `then` runs with the results of the queries once
+ * they are read, with the call's params (kept until then); a failed read is answered as an error. */
+typedef void (*read_then)(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results);
+
+typedef struct method_read_ctx {
+  ah_call *call;
+  ah_sessions *m;
+  json_t *p;
+  read_then then;
+} method_read_ctx;
+
+static void method_read_done(int status, const json_t *results, void *arg) {
+  method_read_ctx *c = arg;
+  if (status == AH_EIO)
+    answer_read_error(c->call, c->m);
+  else if (status)
+    ah__call_error(c->call, status, ah_strerror(status), NULL);
+  else
+    c->then(c->call, c->m, c->p, results);
+  json_decref(c->p);
+  free(c);
+}
+
+static void method_read(ah_call *call, ah_sessions *m, const json_t *p, const ah_store_query *q, size_t n,
+                        read_then then) {
+  method_read_ctx *c = calloc(1, sizeof *c);
+  if (!c) {
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  *c = (method_read_ctx){call, m, json_incref((json_t *)p), then};
+  int rc = ah__store_read(ah__sm_store(m), q, n, method_read_done, c);
+  if (rc) {
+    json_decref(c->p);
+    free(c);
+    ah__call_error(call, rc, rc == AH_ECLOSED ? "the host is stopping" : ah_strerror(rc), NULL);
+  }
+}
+
+/* The session row a read found (results[i]), or NULL after answering "no such session". */
+static const json_t *found_row(ah_call *call, const json_t *results, size_t i) {
+  const json_t *row = json_array_get(results, i);
+  if (json_is_object(row))
+    return row;
+  ah__call_error(call, AH_ENOENT, "no such session", NULL);
+  return NULL;
+}
+
+/* A method about one session: params.sessionId is required (answered otherwise). */
+static const char *session_param(ah_call *call, const json_t *p) {
+  const char *id = str(p, "sessionId");
+  if (!id)
+    ah__call_error(call, AH_EINVAL, "params.sessionId is required", NULL);
+  return id;
 }
 
 static bool absolute_dir(const char *p) {
@@ -54,6 +101,34 @@ static void reply_created(int status, session *s, void *arg) {
   else
     ah__call_reply(call, json_pack("{s:s, s:o, s:o}", "sessionId", s->id, "session",
                                    ah__sm_public_row(s->row, "idle"), "options", ah__session_options(s)));
+}
+
+/* The provider a session.create asks for, or the host's default. */
+static const char *provider_asked(ah_sessions *m, const json_t *p) {
+  const char *provider = str(p, "provider");
+  const ah_config *cfg = ah__host_config(m->host);
+  return provider ? provider : cfg && cfg->default_provider ? cfg->default_provider : "echo";
+}
+
+static void create(ah_call *call, ah_sessions *m, const json_t *p, int depth) {
+  int rc = ah__live_create(m, str(p, "cwd"), provider_asked(m, p), str(p, "model"), str(p, "title"),
+                           str(p, "parent"), false, depth, reply_created, call);
+  if (rc)
+    ah__call_error(call, rc, ah_strerror(rc), NULL);
+}
+
+static void create_below(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const json_t *prow = json_array_get(results, 0);
+  if (!json_is_object(prow)) {
+    ah__call_error(call, AH_ENOENT, "params.parent: no such session", NULL);
+    return;
+  }
+  int depth = (int)json_integer_value(json_object_get(prow, "depth")) + 1;
+  if (depth > m->max_depth) {
+    ah__call_error(call, AH_EINVAL, "params.parent: the subagent depth limit is reached", NULL);
+    return;
+  }
+  create(call, m, p, depth);
 }
 
 static void m_create(ah_call *call, const json_t *p, void *data) {
@@ -75,31 +150,16 @@ static void m_create(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: provider, model, title and parent must be strings", NULL);
     return;
   }
-  if (!provider)
-    provider = ah__host_config(m->host) && ah__host_config(m->host)->default_provider
-                   ? ah__host_config(m->host)->default_provider
-                   : "echo";
-  if (!ah__turn_provider(m, provider, NULL, NULL)) {
+  (void)model;
+  (void)title;
+  if (!ah__turn_provider(m, provider_asked(m, p), NULL, NULL)) {
     ah__call_error(call, AH_EUNAVAILABLE, "params.provider: no such provider is available", NULL);
     return;
   }
-  int depth = 0;
-  if (parent) {
-    json_t *prow = ah__store_get_session(ah__sm_store(m), parent);
-    if (!prow) {
-      ah__call_error(call, AH_ENOENT, "params.parent: no such session", NULL);
-      return;
-    }
-    depth = (int)json_integer_value(json_object_get(prow, "depth")) + 1;
-    json_decref(prow);
-    if (depth > m->max_depth) {
-      ah__call_error(call, AH_EINVAL, "params.parent: the subagent depth limit is reached", NULL);
-      return;
-    }
-  }
-  int rc = ah__live_create(m, cwd, provider, model, title, parent, false, depth, reply_created, call);
-  if (rc)
-    ah__call_error(call, rc, ah_strerror(rc), NULL);
+  if (parent)
+    method_read(call, m, p, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = parent}, 1, create_below);
+  else
+    create(call, m, p, 0);
 }
 
 static int parse_limit(const json_t *p, size_t def, size_t max, size_t *out) {
@@ -121,7 +181,7 @@ static json_t *owner_shown(const char *owner) {
   return owner ? json_stringn(owner, c2 ? (size_t)(c2 - owner) : strlen(owner)) : json_null();
 }
 
-static json_t *live_status_row(ah_sessions *m, json_t *row) {
+static json_t *live_status_row(ah_sessions *m, const json_t *row, const json_t *tree) {
   session *s = ah__live_find(m, str(row, "id"));
   const char *holder = str(row, "leaseOwner");
   /* With a shared store a session another host runs shows the status that host stored. */
@@ -143,8 +203,42 @@ static json_t *live_status_row(ah_sessions *m, json_t *row) {
   for (size_t i = 0; s && s->ready && i < sizeof own / sizeof own[0]; i++)
     if (json_object_get(s->row, own[i]))
       json_object_set(r, own[i], json_object_get(s->row, own[i]));
-  ah__usage_public(m, r, r);
+  ah__usage_public(m, r, r, tree);
   return r;
+}
+
+/* The page of rows read, then each one's tree (its usage below it). */
+static void listed_trees(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const json_t *rows = json_object_get(p, "rows");
+  size_t limit = (size_t)json_integer_value(json_object_get(p, "limit"));
+  json_t *out = json_array();
+  size_t i = 0;
+  json_t *row = NULL;
+  json_array_foreach(rows, i, row) {
+    if (i < limit)
+      json_array_append_new(out, live_status_row(m, row, json_array_get(results, i)));
+  }
+  json_t *next = json_array_size(rows) > limit ? json_object_get(json_array_get(out, limit - 1), "id") : NULL;
+  ah__call_reply(call, json_pack("{s:o, s:O?}", "sessions", out, "nextCursor", next));
+}
+
+static void listed(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const json_t *rows = json_array_get(results, 0);
+  size_t limit = (size_t)json_integer_value(json_object_get(p, "limit"));
+  size_t n = json_array_size(rows) < limit ? json_array_size(rows) : limit;
+  ah_store_query *q = calloc(n ? n : 1, sizeof *q);
+  json_t *lp = json_pack("{s:O, s:I}", "rows", rows, "limit", (json_int_t)limit);
+  if (!q || !lp) {
+    free(q);
+    json_decref(lp);
+    ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
+    return;
+  }
+  for (size_t i = 0; i < n; i++)
+    q[i] = (ah_store_query){.kind = AH_STORE_Q_TREE, .id = str(json_array_get(rows, i), "id")};
+  method_read(call, m, lp, q, n, listed_trees);
+  free(q);
+  json_decref(lp);
 }
 
 static void m_list(ah_call *call, const json_t *p, void *data) {
@@ -157,44 +251,52 @@ static void m_list(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: cursor must be a string and limit an integer in 1..500", NULL);
     return;
   }
-  json_t *rows = ah__store_list_sessions(ah__sm_store(m), json_string_value(cursor), limit + 1);
-  if (!rows && read_failed(call, m))
-    return;
-  json_t *out = json_array();
-  size_t i = 0;
-  json_t *row = NULL;
-  json_array_foreach(rows, i, row) {
-    if (i < limit)
-      json_array_append_new(out, live_status_row(m, row));
-  }
-  json_t *next = json_array_size(rows) > limit ? json_object_get(json_array_get(out, limit - 1), "id") : NULL;
-  ah__call_reply(call, json_pack("{s:o, s:O?}", "sessions", out, "nextCursor", next));
-  json_decref(rows);
+  json_t *lp = json_pack("{s:O?, s:I}", "cursor", cursor, "limit", (json_int_t)limit);
+  method_read(
+      call, m, lp,
+      &(ah_store_query){.kind = AH_STORE_Q_SESSIONS, .id = json_string_value(cursor), .limit = limit + 1}, 1,
+      listed);
+  json_decref(lp);
 }
 
-/* The stored row of params.sessionId, or NULL after answering the call (missing id or no such session). */
-static json_t *stored_row(ah_call *call, ah_sessions *m, const char *id) {
-  json_t *row = id ? ah__store_get_session(ah__sm_store(m), id) : NULL;
-  if (!row && id && read_failed(call, m))
-    return NULL;
+static void got(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  (void)p;
+  const json_t *row = found_row(call, results, 0);
   if (!row)
-    ah__call_error(call, id ? AH_ENOENT : AH_EINVAL, id ? "no such session" : "params.sessionId is required",
-                   NULL);
-  return row;
+    return;
+  json_t *shown = live_status_row(m, row, json_array_get(results, 1));
+  ah__call_reply(call,
+                 json_pack("{s:o, s:o}", "session", shown, "options", ah__session_options_of(m, shown)));
+}
+
+/* A session's row and its tree (live_status_row). */
+static void read_shown(ah_call *call, ah_sessions *m, const json_t *p, read_then then) {
+  const char *id = session_param(call, p);
+  if (id)
+    method_read(
+        call, m, p,
+        (ah_store_query[]){{.kind = AH_STORE_Q_SESSION, .id = id}, {.kind = AH_STORE_Q_TREE, .id = id}}, 2,
+        then);
 }
 
 static void m_get(ah_call *call, const json_t *p, void *data) {
-  if (!store_ready(call, data))
+  if (store_ready(call, data))
+    read_shown(call, SM(data), p, got);
+}
+
+static void history_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  (void)m;
+  if (!found_row(call, results, 0))
     return;
-  ah_sessions *m = SM(data);
-  const char *id = str(p, "sessionId");
-  json_t *row = stored_row(call, m, id);
-  if (!row)
-    return;
-  json_t *shown = live_status_row(m, row);
-  ah__call_reply(call,
-                 json_pack("{s:o, s:o}", "session", shown, "options", ah__session_options_of(m, shown)));
-  json_decref(row);
+  size_t limit = 0;
+  parse_limit(p, 200, 1000, &limit);
+  json_t *events = json_deep_copy(json_array_get(results, 1));
+  json_t *next = NULL;
+  if (json_array_size(events) > limit) {
+    json_array_remove(events, limit);
+    next = json_object_get(json_array_get(events, limit - 1), "seq");
+  }
+  ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfterSeq", next));
 }
 
 static void m_history(ah_call *call, const json_t *p, void *data) {
@@ -211,75 +313,120 @@ static void m_history(ah_call *call, const json_t *p, void *data) {
                    NULL);
     return;
   }
-  json_t *row = stored_row(call, m, id);
-  if (!row)
-    return;
-  json_decref(row);
-  json_t *events = ah__store_events(ah__sm_store(m), id, after ? json_integer_value(after) : 0, limit + 1);
-  if (!events) { /* an array, empty or not, unless the read failed */
-    answer_read_error(call, m);
+  method_read(call, m, p,
+              (ah_store_query[]){{.kind = AH_STORE_Q_SESSION, .id = id},
+                                 {.kind = AH_STORE_Q_EVENTS,
+                                  .id = id,
+                                  .after = after ? json_integer_value(after) : 0,
+                                  .limit = limit + 1}},
+              2, history_read);
+}
+
+/* session.export: the session's events as JSON lines, read page by page (each page one read). */
+typedef struct export_ctx {
+  ah_call *call;
+  ah_sessions *m;
+  char *id;
+  char *buf;
+  size_t len, cap;
+  int64_t after;
+  bool found; /* the session's row was read */
+} export_ctx;
+
+static void export_free(export_ctx *c) {
+  free(c->id);
+  free(c->buf);
+  free(c);
+}
+
+static void export_next(export_ctx *c);
+
+/* Append the page's events as lines; false when out of memory. */
+static bool export_append(export_ctx *c, const json_t *page) {
+  size_t i = 0;
+  json_t *ev = NULL;
+  json_array_foreach(page, i, ev) {
+    char *line = json_dumps(ev, JSON_COMPACT);
+    size_t n = line ? strlen(line) : 0;
+    if (!line)
+      return false;
+    if (c->len + n + 2 > c->cap) {
+      size_t cap = c->cap ? c->cap : 4096;
+      while (c->len + n + 2 > cap)
+        cap *= 2;
+      char *grown = realloc(c->buf, cap);
+      if (!grown) {
+        free(line);
+        return false;
+      }
+      c->buf = grown;
+      c->cap = cap;
+    }
+    memcpy(c->buf + c->len, line, n);
+    c->len += n;
+    c->buf[c->len++] = '\n';
+    free(line);
+    c->after = json_integer_value(json_object_get(ev, "seq"));
+  }
+  return true;
+}
+
+static void export_page(int status, const json_t *results, void *arg) {
+  export_ctx *c = arg;
+  if (status) {
+    if (status == AH_EIO)
+      answer_read_error(c->call, c->m);
+    else
+      ah__call_error(c->call, status, ah_strerror(status), NULL);
+    export_free(c);
     return;
   }
-  json_t *next = NULL;
-  if (json_array_size(events) > limit) {
-    json_array_remove(events, limit);
-    next = json_object_get(json_array_get(events, limit - 1), "seq");
+  size_t k = 0;
+  if (!c->found) {
+    if (!found_row(c->call, results, 0)) {
+      export_free(c);
+      return;
+    }
+    c->found = true;
+    k = 1;
   }
-  ah__call_reply(call, json_pack("{s:o, s:O?}", "events", events, "nextAfterSeq", next));
+  const json_t *page = json_array_get(results, k);
+  if (!export_append(c, page)) {
+    ah__call_error(c->call, AH_ENOMEM, "out of memory", NULL);
+    export_free(c);
+  } else if (json_array_size(page) == 1000) {
+    export_next(c);
+  } else {
+    ah__call_reply(c->call, json_pack("{s:s%}", "jsonl", c->buf ? c->buf : "", c->len));
+    export_free(c);
+  }
+}
+
+static void export_next(export_ctx *c) {
+  ah_store_query q[2] = {{.kind = AH_STORE_Q_SESSION, .id = c->id},
+                         {.kind = AH_STORE_Q_EVENTS, .id = c->id, .after = c->after, .limit = 1000}};
+  int rc = ah__store_read(ah__sm_store(c->m), c->found ? q + 1 : q, c->found ? 1 : 2, export_page, c);
+  if (rc) {
+    ah__call_error(c->call, rc, rc == AH_ECLOSED ? "the host is stopping" : ah_strerror(rc), NULL);
+    export_free(c);
+  }
 }
 
 static void m_export(ah_call *call, const json_t *p, void *data) {
   if (!store_ready(call, data))
     return;
-  ah_sessions *m = SM(data);
-  const char *id = str(p, "sessionId");
-  json_t *row = stored_row(call, m, id);
-  if (!row)
+  const char *id = session_param(call, p);
+  if (!id)
     return;
-  json_decref(row);
-  size_t cap = 4096;
-  size_t len = 0;
-  char *buf = malloc(cap);
-  int64_t after = 0;
-  for (bool more = true; more && buf;) {
-    json_t *page = ah__store_events(ah__sm_store(m), id, after, 1000);
-    if (!page) {
-      free(buf);
-      answer_read_error(call, m);
-      return;
-    }
-    more = json_array_size(page) == 1000;
-    size_t i = 0;
-    json_t *ev = NULL;
-    json_array_foreach(page, i, ev) {
-      char *line = json_dumps(ev, JSON_COMPACT);
-      size_t n = line ? strlen(line) : 0;
-      if (len + n + 2 > cap) {
-        while (len + n + 2 > cap)
-          cap *= 2;
-        char *grown = realloc(buf, cap);
-        if (!grown) {
-          free(line);
-          free(buf);
-          buf = NULL;
-          break;
-        }
-        buf = grown;
-      }
-      memcpy(buf + len, line, n);
-      len += n;
-      buf[len++] = '\n';
-      free(line);
-      after = json_integer_value(json_object_get(ev, "seq"));
-    }
-    json_decref(page);
-  }
-  if (!buf) {
+  export_ctx *c = calloc(1, sizeof *c);
+  if (!c || !(c->id = strdup(id))) {
+    free(c);
     ah__call_error(call, AH_ENOMEM, "out of memory", NULL);
     return;
   }
-  ah__call_reply(call, json_pack("{s:s%}", "jsonl", buf, len));
-  free(buf);
+  c->call = call;
+  c->m = SM(data);
+  export_next(c);
 }
 
 typedef struct prompt_ctx {
@@ -405,36 +552,40 @@ static void m_prompt(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(m, id, prompt_found, c);
 }
 
-static void m_cancel(ah_call *call, const json_t *p, void *data) {
-  if (!store_ready(call, data))
-    return;
-  ah_sessions *m = SM(data);
+static void cancel_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results);
+
+/* A cancel of a session running here trips its turn; one another host runs is posted for it. `row`: the
+ * session's stored row once read (NULL: not read yet). */
+static void cancel(ah_call *call, ah_sessions *m, const json_t *p, const json_t *row) {
   const char *id = str(p, "sessionId");
-  if (!id) {
-    ah__call_error(call, AH_EINVAL, "params.sessionId is required", NULL);
-    return;
-  }
   session *s = ah__live_find(m, id);
   bool cancelled = s && s->ready && s->turn && !s->turn->ended && !s->turn->cancelled;
-  if (cancelled)
+  if (cancelled) {
     ah__cancel_trip(s->turn->cancel);
-  else if (!s) {
-    json_t *row = ah__store_get_session(ah__sm_store(m), id);
-    if (!row) {
-      ah__call_error(call, AH_ENOENT, "no such session", NULL);
-      return;
-    }
+  } else if (!s && !row) {
+    method_read(call, m, p, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = id}, 1, cancel_read);
+    return;
+  } else if (!s) {
     /* Run by another host: the cancel is posted for it (acknowledged once stored). */
     const char *holder = str(row, "leaseOwner");
     if (ah__hosts_active(m) && holder && strcmp(holder, m->owner) != 0 &&
         !json_is_true(json_object_get(row, "closed"))) {
       ah__hosts_post_cancel(m, row, call);
-      json_decref(row);
       return;
     }
-    json_decref(row);
   }
   ah__call_reply(call, json_pack("{s:b}", "cancelled", cancelled));
+}
+
+static void cancel_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const json_t *row = found_row(call, results, 0);
+  if (row)
+    cancel(call, m, p, row);
+}
+
+static void m_cancel(ah_call *call, const json_t *p, void *data) {
+  if (store_ready(call, data) && session_param(call, p))
+    cancel(call, SM(data), p, NULL);
 }
 
 static void close_found(int status, session *s, void *arg) {
@@ -482,16 +633,12 @@ static void delete_written(int status, const json_t *results, void *arg) {
   free(c);
 }
 
-static void m_delete(ah_call *call, const json_t *p, void *data) {
-  if (!store_ready(call, data))
-    return;
-  ah_sessions *m = SM(data);
+static void delete_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
   const char *id = str(p, "sessionId");
-  json_t *row = stored_row(call, m, id);
+  const json_t *row = found_row(call, results, 0);
   if (!row)
     return;
   bool closed = json_is_true(json_object_get(row, "closed"));
-  json_decref(row);
   if (!closed || ah__live_find(m, id)) {
     ah__call_error(call, AH_EBUSY, "close the session before deleting it", NULL);
     return;
@@ -511,6 +658,14 @@ static void m_delete(ah_call *call, const json_t *p, void *data) {
     free(c->id);
     free(c);
   }
+}
+
+static void m_delete(ah_call *call, const json_t *p, void *data) {
+  if (!store_ready(call, data))
+    return;
+  const char *id = session_param(call, p);
+  if (id)
+    method_read(call, SM(data), p, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = id}, 1, delete_read);
 }
 
 typedef struct policy_ctx {
@@ -569,17 +724,19 @@ static void m_set_policy(ah_call *call, const json_t *p, void *data) {
 
 /* session.options {sessionId} → {options}: the session's selectors (docs/sessions.md "Options"), from its
  * row — a stored session is not loaded for it. */
-static void m_options(ah_call *call, const json_t *p, void *data) {
-  if (!store_ready(call, data))
-    return;
-  ah_sessions *m = SM(data);
-  json_t *row = stored_row(call, m, str(p, "sessionId"));
+static void options_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  (void)p;
+  const json_t *row = found_row(call, results, 0);
   if (!row)
     return;
-  json_t *shown = live_status_row(m, row);
+  json_t *shown = live_status_row(m, row, json_array_get(results, 1));
   ah__call_reply(call, json_pack("{s:o}", "options", ah__session_options_of(m, shown)));
   json_decref(shown);
-  json_decref(row);
+}
+
+static void m_options(ah_call *call, const json_t *p, void *data) {
+  if (store_ready(call, data))
+    read_shown(call, SM(data), p, options_read);
 }
 
 /* session.set-option {sessionId, configId, value} → {options}: every option after the change. */
@@ -696,6 +853,15 @@ static void follow_found(int status, session *s, void *arg) {
     ah__call_error(call, rc, ah_strerror(rc), NULL);
 }
 
+static void follow_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const json_t *row = json_array_get(results, 0);
+  const char *holder = str(row, "leaseOwner");
+  if (holder && strcmp(holder, m->owner) != 0 && !ah__hosts_runs_here(m, str(p, "sessionId")))
+    ah__call_error(call, AH_EAGENTBUSY, "the session runs on another host", NULL);
+  else
+    ah__live_lookup(m, str(p, "sessionId"), follow_found, call);
+}
+
 static void m_follow(ah_call *call, const json_t *p, void *data) {
   const char *id = str(p, "sessionId");
   if (!id) {
@@ -705,17 +871,10 @@ static void m_follow(ah_call *call, const json_t *p, void *data) {
   ah_sessions *m = SM(data);
   /* A shared store: a session another host holds is followed by its events (hosts.c); a follow does not
    * try to take its lease (a surface asks again at each call about the session: a write each time). */
-  if (ah__hosts_active(m) && !ah__hosts_runs_here(m, id)) {
-    json_t *row = ah__store_get_session(ah__sm_store(m), id);
-    const char *holder = row ? str(row, "leaseOwner") : NULL;
-    bool elsewhere = holder && strcmp(holder, m->owner) != 0;
-    json_decref(row);
-    if (elsewhere) {
-      ah__call_error(call, AH_EAGENTBUSY, "the session runs on another host", NULL);
-      return;
-    }
-  }
-  ah__live_lookup(m, id, follow_found, call);
+  if (ah__hosts_active(m) && !ah__hosts_runs_here(m, id))
+    method_read(call, m, p, &(ah_store_query){.kind = AH_STORE_Q_SESSION, .id = id}, 1, follow_read);
+  else
+    ah__live_lookup(m, id, follow_found, call);
 }
 
 /* session.tools {sessionId} → {tools: [{name, description, schema, group?, policy}], notices: [string]}: what
@@ -776,6 +935,14 @@ static void m_tools(ah_call *call, const json_t *p, void *data) {
   ah__live_lookup(SM(data), id, tools_found, c);
 }
 
+static void requests_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  json_t *out = json_deep_copy(json_object_get(p, "requests"));
+  json_t *elsewhere = ah__hosts_requests(m, json_array_get(results, 0));
+  json_array_extend(out, elsewhere);
+  json_decref(elsewhere);
+  ah__call_reply(call, json_pack("{s:o}", "requests", out));
+}
+
 static void m_request_list(ah_call *call, const json_t *p, void *data) {
   if (!store_ready(call, data))
     return;
@@ -788,9 +955,11 @@ static void m_request_list(ah_call *call, const json_t *p, void *data) {
       json_array_append_new(out, ah__request_json(r));
   }
   if (ah__hosts_active(m)) { /* and those of sessions other hosts run */
-    json_t *elsewhere = ah__hosts_requests(m, sid);
-    json_array_extend(out, elsewhere);
-    json_decref(elsewhere);
+    json_t *rp = json_pack("{s:o}", "requests", out);
+    method_read(call, m, rp, &(ah_store_query){.kind = AH_STORE_Q_REQUESTS_PENDING, .id = sid}, 1,
+                requests_read);
+    json_decref(rp);
+    return;
   }
   ah__call_reply(call, json_pack("{s:o}", "requests", out));
 }
@@ -818,15 +987,51 @@ static const char *answer_of(const char *kind, const json_t *options, const json
   return NULL;
 }
 
-/* An answer for a pending request of a session another host runs: checked as here, then posted (the
- * request's row takes it; the owner acts on it). false: not such a request (answered as usual). */
-static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, const json_t *value) {
-  json_t *row = ah__store_get_request(ah__sm_store(m), id);
+/* An answer for a request pending here. */
+static void answer_here(ah_call *call, request *r, const json_t *value) {
+  const char *state = NULL, *opt = NULL;
+  json_t *answer = NULL;
+  const char *why = answer_of(r->kind, r->options, value, &state, &answer, &opt);
+  if (why) {
+    ah__call_error(call, AH_EINVAL, why, NULL);
+    return;
+  }
+  ah__request_answer(r, state, answer, opt, call);
+  json_decref(answer);
+}
+
+/* Late or duplicate: a receipt, never a second resolution. `row`: the request's stored row, or NULL. */
+static void answer_late(ah_call *call, ah_sessions *m, const char *id, const json_t *row) {
+  const ah_caller *by = ah__call_caller(call);
+  json_t *seen = json_object_get(m->resolved, id);
+  const char *reason = row ? "resolved" : "unknown";
+  if (seen) {
+    char who[96];
+    snprintf(who, sizeof who, "%s:%llu", by->surface ? by->surface : "",
+             (unsigned long long)by->connection_id);
+    reason = strcmp(str(seen, "by"), who) == 0 ? "duplicate" : "resolved";
+  }
+  ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", reason));
+}
+
+/* The request's stored row was read: pending for a session another host runs, the answer is checked as
+ * here, then posted (the request's row takes it; the owner acts on it); else it is late or duplicate. */
+static void respond_read(ah_call *call, ah_sessions *m, const json_t *p, const json_t *results) {
+  const char *id = str(p, "id");
+  const json_t *value = json_object_get(p, "value");
+  request *r = ah__request_find(m, id); /* made here while the row was read */
+  if (r) {
+    answer_here(call, r, value);
+    return;
+  }
+  const json_t *row = json_array_get(results, 0);
+  row = json_is_object(row) ? row : NULL;
   const char *pending = row ? str(row, "state") : NULL;
   const char *sid = row ? str(row, "sessionId") : NULL;
-  if (!pending || strcmp(pending, "pending") != 0 || !sid || ah__hosts_runs_here(m, sid)) {
-    json_decref(row);
-    return false;
+  if (!ah__hosts_active(m) || !pending || strcmp(pending, "pending") != 0 || !sid ||
+      ah__hosts_runs_here(m, sid)) {
+    answer_late(call, m, id, row);
+    return;
   }
   const char *state = NULL, *opt = NULL;
   json_t *answer = NULL;
@@ -836,8 +1041,6 @@ static bool respond_elsewhere(ah_call *call, ah_sessions *m, const char *id, con
     ah__call_error(call, AH_EINVAL, why, NULL);
   else
     ah__hosts_answer(m, row, state, answer, call);
-  json_decref(row);
-  return true;
 }
 
 static void m_request_respond(ah_call *call, const json_t *p, void *data) {
@@ -851,37 +1054,13 @@ static void m_request_respond(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: id and exactly one of value or error are required", NULL);
     return;
   }
-  const ah_caller *by = ah__call_caller(call);
   request *r = ah__request_find(m, id);
-  if (!r && ah__hosts_active(m) && respond_elsewhere(call, m, id, value))
-    return;
-  if (!r) {
-    /* Late or duplicate: a receipt, never a second resolution. */
-    json_t *seen = json_object_get(m->resolved, id);
-    const char *reason = "unknown";
-    if (seen) {
-      char who[96];
-      snprintf(who, sizeof who, "%s:%llu", by->surface ? by->surface : "",
-               (unsigned long long)by->connection_id);
-      reason = strcmp(str(seen, "by"), who) == 0 ? "duplicate" : "resolved";
-    } else {
-      json_t *row = ah__store_get_request(ah__sm_store(m), id);
-      if (row)
-        reason = "resolved";
-      json_decref(row);
-    }
-    ah__call_reply(call, json_pack("{s:b, s:s}", "accepted", 0, "reason", reason));
-    return;
-  }
-  const char *state = NULL, *opt = NULL;
-  json_t *answer = NULL;
-  const char *why = answer_of(r->kind, r->options, value, &state, &answer, &opt);
-  if (why) {
-    ah__call_error(call, AH_EINVAL, why, NULL);
-    return;
-  }
-  ah__request_answer(r, state, answer, opt, call);
-  json_decref(answer);
+  if (r)
+    answer_here(call, r, value);
+  else if (!ah__hosts_active(m) && json_object_get(m->resolved, id))
+    answer_late(call, m, id, NULL);
+  else /* pending elsewhere, or whether it was ever made */
+    method_read(call, m, p, &(ah_store_query){.kind = AH_STORE_Q_REQUEST, .id = id}, 1, respond_read);
 }
 
 /* provider.list {} → {providers: [{name, type, model?, models, default, available, key?, keyEnv?,

@@ -110,18 +110,37 @@ void ah__request_resolve(request *r, const char *state, const json_t *answer, co
   resolve(r, state, answer, option_id, by, false);
 }
 
-void ah__request_adopt(request *r) {
-  if (r->answering)
-    return; /* an answer given here is being stored: its callback reads the outcome */
-  json_t *row = ah__store_get_request(ah__sm_store(r->m), r->id);
-  const char *state = row ? str(row, "state") : NULL;
-  if (state && strcmp(state, "pending") != 0) {
+typedef struct adopt_ctx {
+  ah_sessions *m;
+  char id[40];
+} adopt_ctx;
+
+static void adopt_read(int status, const json_t *results, void *arg) {
+  adopt_ctx *c = arg;
+  request *r = ah__request_find(c->m, c->id); /* it may have been resolved here meanwhile */
+  const json_t *row = status == 0 ? json_array_get(results, 0) : NULL;
+  const char *state = str(row, "state");
+  if (r && !r->answering && state && strcmp(state, "pending") != 0) {
     const json_t *answer = json_object_get(row, "answer");
     const char *opt = json_is_object(answer) ? str(answer, "optionId") : NULL;
     AH_LOG_I(LOG, "request %s was answered on another host (%s)", r->id, state);
     resolve(r, state, json_is_object(answer) ? answer : NULL, opt, NULL, true);
   }
-  json_decref(row);
+  free(c);
+}
+
+/* Another host may have answered it: its row is read, and a resolution there is acted on here. */
+void ah__request_adopt(request *r) {
+  if (r->answering)
+    return; /* an answer given here is being stored: its callback reads the outcome */
+  adopt_ctx *c = calloc(1, sizeof *c);
+  if (!c)
+    return;
+  c->m = r->m;
+  snprintf(c->id, sizeof c->id, "%s", r->id);
+  ah_store_query q = {.kind = AH_STORE_Q_REQUEST, .id = c->id};
+  if (ah__store_read(ah__sm_store(r->m), &q, 1, adopt_read, c) != 0)
+    free(c);
 }
 
 /* `stored`: the row holds the resolution already (another host wrote it). */

@@ -105,8 +105,9 @@ struct ah_session {
   char *id;
   json_t *row; /* the stored session row, kept current */
   int64_t seq;
-  bool ready;   /* loaded, lease held */
-  bool closing; /* close requested: no new prompts */
+  bool ready;    /* loaded, lease held */
+  bool to_close; /* being loaded only to be closed (no cwd check) */
+  bool closing;  /* close requested: no new prompts */
   bool running;
   ah__link queue;
   turn *turn;
@@ -154,8 +155,9 @@ struct turn {
   bool cancelled;
   json_t *last_text; /* the last committed text (a JSON string), for a waiting parent */
   int tools_running;
-  request *pending; /* an approval or question waiting for an answer */
-  json_t *history;  /* read on the provider's first sink->history() call */
+  request *pending;     /* an approval or question waiting for an answer */
+  json_t *history;      /* built on the provider's first sink->history() call */
+  json_t *history_page; /* the recent window of the session's events, read before the turn started */
   /* The provider ended while tools still ran: the end is recorded once they stopped, so turn/ended is
    * always the turn's last event. */
   bool end_pending;
@@ -205,9 +207,9 @@ static inline const char *status_of(const session *s) {
  * {inputTokens, …}; NULL: none) attributed to `model` (NULL: not attributed) to the session's row and
  * returns the session.update operation to commit with the event that reports it (NULL when nothing
  * changes); `turn` counts one more turn. ah__usage_public sets usage, treeUsage, cost?, treeCost? on
- * `pub` from `row`. */
+ * `pub` from `row` and `tree` (the store's AH_STORE_Q_TREE of the session; NULL: no treeUsage). */
 json_t *ah__usage_account(session *s, const char *model, const json_t *usage, bool turn);
-void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row);
+void ah__usage_public(ah_sessions *m, json_t *pub, const json_t *row, const json_t *tree);
 
 /* manager.c */
 ah_store *ah__sm_store(ah_sessions *m);
@@ -237,7 +239,8 @@ session *ah__live_find(ah_sessions *m, const char *id);
 void ah__live_free_if_unused(session *s);
 void ah__live_renew_leases(ah_timer *t, void *arg);
 void ah__live_wake(session *s, int status);
-void ah__live_lease_lost(session *s, const char *why);
+/* `holder`: who holds the lease now, when known (NULL: read for the log). */
+void ah__live_lease_lost(session *s, const char *why, const char *holder);
 void ah__live_broken(session *s, int status);
 /* The live session `id`, loaded (its lease taken) if it is cold; AH_EUNAVAILABLE when its working directory
  * does not exist on this host. _to_close loads it for a close, wherever its directory is. */
@@ -320,7 +323,7 @@ bool ah__hosts_hold(ah_sessions *m, const char *name, json_t *data);
 void ah__hosts_committed(ah_sessions *m, int64_t cursor);
 void ah__hosts_adopt(session *s, const json_t *rows);
 void ah__hosts_sweep(ah_sessions *m);
-json_t *ah__hosts_requests(ah_sessions *m, const char *sid);
+json_t *ah__hosts_requests(ah_sessions *m, const json_t *rows);
 void ah__hosts_post_prompt(ah_sessions *m, const char *sid, json_t *content, ah_call *call);
 void ah__hosts_post_cancel(ah_sessions *m, const json_t *row, ah_call *call);
 void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json_t *answer, ah_call *call);

@@ -72,17 +72,15 @@ void ah__sessions_provider_withdrawn(ah_sessions *m, ah_mount *mount) {
   }
 }
 
-static json_t *history_for(session *s, const char *current_message, bool with_tools) {
-  /* The conversation so far as the provider sees it: each earlier turn's user message (in the order the
-   * turns started) and the committed assistant messages, the last HISTORY_MAX of them; with_tools, also
-   * each tool call with its result (a call without a recorded result is left out). Read from the store,
-   * so a resumed session has its past; only a recent window of events is read, so a long session does
-   * not make every turn slower. Prompts still queued are not part of it. */
+static json_t *history_for(const json_t *page, const char *current_message, bool with_tools) {
+  /* The conversation so far as the provider sees it, from `page` (the recent window of the session's
+   * events, read before the turn started: gather_tools): each earlier turn's user message (in the order
+   * the turns started) and the committed assistant messages, the last HISTORY_MAX of them; with_tools,
+   * also each tool call with its result (a call without a recorded result is left out). Prompts still
+   * queued are not part of it. */
   json_t *hist = json_array();
   json_t *prompts = json_object(); /* messageId -> content, from inbox/received */
   json_t *results = json_object(); /* callId -> its tool/result data */
-  int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
-  json_t *page = ah__store_events(ah__sm_store(s->m), s->id, after, HISTORY_WINDOW);
   size_t i = 0;
   json_t *ev = NULL;
   if (with_tools) {
@@ -119,7 +117,6 @@ static json_t *history_for(session *s, const char *current_message, bool with_to
                                       json_is_true(json_object_get(data, "isError"))));
     }
   }
-  json_decref(page);
   json_decref(prompts);
   json_decref(results);
   while (json_array_size(hist) > HISTORY_MAX)
@@ -135,7 +132,7 @@ static const json_t *sink_history(void *ctx) {
   if (!t->history) {
     const ah_provider *p = t->prov;
     bool tools = p && AH_HAS_FIELD(p, ah_provider, flags) && (p->flags & AH_PROVIDER_TOOL_HISTORY);
-    t->history = history_for(t->s, t->message_id, tools);
+    t->history = history_for(t->history_page, t->message_id, tools);
   }
   return t->history;
 }
@@ -153,6 +150,7 @@ static void turn_free(turn *t) {
   free(t->end_error);
   json_decref(t->end_usage);
   json_decref(t->history);
+  json_decref(t->history_page);
   json_decref(t->tools);
   free(t);
 }
@@ -706,6 +704,8 @@ static json_t *prompt_text(const json_t *content) {
 }
 
 static void gather_tools(turn *t);
+static void start_provider(turn *t);
+static void history_read(int status, const json_t *results, void *arg);
 
 /* After the prompt_submit hooks: refused, or on with what they added as more text blocks of the prompt. */
 static void prompt_hooked(turn *t, const ah_hook_verdict *v, void *arg) {
@@ -807,19 +807,66 @@ static void gather_tools(turn *t) {
   }
 }
 
+/* After a step of the turn's start that an end waited for: false (and the end recorded) when it ended or
+ * was cancelled meanwhile. */
+static bool goes_on(turn *t) {
+  if (t->end_pending)
+    finish_pending_end(t);
+  else if (t->cancelled)
+    ah__turn_end(t, "cancelled", NULL, NULL);
+  else
+    return true;
+  return false;
+}
+
 static void tools_gathered(const json_t *tools, const json_t *notices, void *arg) {
   turn *t = arg;
   t->tools_running--;
   t->gathering = false;
   t->tools = json_incref((json_t *)tools);
-  if (t->end_pending) {
-    finish_pending_end(t);
+  if (!goes_on(t))
+    return;
+  session *s = t->s;
+  size_t i;
+  json_t *n;
+  json_array_foreach(notices, i, n) {
+    ah__write_event(s, "turn/notice", t->id, NULL, json_pack("{s:s, s:O}", "kind", "tools", "message", n));
+  }
+  /* The conversation so far (sink_history) is read from the store first, off the loop: a recent window of
+   * the session's events, so a resumed session has its past and a long one does not make every turn
+   * slower. The built-in echo asks for it only for a /history step. */
+  if (ah__turn_provider(t->m, str(s->row, "provider"), NULL, NULL) == t->m->echo &&
+      !ah__echo_uses_history(t->content)) {
+    start_provider(t);
     return;
   }
-  if (t->cancelled) {
-    ah__turn_end(t, "cancelled", NULL, NULL);
+  t->tools_running++; /* an end meanwhile waits for the read */
+  t->gathering = true;
+  int64_t after = s->seq > HISTORY_WINDOW ? s->seq - HISTORY_WINDOW : 0;
+  ah_store_query q = {.kind = AH_STORE_Q_EVENTS, .id = s->id, .after = after, .limit = HISTORY_WINDOW};
+  int rc = ah__store_read(ah__sm_store(t->m), &q, 1, history_read, t);
+  if (rc) {
+    t->tools_running--;
+    t->gathering = false;
+    ah__turn_end(t, "error", NULL, ah_strerror(rc));
+  }
+}
+
+static void history_read(int status, const json_t *results, void *arg) {
+  turn *t = arg;
+  t->tools_running--;
+  t->gathering = false;
+  t->history_page = status == 0 ? json_incref(json_array_get(results, 0)) : NULL;
+  if (!goes_on(t))
+    return;
+  if (status) {
+    ah__turn_end(t, "error", NULL, "the conversation so far could not be read from the store");
     return;
   }
+  start_provider(t);
+}
+
+static void start_provider(turn *t) {
   session *s = t->s;
   /* Looked up again: the provider's plugin may have gone, or the configuration changed, meanwhile. */
   const char *prov_name = str(s->row, "provider");
@@ -828,11 +875,6 @@ static void tools_gathered(const json_t *tools, const json_t *notices, void *arg
   if (!t->prov) {
     ah__turn_end(t, "error", NULL, "the session's provider is not available");
     return;
-  }
-  size_t i;
-  json_t *n;
-  json_array_foreach(notices, i, n) {
-    ah__write_event(s, "turn/notice", t->id, NULL, json_pack("{s:s, s:O}", "kind", "tools", "message", n));
   }
   static const ah_turn_sink sink = {
       .struct_size = sizeof(ah_turn_sink),

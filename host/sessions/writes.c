@@ -19,7 +19,7 @@ static void write_done(int status, const json_t *results, void *arg) {
   write_ctx *w = arg;
   session *s = w->s;
   if (status == AH_EAGENTBUSY && s->fenced)
-    ah__live_lease_lost(s, "a write was refused by the store's fence");
+    ah__live_lease_lost(s, "a write was refused by the store's fence", NULL);
   else if ((status == AH_EIO || status == AH_EBUSY) && s->fenced)
     ah__live_broken(s, status);
   if (w->event && status == 0) {

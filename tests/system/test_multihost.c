@@ -11,6 +11,7 @@
  * server requests) in a_session_is_prompted_followed_and_answered_from_other_hosts. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -597,6 +598,99 @@ Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .time
   cr_log_info("acknowledged: %d before the drops, %d while dropping, %d after; commits resolved by their "
               "marker: %s",
               before, during, acked - before - during, d_log_has(a, "its marker shows") ? "yes" : "none");
+  assert_clean_exit(a, d_stop(a));
+  kill(proxy, SIGTERM);
+  int st = 0;
+  ts_wait_exit(proxy, 5000, &st);
+  free(via);
+  ts_rmtree(work);
+  free(work);
+  cluster_fini(&c);
+}
+
+/* A store read made by a call on its own thread (ah__admin_call blocks): its outcome and how long it took. */
+typedef struct slow_call {
+  test_daemon *d;
+  const char *method;
+  json_t *params;
+  int rc;
+  json_t *result, *error;
+  uint64_t ms;
+  _Atomic bool done;
+} slow_call;
+
+static void *slow_call_run(void *arg) {
+  slow_call *c = arg;
+  uint64_t t0 = ts_now_ms();
+  c->rc = ah__admin_call(c->d->run, c->method, c->params, 30000, &c->result, &c->error);
+  c->ms = ts_now_ms() - t0;
+  c->done = true;
+  return NULL;
+}
+
+/* A host whose database stops answering (a proxy that drops every packet) keeps serving: calls that need no
+ * store answer at once while reads wait for the database, and those reads end with an error at their
+ * deadline rather than hanging; once the database answers again, so does the host. Before reads left the
+ * loop, one read held every call of the host for its whole deadline. */
+Test(multihost, a_database_that_stops_answering_never_stops_the_host, .timeout = 180, .fini = d_cleanup) {
+  cluster c;
+  cluster_init(&c);
+  char *via = NULL;
+  pid_t proxy = tpg_proxy_start(c.dir, c.db, &via);
+  test_daemon *a = host_via(&c, via);
+  char *work = ts_mkdtemp();
+  char sid[64];
+  d_new_session(a, work, sid, sizeof sid);
+  cr_assert_eq(kill(proxy, SIGUSR1), 0); /* drop */
+  slow_call reads[2] = {{.d = a, .method = "session.list", .params = json_object()},
+                        {.d = a, .method = "session.get", .params = json_pack("{s:s}", "sessionId", sid)}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++)
+    cr_assert_eq(pthread_create(&th[i], NULL, slow_call_run, &reads[i]), 0);
+  usleep(300 * 1000);
+  /* While the reads wait: other calls answer at once, each of them. */
+  uint64_t worst = 0;
+  int answered = 0;
+  for (int i = 0; i < 20 && !(reads[0].done && reads[1].done); i++) {
+    json_t *result = NULL, *error = NULL;
+    uint64_t t0 = ts_now_ms();
+    int rc = ah__admin_call(a->run, "plugin.list", json_object(), 5000, &result, &error);
+    uint64_t ms = ts_now_ms() - t0;
+    cr_expect_eq(rc, 0, "plugin.list failed while the database was silent");
+    worst = ms > worst ? ms : worst;
+    answered += rc == 0;
+    json_decref(result);
+    json_decref(error);
+    usleep(100 * 1000);
+  }
+  bool reads_pending = !reads[0].done && !reads[1].done;
+  cr_expect(reads_pending, "the reads ended before the other calls were made: nothing was shown");
+  cr_expect_geq(answered, 10, "other calls answered while the reads waited: %d", answered);
+  cr_expect_lt(worst, 1000, "a call that needs no store waited %llu ms", (unsigned long long)worst);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    cr_expect_eq(reads[i].rc, AH_EIO, "%s while the database was silent: %s", reads[i].method,
+                 ah_err_name(reads[i].rc));
+    cr_expect_lt(reads[i].ms, 20000, "%s waited %llu ms", reads[i].method, (unsigned long long)reads[i].ms);
+    cr_log_info("%s answered an error after %llu ms", reads[i].method, (unsigned long long)reads[i].ms);
+    json_decref(reads[i].result);
+    json_decref(reads[i].error);
+  }
+  cr_log_info("while they waited: %d calls answered, the slowest in %llu ms", answered,
+              (unsigned long long)worst);
+  cr_assert_eq(kill(proxy, SIGUSR2), 0); /* forward again */
+  bool back = false;
+  for (uint64_t end = ts_now_ms() + 60000; !back && ts_now_ms() < end;) {
+    json_t *result = NULL, *error = NULL;
+    back = ah__admin_call(a->run, "session.get", json_pack("{s:s}", "sessionId", sid), 10000, &result,
+                          &error) == 0 &&
+           json_object_get(result, "session");
+    json_decref(result);
+    json_decref(error);
+    if (!back)
+      usleep(500 * 1000);
+  }
+  cr_expect(back, "the host never read its store again:\n%s", d_log(a));
   assert_clean_exit(a, d_stop(a));
   kill(proxy, SIGTERM);
   int st = 0;
