@@ -983,17 +983,22 @@ static int daemon_end(pid_t pid, int fd) {
   char want[64], dir[64], path[400], target[64];
   snprintf(want, sizeof want, "socket:[%lu]", inode);
   snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
-  DIR *d = opendir(dir);
-  cr_assert(d);
   int found = -1;
-  struct dirent *e;
-  while ((e = readdir(d)) && found < 0) {
-    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-    ssize_t n = readlink(path, target, sizeof target - 1);
-    if (n > 0 && (target[n] = '\0', strcmp(target, want) == 0))
-      found = atoi(e->d_name);
+  /* The kernel completes the connection before the daemon accepts it (on its next loop turn). */
+  for (uint64_t end = ts_now_ms() + 3000; found < 0 && ts_now_ms() < end;) {
+    DIR *d = opendir(dir);
+    cr_assert(d);
+    struct dirent *e;
+    while ((e = readdir(d)) && found < 0) {
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      ssize_t n = readlink(path, target, sizeof target - 1);
+      if (n > 0 && (target[n] = '\0', strcmp(target, want) == 0))
+        found = atoi(e->d_name);
+    }
+    closedir(d);
+    if (found < 0)
+      usleep(10 * 1000);
   }
-  closedir(d);
   cr_assert_geq(found, 0, "no descriptor of the daemon holds %s", want);
   int pfd = pidfd_open(pid, 0);
   cr_assert_geq(pfd, 0, "pidfd_open: %s", strerror(errno));
