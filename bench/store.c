@@ -6,7 +6,14 @@
  * invocation, writes the same events through the same backend with one transaction per event (no group
  * commit) for a smaller count (default 2000); the ratio shows what group commit buys.
  *
- * Usage: bench_store [N [BASELINE_N]]. Prints figures only; exits non-zero only on errors.
+ * Reads: READS (default 2000) pages of 200 events of that session, at spread offsets, first as blocking
+ * reads on the loop thread (the baseline: how reads were made before the reader thread), then through
+ * ah__store_read (at most 8 in flight) while a 1 ms timer runs on the loop. Figures: reads per second each
+ * way, and the loop's longest stall: the longest blocking read (nothing else runs meanwhile) against the
+ * longest gap between ticks of the timer while the reader thread reads (and on the idle loop, its floor).
+ *
+ * Usage: bench_store [N [BASELINE_N [READS]]] (N at least 200000). Prints figures only; exits non-zero only
+ * on errors.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +55,6 @@ typedef struct run_state {
   int64_t failed;
   uint64_t t_first;
   uint64_t t_last;
-  bool closed;
 } run_state;
 
 static void on_written(int status, const json_t *results, void *arg) {
@@ -86,18 +92,38 @@ static void on_closed(void *arg) {
   *(bool *)arg = true;
 }
 
+static int store_open(uv_loop_t *loop, const char *path, ah_store **out) {
+  char *why = NULL;
+  ah_store_opts opts = {.path = path, .sync = AH_STORE_SYNC_NORMAL};
+  if (ah__store_open(loop, NULL, &opts, out, &why) < 0) {
+    fprintf(stderr, "bench_store: %s\n", why ? why : "cannot open the store");
+    free(why);
+    return -1;
+  }
+  return 0;
+}
+
+/* Close the store and the loop (every handle on it closed before). */
+static int store_close(uv_loop_t *loop, ah_store *store) {
+  bool closed = false;
+  ah__store_close(store, on_closed, &closed);
+  while (!closed)
+    uv_run(loop, UV_RUN_ONCE);
+  uv_run(loop, UV_RUN_NOWAIT);
+  if (uv_loop_close(loop) != 0) {
+    fprintf(stderr, "bench_store: a handle was left open\n");
+    return -1;
+  }
+  return 0;
+}
+
 /* Group commit through the store; returns 0 and the figures, or -1. */
 static int run_group(const char *path, int64_t n, double *rate, uint64_t *commits, uint64_t *opsets) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   run_state r = {.n = n};
-  char *why = NULL;
-  ah_store_opts opts = {.path = path, .sync = AH_STORE_SYNC_NORMAL};
-  if (ah__store_open(&loop, NULL, &opts, &r.store, &why) < 0) {
-    fprintf(stderr, "bench_store: %s\n", why ? why : "cannot open the store");
-    free(why);
+  if (store_open(&loop, path, &r.store) < 0)
     return -1;
-  }
   int session = 0;
   if (ah__store_write(r.store, session_opset(), on_session, &session) < 0)
     return -1;
@@ -114,19 +140,100 @@ static int run_group(const char *path, int64_t n, double *rate, uint64_t *commit
   *commits = ah__store_commits(r.store) - base_commits;
   *opsets = ah__store_opsets(r.store) - base_opsets;
   uv_close((uv_handle_t *)&r.idle, NULL);
-  ah__store_close(r.store, on_closed, &r.closed);
-  while (!r.closed)
-    uv_run(&loop, UV_RUN_ONCE);
-  uv_run(&loop, UV_RUN_NOWAIT);
-  if (uv_loop_close(&loop) != 0) {
-    fprintf(stderr, "bench_store: a handle was left open\n");
+  if (store_close(&loop, r.store) < 0)
     return -1;
-  }
   if (session < 0 || r.failed > 0) {
     fprintf(stderr, "bench_store: %lld writes failed\n", (long long)r.failed + (session < 0));
     return -1;
   }
   *rate = (double)n / ((double)(r.t_last - r.t_first) / 1e9);
+  return 0;
+}
+
+typedef struct read_state {
+  ah_store *store;
+  int64_t n, submitted, completed, failed, events;
+  int in_flight;
+  uint64_t last_tick, worst_gap;
+  uv_timer_t timer;
+} read_state;
+
+static void read_submit(read_state *r);
+
+static void on_page(int status, const json_t *results, void *arg) {
+  read_state *r = arg;
+  r->completed++;
+  r->in_flight--;
+  if (status)
+    r->failed++;
+  else
+    r->events += (int64_t)json_array_size(json_array_get(results, 0));
+  read_submit(r);
+}
+
+static void read_submit(read_state *r) {
+  while (r->in_flight < 8 && r->submitted < r->n) {
+    int64_t after = (r->submitted * 7919) % 199000;
+    ah_store_query q = {.kind = AH_STORE_Q_EVENTS, .id = SESSION_ID, .after = after, .limit = 200};
+    if (ah__store_read(r->store, &q, 1, on_page, r) != 0) {
+      r->failed++;
+      r->completed++;
+    } else {
+      r->in_flight++;
+    }
+    r->submitted++;
+  }
+}
+
+static void on_tick(uv_timer_t *t) {
+  read_state *r = t->data;
+  uint64_t now = now_ns();
+  if (r->last_tick && now - r->last_tick > r->worst_gap)
+    r->worst_gap = now - r->last_tick;
+  r->last_tick = now;
+}
+
+/* Pages of events read blocking on the loop thread, then through the reader thread. */
+static int run_reads(const char *path, int64_t n, double *sync_rate, double *async_rate, uint64_t *sync_worst,
+                     uint64_t *async_gap, uint64_t *idle_gap) {
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  read_state r = {.n = n};
+  if (store_open(&loop, path, &r.store) < 0)
+    return -1;
+  int64_t failed = 0;
+  uint64_t t0 = now_ns();
+  for (int64_t i = 0; i < n; i++) {
+    uint64_t a = now_ns();
+    json_t *page = ah__store_events(r.store, SESSION_ID, (i * 7919) % 199000, 200);
+    uint64_t took = now_ns() - a;
+    *sync_worst = took > *sync_worst ? took : *sync_worst;
+    failed += json_array_size(page) != 200;
+    json_decref(page);
+  }
+  *sync_rate = (double)n / ((double)(now_ns() - t0) / 1e9);
+  uv_timer_init(&loop, &r.timer);
+  r.timer.data = &r;
+  uv_timer_start(&r.timer, on_tick, 1, 1);
+  /* The timer alone first (an idle loop): its own longest gap is the floor of the figure. */
+  for (uint64_t end = now_ns() + 500000000ull; now_ns() < end;)
+    uv_run(&loop, UV_RUN_ONCE);
+  *idle_gap = r.worst_gap;
+  r.worst_gap = 0;
+  r.last_tick = 0;
+  t0 = now_ns();
+  read_submit(&r);
+  while (r.completed < r.n)
+    uv_run(&loop, UV_RUN_ONCE);
+  *async_rate = (double)n / ((double)(now_ns() - t0) / 1e9);
+  *async_gap = r.worst_gap;
+  uv_close((uv_handle_t *)&r.timer, NULL);
+  if (store_close(&loop, r.store) < 0)
+    return -1;
+  if (failed || r.failed || r.events != n * 200) {
+    fprintf(stderr, "bench_store: %lld reads failed or came back short\n", (long long)(failed + r.failed));
+    return -1;
+  }
   return 0;
 }
 
@@ -171,8 +278,9 @@ static int run_baseline(const char *path, int64_t n, double *rate) {
 int main(int argc, char **argv) {
   int64_t n = argc > 1 ? strtoll(argv[1], NULL, 10) : 200000;
   int64_t base_n = argc > 2 ? strtoll(argv[2], NULL, 10) : 2000;
-  if (n <= 0 || base_n <= 0) {
-    fprintf(stderr, "usage: bench_store [N [BASELINE_N]]\n");
+  int64_t reads = argc > 3 ? strtoll(argv[3], NULL, 10) : 2000;
+  if (n < 200000 || base_n <= 0 || reads <= 0) {
+    fprintf(stderr, "usage: bench_store [N (>= 200000) [BASELINE_N [READS]]]\n");
     return 2;
   }
   ah__log_set_level(AH_LOG_WARN);
@@ -192,6 +300,10 @@ int main(int argc, char **argv) {
   int rc = run_group(group_db, n, &rate, &commits, &opsets);
   if (rc == 0)
     rc = run_baseline(base_db, base_n, &base_rate);
+  double sync_rate = 0, async_rate = 0;
+  uint64_t sync_worst = 0, async_gap = 0, idle_gap = 0;
+  if (rc == 0)
+    rc = run_reads(group_db, reads, &sync_rate, &async_rate, &sync_worst, &async_gap, &idle_gap);
   if (rc == 0) {
     printf("store: %lld events, 1 per opset, synchronous=NORMAL\n", (long long)n);
     printf("store: group commit:        %.0f events/s (target >= 50000)\n", rate);
@@ -200,6 +312,13 @@ int main(int argc, char **argv) {
            commits ? (double)opsets / (double)commits : 0.0);
     printf("store: baseline (1 tx/event, %lld events): %.0f events/s\n", (long long)base_n, base_rate);
     printf("store: ratio group/baseline: %.1fx\n", base_rate > 0 ? rate / base_rate : 0.0);
+    printf("store: reads (%lld pages of 200 events): blocking on the loop %.0f/s, reader thread %.0f/s "
+           "(%.2fx)\n",
+           (long long)reads, sync_rate, async_rate, sync_rate > 0 ? async_rate / sync_rate : 0.0);
+    printf(
+        "store: the loop's longest stall while reading: blocking %.2f ms (the longest read); reader thread "
+        "%.2f ms (the longest gap between ticks of a 1 ms timer; %.2f ms on the idle loop)\n",
+        (double)sync_worst / 1e6, (double)async_gap / 1e6, (double)idle_gap / 1e6);
   }
   const char *suffixes[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {
