@@ -303,6 +303,15 @@ void ah__live_lease_lost(session *s, const char *why, const char *holder) {
  * order, so it stops here — its turn is cancelled, nothing more of it is written — and it is reloaded from
  * the store once writes succeed again: the load records the interrupted turn (turn/ended "error", its
  * prompt done) and runs the prompts still queued. Meanwhile prompts for it are refused (not acknowledged). */
+/* Reload session `id` every second until it loads (or cannot any more: retry_loaded). */
+static void retry_later(ah_sessions *m, const char *id) {
+  if (!m->retry)
+    m->retry = json_object();
+  json_object_set_new(m->retry, id, json_true());
+  if (!m->retry_timer && !m->stopping)
+    ah__services_timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
+}
+
 void ah__live_broken(session *s, int status) {
   if (s->lost || s->broken)
     return;
@@ -314,11 +323,7 @@ void ah__live_broken(session *s, int status) {
            "session %s: a write failed (%s%s%s): its turn is cancelled and the session is reloaded once the "
            "store takes writes again",
            s->id, ah_strerror(status), detail[0] ? ": " : "", detail);
-  if (!m->retry)
-    m->retry = json_object();
-  json_object_set_new(m->retry, s->id, json_true());
-  if (!m->retry_timer && !m->stopping)
-    ah__services_timer_start(m->core, 1000, 1000, retry_tick, m, &m->retry_timer);
+  retry_later(m, s->id);
   stop_here(s, AH_EIO);
 }
 
@@ -430,9 +435,13 @@ static void load_read(int status, const json_t *results, void *arg) {
   session *s = arg;
   s->pending_writes--;
   if (status || s->m->stopping || s->disposed) {
-    if (status)
-      AH_LOG_W(LOG, "session %s: its inbox could not be read (%s): it is not loaded", s->id,
+    /* Its lease is held here: it is loaded again once the store answers (as after a failed write), so
+     * that no prompt waits for a host that does not run it. */
+    if (status && !s->m->stopping) {
+      AH_LOG_W(LOG, "session %s: its inbox could not be read (%s): it is loaded again in a second", s->id,
                ah_strerror(status));
+      retry_later(s->m, s->id);
+    }
     ah__live_wake(s, status ? status : AH_ESTATE);
     session_dispose(s);
     return;
