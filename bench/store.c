@@ -9,12 +9,15 @@
  * Reads: READS (default 2000) pages of 200 events of that session, at spread offsets, first as blocking
  * reads on the loop thread (the baseline: how reads were made before the reader thread), then through
  * ah__store_read (at most 8 in flight) while a 1 ms timer runs on the loop. Figures: reads per second each
- * way, and the loop's longest stall: the longest blocking read (nothing else runs meanwhile) against the
- * longest gap between ticks of the timer while the reader thread reads (and on the idle loop, its floor).
+ * way, and how long the loop is held: each blocking read (nothing else runs meanwhile) against the time
+ * the loop takes to answer a ping from another thread (every 0.5 ms) while the reader thread reads (and on
+ * the idle loop, its floor): p99 and max.
  *
  * Usage: bench_store [N [BASELINE_N [READS]]] (N at least 200000). Prints figures only; exits non-zero only
  * on errors.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,9 +157,32 @@ typedef struct read_state {
   ah_store *store;
   int64_t n, submitted, completed, failed, events;
   int in_flight;
-  uint64_t last_tick, worst_gap;
-  uv_timer_t timer;
+  /* The loop's answer time: a thread pings it (uv_async_send) every 0.5 ms, the loop answers in the
+   * callback; `lat` are the times from the ping to the answer. */
+  uv_async_t ping;
+  pthread_t pinger;
+  _Atomic uint64_t sent_at; /* 0 once answered */
+  _Atomic bool pinging;
+  uint64_t *lat;
+  size_t nlat, caplat;
 } read_state;
+
+/* p99 and max of `n` samples (sorted in place). */
+typedef struct spread {
+  double p99_ms, max_ms;
+} spread;
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static spread spread_of(uint64_t *v, size_t n) {
+  if (n == 0)
+    return (spread){0, 0};
+  qsort(v, n, sizeof *v, cmp_u64);
+  return (spread){(double)v[(n * 99) / 100] / 1e6, (double)v[n - 1] / 1e6};
+}
 
 static void read_submit(read_state *r);
 
@@ -185,49 +211,85 @@ static void read_submit(read_state *r) {
   }
 }
 
-static void on_tick(uv_timer_t *t) {
-  read_state *r = t->data;
-  uint64_t now = now_ns();
-  if (r->last_tick && now - r->last_tick > r->worst_gap)
-    r->worst_gap = now - r->last_tick;
-  r->last_tick = now;
+static void on_ping(uv_async_t *a) {
+  read_state *r = a->data;
+  uint64_t sent = atomic_exchange(&r->sent_at, 0);
+  if (!sent)
+    return;
+  uint64_t took = now_ns() - sent;
+  if (r->nlat == r->caplat) {
+    size_t cap = r->caplat ? r->caplat * 2 : 4096;
+    uint64_t *grown = realloc(r->lat, cap * sizeof *grown);
+    if (!grown)
+      return;
+    r->lat = grown;
+    r->caplat = cap;
+  }
+  r->lat[r->nlat++] = took;
+}
+
+static void *pinger_main(void *arg) {
+  read_state *r = arg;
+  while (atomic_load(&r->pinging)) {
+    uint64_t idle = 0;
+    if (atomic_compare_exchange_strong(&r->sent_at, &idle, now_ns()))
+      uv_async_send(&r->ping);
+    usleep(500);
+  }
+  return NULL;
+}
+
+/* Run the loop with the pinger for `ns` (idle), or until every read completed (`reads`); the answer
+ * times. */
+static spread pinged(uv_loop_t *loop, read_state *r, uint64_t ns, bool reads) {
+  r->nlat = 0;
+  atomic_store(&r->sent_at, 0);
+  atomic_store(&r->pinging, true);
+  if (pthread_create(&r->pinger, NULL, pinger_main, r) != 0)
+    return (spread){0, 0};
+  if (reads) {
+    read_submit(r);
+    while (r->completed < r->n)
+      uv_run(loop, UV_RUN_ONCE);
+  } else {
+    for (uint64_t end = now_ns() + ns; now_ns() < end;)
+      uv_run(loop, UV_RUN_ONCE);
+  }
+  atomic_store(&r->pinging, false);
+  pthread_join(r->pinger, NULL);
+  return spread_of(r->lat, r->nlat);
 }
 
 /* Pages of events read blocking on the loop thread, then through the reader thread. */
-static int run_reads(const char *path, int64_t n, double *sync_rate, double *async_rate, uint64_t *sync_worst,
-                     uint64_t *async_gap, uint64_t *idle_gap) {
+static int run_reads(const char *path, int64_t n, double *sync_rate, double *async_rate, spread *sync_read,
+                     spread *async_gap, spread *idle_gap) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   read_state r = {.n = n};
-  if (store_open(&loop, path, &r.store) < 0)
-    return -1;
+  uint64_t *took = calloc((size_t)n, sizeof *took);
+  if (!took || store_open(&loop, path, &r.store) < 0)
+    return free(took), -1;
   int64_t failed = 0;
   uint64_t t0 = now_ns();
   for (int64_t i = 0; i < n; i++) {
     uint64_t a = now_ns();
     json_t *page = ah__store_events(r.store, SESSION_ID, (i * 7919) % 199000, 200);
-    uint64_t took = now_ns() - a;
-    *sync_worst = took > *sync_worst ? took : *sync_worst;
+    took[i] = now_ns() - a;
     failed += json_array_size(page) != 200;
     json_decref(page);
   }
   *sync_rate = (double)n / ((double)(now_ns() - t0) / 1e9);
-  uv_timer_init(&loop, &r.timer);
-  r.timer.data = &r;
-  uv_timer_start(&r.timer, on_tick, 1, 1);
-  /* The timer alone first (an idle loop): its own longest gap is the floor of the figure. */
-  for (uint64_t end = now_ns() + 500000000ull; now_ns() < end;)
-    uv_run(&loop, UV_RUN_ONCE);
-  *idle_gap = r.worst_gap;
-  r.worst_gap = 0;
-  r.last_tick = 0;
+  uv_async_init(&loop, &r.ping, on_ping);
+  r.ping.data = &r;
+  /* The idle loop first: the floor of the figure. */
+  *idle_gap = pinged(&loop, &r, 500000000ull, false);
   t0 = now_ns();
-  read_submit(&r);
-  while (r.completed < r.n)
-    uv_run(&loop, UV_RUN_ONCE);
+  *async_gap = pinged(&loop, &r, 0, true);
   *async_rate = (double)n / ((double)(now_ns() - t0) / 1e9);
-  *async_gap = r.worst_gap;
-  uv_close((uv_handle_t *)&r.timer, NULL);
+  *sync_read = spread_of(took, (size_t)n);
+  free(took);
+  free(r.lat);
+  uv_close((uv_handle_t *)&r.ping, NULL);
   if (store_close(&loop, r.store) < 0)
     return -1;
   if (failed || r.failed || r.events != n * 200) {
@@ -301,9 +363,9 @@ int main(int argc, char **argv) {
   if (rc == 0)
     rc = run_baseline(base_db, base_n, &base_rate);
   double sync_rate = 0, async_rate = 0;
-  uint64_t sync_worst = 0, async_gap = 0, idle_gap = 0;
+  spread sync_read = {0}, async_gap = {0}, idle_gap = {0};
   if (rc == 0)
-    rc = run_reads(group_db, reads, &sync_rate, &async_rate, &sync_worst, &async_gap, &idle_gap);
+    rc = run_reads(group_db, reads, &sync_rate, &async_rate, &sync_read, &async_gap, &idle_gap);
   if (rc == 0) {
     printf("store: %lld events, 1 per opset, synchronous=NORMAL\n", (long long)n);
     printf("store: group commit:        %.0f events/s (target >= 50000)\n", rate);
@@ -315,10 +377,11 @@ int main(int argc, char **argv) {
     printf("store: reads (%lld pages of 200 events): blocking on the loop %.0f/s, reader thread %.0f/s "
            "(%.2fx)\n",
            (long long)reads, sync_rate, async_rate, sync_rate > 0 ? async_rate / sync_rate : 0.0);
-    printf(
-        "store: the loop's longest stall while reading: blocking %.2f ms (the longest read); reader thread "
-        "%.2f ms (the longest gap between ticks of a 1 ms timer; %.2f ms on the idle loop)\n",
-        (double)sync_worst / 1e6, (double)async_gap / 1e6, (double)idle_gap / 1e6);
+    printf("store: the loop held by a blocking read: p99 %.2f ms, max %.2f ms (each read holds it whole)\n",
+           sync_read.p99_ms, sync_read.max_ms);
+    printf("store: the loop's answer to a ping while the reader thread reads: p99 %.3f ms, max %.2f ms (idle "
+           "loop: p99 %.3f ms, max %.2f ms)\n",
+           async_gap.p99_ms, async_gap.max_ms, idle_gap.p99_ms, idle_gap.max_ms);
   }
   const char *suffixes[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {

@@ -95,6 +95,9 @@ struct ah_store {
   struct read_job *rqueue, *rqueue_tail; /* submitted, not yet run (rmu) */
   struct read_job *rdone, *rdone_tail;   /* run, callbacks not yet called (rmu) */
   bool rstop;                            /* the reader exits once `rqueue` is empty (rmu) */
+  /* Reads whose callback ran: the reader frees their results (allocated by its thread: freed on the loop,
+   * they would wait for the allocator's lock while the reader allocates the next ones). (rmu) */
+  struct read_job *rtrash;
   /* Reads submitted before a read failed (the connection broke, the server did not answer in time) fail at
    * once, without waiting for their own deadline each: `rsubmitted` numbers the jobs, those up to
    * `rfailed_upto` fail. (rmu) */
@@ -628,19 +631,29 @@ static void *reader_main(void *arg) {
   pthread_setname_np(pthread_self(), "ah-store-reader");
   pthread_mutex_lock(&s->rmu);
   for (;;) {
-    while (!s->rqueue && !s->rstop)
+    while (!s->rqueue && !s->rtrash && !s->rstop)
       pthread_cond_wait(&s->rcv, &s->rmu);
+    read_job *trash = s->rtrash;
+    s->rtrash = NULL;
     read_job *j = s->rqueue;
-    if (!j)
+    if (!j && !trash)
       break; /* stop requested and nothing left */
-    s->rqueue = j->next;
-    if (!s->rqueue)
-      s->rqueue_tail = NULL;
+    if (j) {
+      s->rqueue = j->next;
+      if (!s->rqueue)
+        s->rqueue_tail = NULL;
+    }
+    bool doomed = j && j->gen <= s->rfailed_upto && !j->shrink && !j->watch;
     pthread_mutex_unlock(&s->rmu);
-
-    pthread_mutex_lock(&s->rmu);
-    bool doomed = j->gen <= s->rfailed_upto && !j->shrink && !j->watch;
-    pthread_mutex_unlock(&s->rmu);
+    while (trash) {
+      read_job *next = trash->next;
+      job_free(trash);
+      trash = next;
+    }
+    if (!j) {
+      pthread_mutex_lock(&s->rmu);
+      continue;
+    }
     if (doomed)
       j->status = AH_EIO;
     else
@@ -679,6 +692,7 @@ static void on_read_async(uv_async_t *a) {
   pthread_mutex_unlock(&s->rmu);
   if (more)
     uv_async_send(&s->rasync);
+  read_job *done = NULL;
   while (head) {
     read_job *j = head;
     head = j->next;
@@ -689,7 +703,19 @@ static void on_read_async(uv_async_t *a) {
       watch_opened(s, j->fd, j->why, j->again);
     else if (j->cb)
       j->cb(j->status, j->status == 0 ? j->results : NULL, j->arg);
-    job_free(j);
+    j->next = done;
+    done = j;
+  }
+  if (done) { /* freed by the reader (it is joined after the last of them) */
+    pthread_mutex_lock(&s->rmu);
+    for (read_job *last = done;; last = last->next)
+      if (!last->next) {
+        last->next = s->rtrash;
+        break;
+      }
+    s->rtrash = done;
+    pthread_cond_signal(&s->rcv);
+    pthread_mutex_unlock(&s->rmu);
   }
   maybe_finish(s);
 }
