@@ -150,8 +150,6 @@ static void m_create(ah_call *call, const json_t *p, void *data) {
     ah__call_error(call, AH_EINVAL, "params: provider, model, title and parent must be strings", NULL);
     return;
   }
-  (void)model;
-  (void)title;
   if (!ah__turn_provider(m, provider_asked(m, p), NULL, NULL)) {
     ah__call_error(call, AH_EUNAVAILABLE, "params.provider: no such provider is available", NULL);
     return;
