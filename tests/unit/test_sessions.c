@@ -698,6 +698,13 @@ static bool no_live_fixture_turn(void *arg) {
   return none;
 }
 
+static bool one_live_fixture_turn(void *arg) {
+  json_t *st = fixture_stats(arg);
+  bool one = json_integer_value(json_object_get(st, "live")) == 1;
+  json_decref(st);
+  return one;
+}
+
 static const char *event_text(json_t *ev, const char *kind, const char *field) {
   return json_string_value(json_object_get(json_object_get(find_kind(ev, kind, 0), "data"), field));
 }
@@ -750,9 +757,8 @@ Test(sessions, unloading_a_provider_plugin_mid_turn_ends_the_turn_and_refuses_ne
   json_decref(r);
   free(prompt(&w, id, "hang"));
   wait_for(&w, id, "turn/started", 1);
-  json_t *st = fixture_stats(&w);
-  cr_assert_eq(json_integer_value(json_object_get(st, "live")), 1);
-  json_decref(st);
+  /* The provider's turn starts once the conversation so far was read (after turn/started is stored). */
+  cr_assert(ts_run_until_pred(&w.loop, one_live_fixture_turn, &w, 5000), "the provider's turn never started");
   /* The fixture frees its state in withdraw(): a provider turn freed after it would be a use after free
    * (the ASan run catches it), one never freed a leak. */
   cr_assert_eq(th_unload(&w.loop, w.h, "provider"), 0);
