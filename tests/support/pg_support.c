@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <libpq-fe.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,4 +113,10 @@ pid_t tpg_proxy_start(const char *dir, const char *db, char **url) {
   free(script);
   free(out);
   return proxy;
+}
+
+void tpg_proxy_stop(pid_t proxy) {
+  kill(proxy, SIGTERM);
+  int st = 0;
+  ts_wait_exit(proxy, 5000, &st);
 }

@@ -27,5 +27,7 @@ void tpg_exec(const char *url, const char *sql);
  * everything, SIGUSR2: forward again, SIGTERM: stop), and the connection string of database `db` through it
  * (malloc'ed, into *url). Asserts on failure. */
 pid_t tpg_proxy_start(const char *dir, const char *db, char **url);
+/* Stop that proxy and wait for it. */
+void tpg_proxy_stop(pid_t proxy);
 
 #endif

@@ -33,6 +33,7 @@ typedef struct cluster {
   char *url;
   char *pwfile;
   char *dir;
+  char *work; /* the sessions' working directory (under dir) */
 } cluster;
 
 static void cluster_init(cluster *c) {
@@ -43,12 +44,15 @@ static void cluster_init(cluster *c) {
   cr_assert(asprintf(&pw, "%s\n", tpg_password()) > 0);
   c->pwfile = ts_write_file(c->dir, "pw", pw);
   free(pw);
+  c->work = d_join(c->dir, "work");
+  cr_assert_eq(mkdir(c->work, 0700), 0);
 }
 
 static void cluster_fini(cluster *c) {
   tpg_drop_db(c->db);
   ts_rmtree(c->dir);
   free(c->dir);
+  free(c->work);
   free(c->url);
   free(c->pwfile);
 }
@@ -146,7 +150,7 @@ Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout 
   cluster_init(&c);
   test_daemon *a = host_via(&c, NULL);
   test_daemon *b = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   char sid[64], a_mid[64], a_mid2[64], b_mid[64];
   d_new_session(a, work, sid, sizeof sid);
   cr_assert(prompt_at(a, sid, "before the pause", a_mid, sizeof a_mid));
@@ -199,8 +203,6 @@ Test(multihost, a_paused_owner_is_taken_over_and_writes_nothing_after, .timeout 
   expect_settled(&c, b_mid);
   assert_clean_exit(b, d_stop(b));
   assert_clean_exit(a, d_stop(a));
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -218,7 +220,7 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
   test_daemon *a = host_via(&c, NULL);
   unsetenv("AGENTHOST_PG_PIPELINE_BATCH");
   test_daemon *b = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   enum { SESSIONS = 4 };
   char sid[SESSIONS][64];
   for (int i = 0; i < SESSIONS; i++)
@@ -291,8 +293,6 @@ Test(multihost, a_pause_in_the_middle_of_a_transaction_cannot_hold_the_session, 
   }
   assert_clean_exit(b, d_stop(b));
   assert_clean_exit(a, d_stop(a));
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -303,7 +303,7 @@ Test(multihost, a_killed_owner_loses_no_acknowledged_prompt, .timeout = 120, .fi
   cluster_init(&c);
   test_daemon *a = host_via(&c, NULL);
   test_daemon *b = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   char sid[64], m1[64], m2[64], m3[64], bm[64];
   d_new_session(a, work, sid, sizeof sid);
   cr_assert(prompt_at(a, sid, "/sleep 3000\nlong", m1, sizeof m1));
@@ -323,8 +323,6 @@ Test(multihost, a_killed_owner_loses_no_acknowledged_prompt, .timeout = 120, .fi
   expect_settled(&c, m3);
   expect_settled(&c, bm);
   assert_clean_exit(b, d_stop(b));
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -334,7 +332,7 @@ Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 3
   cluster c;
   cluster_init(&c);
   test_daemon *a = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   enum { SESSIONS = 10, PROMPTS = 1000 };
   char sid[SESSIONS][64];
   for (int i = 0; i < SESSIONS; i++)
@@ -367,8 +365,6 @@ Test(multihost, terminated_connections_lose_no_acknowledged_prompt, .timeout = 3
     expect_gap_free(&c, sid[i]);
   cr_log_info("%d prompts acknowledged, %d refused, %d connections terminated", acked, refused, terminations);
   assert_clean_exit(a, d_stop(a));
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -380,7 +376,7 @@ Test(multihost, a_host_without_the_sessions_directory_does_not_take_it, .timeout
   cluster_init(&c);
   test_daemon *a = host_via(&c, NULL);
   test_daemon *b = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   char *cwd = d_join(work, "project");
   cr_assert_eq(mkdir(cwd, 0700), 0);
   char sid[64], mid[64];
@@ -409,8 +405,6 @@ Test(multihost, a_host_without_the_sessions_directory_does_not_take_it, .timeout
   cr_assert(turn_ended(&c, mid, 10000));
   expect_gap_free(&c, sid);
   assert_clean_exit(b, d_stop(b));
-  ts_rmtree(work);
-  free(work);
   free(cwd);
   cluster_fini(&c);
 }
@@ -425,7 +419,7 @@ Test(multihost, a_session_is_prompted_followed_and_answered_from_other_hosts, .t
   cluster_init(&c);
   test_daemon *a = host_via(&c, NULL);
   test_daemon *b = host_via(&c, NULL);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   char sid[64];
   d_new_session(a, work, sid, sizeof sid);
 
@@ -528,8 +522,6 @@ Test(multihost, a_session_is_prompted_followed_and_answered_from_other_hosts, .t
   ts_stdio_free(&h);
   assert_clean_exit(b, d_stop(b));
   assert_clean_exit(a, d_stop(a));
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -545,7 +537,7 @@ Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .time
   char *via = NULL;
   pid_t proxy = tpg_proxy_start(c.dir, c.db, &via);
   test_daemon *a = host_via(&c, via);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   enum { SESSIONS = 4, MAX = 400 };
   char sid[SESSIONS][64];
   for (int i = 0; i < SESSIONS; i++)
@@ -599,12 +591,8 @@ Test(multihost, a_network_that_drops_packets_loses_no_acknowledged_prompt, .time
               "marker: %s",
               before, during, acked - before - during, d_log_has(a, "its marker shows") ? "yes" : "none");
   assert_clean_exit(a, d_stop(a));
-  kill(proxy, SIGTERM);
-  int st = 0;
-  ts_wait_exit(proxy, 5000, &st);
+  tpg_proxy_stop(proxy);
   free(via);
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }
 
@@ -638,7 +626,7 @@ Test(multihost, a_database_that_stops_answering_never_stops_the_host, .timeout =
   char *via = NULL;
   pid_t proxy = tpg_proxy_start(c.dir, c.db, &via);
   test_daemon *a = host_via(&c, via);
-  char *work = ts_mkdtemp();
+  const char *work = c.work;
   char sid[64];
   d_new_session(a, work, sid, sizeof sid);
   cr_assert_eq(kill(proxy, SIGUSR1), 0); /* drop */
@@ -692,11 +680,7 @@ Test(multihost, a_database_that_stops_answering_never_stops_the_host, .timeout =
   }
   cr_expect(back, "the host never read its store again:\n%s", d_log(a));
   assert_clean_exit(a, d_stop(a));
-  kill(proxy, SIGTERM);
-  int st = 0;
-  ts_wait_exit(proxy, 5000, &st);
+  tpg_proxy_stop(proxy);
   free(via);
-  ts_rmtree(work);
-  free(work);
   cluster_fini(&c);
 }

@@ -2579,9 +2579,7 @@ Test(store, pg_a_commit_whose_answer_was_lost_is_resolved_by_its_marker, .timeou
   json_decref(w.results);
   cr_expect_eq(raw_int(&f, "SELECT count(*) FROM events"), 1, "written twice");
   cr_expect_eq(ah__store_retries(f.s), 0, "the group was tried again");
-  kill(proxy, SIGTERM);
-  int st = 0;
-  ts_wait_exit(proxy, 5000, &st);
+  tpg_proxy_stop(proxy);
   free(via);
   fx_fini(&f);
 }
