@@ -533,9 +533,8 @@ static bool one_row(ah_store_query_kind k) {
 static json_t *run_query(ah_store *s, const ah_store_query *q) {
   const ah_store_backend *be = s->be;
   void *impl = s->impl;
-  bool needs_id = q->kind != AH_STORE_Q_SESSIONS && q->kind != AH_STORE_Q_EVENTS_AFTER &&
-                  q->kind != AH_STORE_Q_REQUESTS_PENDING && q->kind != AH_STORE_Q_TO_RECOVER &&
-                  q->kind != AH_STORE_Q_LAST_CURSOR && q->kind != AH_STORE_Q_POSTED;
+  bool needs_id = one_row(q->kind) || q->kind == AH_STORE_Q_EVENTS || q->kind == AH_STORE_Q_INBOX_OPEN ||
+                  q->kind == AH_STORE_Q_TREE; /* of one session or request */
   if (needs_id && !q->id)
     return one_row(q->kind) ? json_null() : json_array();
   json_t *r = NULL;

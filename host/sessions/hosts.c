@@ -547,8 +547,6 @@ void ah__hosts_answer(ah_sessions *m, const json_t *row, const char *state, json
 /* ---- start / stop
  * ------------------------------------------------------------------------------------------------ */
 
-static void start_cursor(ah_hosts *h);
-
 /* Where the follower starts: the highest cursor stored now (read again until it is read). */
 static void cursor_read(int status, const json_t *results, void *arg) {
   ah_hosts *h = arg;
